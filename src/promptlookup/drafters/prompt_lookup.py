@@ -1,0 +1,68 @@
+"""Prompt lookup: draft the tokens that followed the current suffix's earlier occurrence."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .suffix_index import Match, SuffixIndex
+
+
+class PromptLookupDrafter:
+    """Drafts by finding the sequence's current suffix earlier in the prompt or in the output.
+
+    Policy: the longest suffix match of ``min_match`` to ``max_match`` tokens, ties broken by
+    the most recent occurrence (see :mod:`promptlookup.drafters.suffix_index` for a worked
+    example); the draft is what followed that occurrence, up to ``num_tokens`` tokens and cut
+    just after an end-of-sequence token.
+
+    >>> drafter = PromptLookupDrafter(num_tokens=3)
+    >>> drafter.propose([1, 2, 3, 4, 5, 9, 1, 2], max_tokens=10)
+    [3, 4, 5]
+
+    Args:
+        num_tokens: most tokens per draft (the loop may ask for fewer).
+        min_match: shortest suffix worth matching.
+        max_match: longest suffix compared (longer matches count as this long).
+        eos_token_ids: tokens after which a draft stops.
+    """
+
+    def __init__(self, num_tokens: int = 10, min_match: int = 1, max_match: int = 64,
+                 eos_token_ids: Iterable[int] = ()) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        self.num_tokens = num_tokens
+        self.min_match = min_match
+        self.max_match = max_match
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.index = SuffixIndex(min_match, max_match)
+        self._source: object = None
+        self.last_match: Match | None = None
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Index ``tokens`` incrementally: O(new tokens) when it extends what was indexed (the
+        same list object growing, as in the loop), else re-indexed once."""
+        indexed = len(self.index)
+        if tokens is not self._source or len(tokens) < indexed:
+            if len(tokens) < indexed or list(tokens[:indexed]) != self.index.tokens:
+                self.index = SuffixIndex(self.min_match, self.max_match)
+                indexed = 0
+            self._source = tokens
+        self.index.extend(tokens[indexed:])
+
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+        self.sync(tokens)
+        self.last_match = match = self.index.match()
+        if match is None:
+            return []
+        draft = self.index.continuation(match, min(max_tokens, self.num_tokens))
+        for i, token in enumerate(draft):
+            if token in self.eos_token_ids:
+                return draft[: i + 1]
+        return draft
+
+    def update(self, draft: Sequence[int], num_accepted: int) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return (f"PromptLookupDrafter(num_tokens={self.num_tokens}, min_match={self.min_match}, "
+                f"max_match={self.max_match})")

@@ -1,0 +1,30 @@
+"""Named exceptions. Every error a user can cause is a :class:`PromptLookupError` whose message
+is one readable line; the CLI and the server print that line instead of a traceback."""
+
+
+class PromptLookupError(Exception):
+    """Base class of every error promptlookup raises on purpose."""
+
+
+class InvalidParameterError(PromptLookupError, ValueError):
+    """A generation or drafter parameter is out of range (e.g. ``temperature < 0``)."""
+
+
+class EmptyPromptError(InvalidParameterError):
+    """The prompt has no tokens."""
+
+
+class PromptTooLongError(InvalidParameterError):
+    """Prompt tokens plus ``max_new_tokens`` exceed the model's context length."""
+
+
+class ModelNotFoundError(PromptLookupError):
+    """``--model`` names no local folder or file, and no reachable hub model."""
+
+
+class ModelLoadError(PromptLookupError):
+    """The model exists but could not be loaded (corrupt GGUF, unsupported architecture...)."""
+
+
+class UnsupportedModelError(PromptLookupError):
+    """The model cannot be verified speculatively (e.g. its KV cache cannot be cropped)."""

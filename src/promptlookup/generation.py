@@ -1,0 +1,168 @@
+"""The Python API: a loaded model (tokenizer + target backend) that generates text with a
+drafter, streaming or not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, Union
+
+from .backends.base import Target
+from .drafters import DrafterSpec, make_drafter
+from .errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
+from .loop import GenerationStats, speculative_generate
+from .sampling import SamplingParams, TokenChooser
+from .text import IncrementalDetokenizer, StopStrings
+
+#: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
+Prompt = Union[str, Sequence[dict], Sequence[int]]
+
+
+@dataclass
+class GenerationResult:
+    """What a generation returns. ``token_ids`` are the new tokens (ending with the EOS or the
+    token that completed a stop string, if any); ``text`` is their text, cut before a stop
+    string; ``finish_reason`` is ``"stop"`` (EOS or stop string) or ``"length"``."""
+
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    finish_reason: str = "length"
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "stats": self.stats.as_dict()}
+
+
+class GenerationStream:
+    """Iterate to receive text deltas as tokens are accepted; ``result`` is set at the end.
+    ``close()`` (or leaving a ``with`` block) stops the generation within one decoding step."""
+
+    def __init__(self, events: Iterator[str]) -> None:
+        self._events = events
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._events
+
+    def close(self) -> None:
+        self._events.close()
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LanguageModel:
+    """A target model with its tokenizer. Build it with :func:`promptlookup.load_model`.
+
+    >>> lm = promptlookup.load_model()                                  # doctest: +SKIP
+    >>> result = lm.generate("Fix: def f(x): retrun x", chat=True)      # doctest: +SKIP
+    >>> result.text, result.stats.tokens_per_forward                    # doctest: +SKIP
+    """
+
+    def __init__(self, target: Target, tokenizer, name: str = "model", model=None) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.name = name
+        self.model = model  # the underlying framework model, when there is one
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
+        """Token ids for a prompt. Messages always use the chat template; a string uses it
+        when ``chat`` is true."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise EmptyPromptError("the prompt is empty")
+            if chat:
+                return self.encode([{"role": "user", "content": prompt}])
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        items = list(prompt)
+        if not items:
+            raise EmptyPromptError("the prompt is empty")
+        if all(isinstance(t, int) for t in items):
+            return items
+        if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
+            ids = self.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        raise InvalidParameterError("a prompt must be text, token ids, or messages with role and content")
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def stream(self, prompt: Prompt, *, max_new_tokens: int = 256,
+               drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+               stop: Sequence[str] | str = (), chat: bool = False,
+               **drafter_options) -> GenerationStream:
+        """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
+        Invalid arguments raise here, before anything is generated."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+        prompt_ids = self.encode(prompt, chat=chat)
+        if len(prompt_ids) + max_new_tokens > self.target.max_context:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"the model's context of {self.target.max_context} tokens")
+        stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
+        drafter_obj = make_drafter(drafter, eos_token_ids=self.eos_token_ids, **drafter_options)
+        chooser = TokenChooser.from_params(params, device=getattr(self.target, "device", "cpu"))
+        stream = GenerationStream(iter(()))
+        stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser, stops)
+        return stream
+
+    def _events(self, stream, prompt_ids, max_new_tokens, drafter, chooser, stops) -> Iterator[str]:
+        stats = GenerationStats()
+        detok = IncrementalDetokenizer(self.tokenizer)
+        tokens = speculative_generate(self.target, prompt_ids, max_new_tokens=max_new_tokens,
+                                      drafter=drafter, chooser=chooser,
+                                      eos_token_ids=self.eos_token_ids, stats=stats)
+        finish_reason = "length"
+        pieces: list[str] = []
+        try:
+            for token in tokens:
+                piece = stops.feed(detok.add(token))
+                if token in self.eos_token_ids:
+                    finish_reason = "stop"
+                if stops.stopped:
+                    finish_reason = "stop"
+                    tokens.close()  # a stop string: end the generation now
+                if piece:
+                    pieces.append(piece)
+                    yield piece
+            tail = stops.feed(detok.flush()) + stops.flush()
+            if tail:
+                pieces.append(tail)
+                yield tail
+        finally:
+            tokens.close()
+            stream.result = GenerationResult("".join(pieces), detok.ids, stats, finish_reason,
+                                             list(prompt_ids))
+
+    def generate(self, prompt: Prompt, *, max_new_tokens: int = 256,
+                 drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] | str = (), chat: bool = False,
+                 **drafter_options) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+
+        ``drafter``: ``"prompt-lookup"`` (default), ``"none"`` (plain decoding), a drafter
+        object, a callable ``f(tokens, max_tokens) -> list[int]``, or a list of these (a chain).
+        ``temperature=0`` is greedy; otherwise exact sampling with ``top_k``/``top_p``/
+        ``repetition_penalty``, reproducible with ``seed``. ``stop``: strings that end the
+        generation (not included in ``text``). Extra keyword arguments configure the drafter
+        (e.g. ``num_tokens=8``).
+        """
+        stream = self.stream(prompt, max_new_tokens=max_new_tokens, drafter=drafter,
+                             temperature=temperature, top_k=top_k, top_p=top_p,
+                             repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                             chat=chat, **drafter_options)
+        for _ in stream:
+            pass
+        return stream.result

@@ -1,0 +1,143 @@
+"""The speculative decoding loop.
+
+Glossary (used everywhere in promptlookup):
+
+- *target*: the model whose output we want, unchanged (a :class:`~promptlookup.backends.base.Target`).
+- *drafter*: a cheap guesser of the next tokens; its guess is the *draft*.
+- *forward pass*: one call of the target over several new tokens, with its KV cache.
+- *accepted* tokens: the leading draft tokens the target would have produced itself.
+- *bonus* token: the target's own token right after the accepted ones (every forward pass
+  yields one, so a step produces ``accepted + 1`` tokens and never fewer than plain decoding).
+
+Why it is lossless: at every verified position the target's token is chosen exactly as plain
+decoding would choose it (argmax, or a sample from the processed distribution); a draft token is
+kept only if it *equals* that choice. For sampling with a deterministic drafter this is
+speculative sampling with a point-mass draft, and it draws one random number per generated token,
+in the same order as plain decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from .backends.base import Target
+from .drafters.base import Drafter, NoDrafter
+from .errors import UnsupportedModelError
+from .sampling import TokenChooser
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation. ``forward_passes`` counts the target passes that produced
+    tokens (plain decoding: one per new token); the prompt's prefill is not counted."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    forward_passes: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "forward_passes": self.forward_passes,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "seconds": round(self.seconds, 6),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "tokens_per_forward": round(self.tokens_per_forward, 3),
+        }
+
+
+def speculative_generate(
+    target: Target,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    drafter: Drafter | None = None,
+    chooser: TokenChooser | None = None,
+    eos_token_ids: Sequence[int] = (),
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
+    """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
+    stopping after an EOS token. Closing the generator early (a stop string) is fine."""
+    drafter = drafter or NoDrafter()
+    chooser = chooser or TokenChooser(None, do_sample=False)
+    stats = stats if stats is not None else GenerationStats()
+    eos = frozenset(eos_token_ids)
+    tokens = list(prompt_ids)  # the prompt plus every accepted token; grows in place
+    stats.prompt_tokens = len(tokens)
+    if not tokens or max_new_tokens < 1:
+        return
+    if not target.can_crop and not isinstance(drafter, NoDrafter):
+        raise UnsupportedModelError("this model's KV cache cannot be cropped after a rejected "
+                                    "draft; use drafter='none' (plain decoding)")
+    start = time.perf_counter()
+    # 1. Prefill: the cache holds every token but the last, which each step feeds first.
+    target.reset()
+    target.prefill(tokens[:-1])
+    while stats.new_tokens < max_new_tokens:
+        # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
+        room = max_new_tokens - stats.new_tokens - 1
+        draft = drafter.propose(tokens, room)[:room] if room > 0 else []
+        stats.drafted_tokens += len(draft)
+        # 3. One target forward pass over the last token and the draft.
+        target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
+        stats.forward_passes += 1
+        # 4. Verify: the target's own choice at each position; keep drafts while they agree.
+        num_accepted = 0
+        for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits)):
+            tokens.append(token)
+            stats.new_tokens += 1
+            is_accepted = i < len(draft) and token == draft[i]
+            num_accepted += is_accepted
+            stats.accepted_tokens += is_accepted
+            stats.seconds = time.perf_counter() - start
+            yield token
+            if token in eos:
+                return
+        # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step).
+        target.crop(len(tokens) - 1)
+        drafter.update(draft, num_accepted)
+    stats.seconds = time.perf_counter() - start
+
+
+def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],
+                    target_logits: torch.Tensor) -> Iterator[int]:
+    """The target's tokens for one forward pass: each accepted draft token, then the bonus token.
+
+    ``target_logits`` (len(draft) + 1, vocab): row i scores the token after ``draft[:i]``.
+    ``tokens`` must be extended by the caller with each yielded token before the next is chosen
+    (the repetition penalty sees them).
+    """
+    if chooser.plain_argmax:
+        target_choice = target_logits.argmax(dim=-1).tolist()  # (len(draft) + 1,)
+        for i, token in enumerate(target_choice):
+            yield token
+            if i == len(draft) or token != draft[i]:
+                return
+        return
+    for i in range(len(draft) + 1):
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=target_logits.device)
+        token = chooser.choose(input_ids, target_logits[i])
+        yield token
+        if i == len(draft) or token != draft[i]:
+            return

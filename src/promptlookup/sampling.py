@@ -1,0 +1,102 @@
+"""How the target picks its token at a verified position: greedy, or exact sampling after
+``transformers``' logits processors (repetition penalty, temperature, top-k, top-p)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature=0`` means greedy. ``top_k=0`` and ``top_p=1`` switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: object, rule: str) -> InvalidParameterError:
+            return InvalidParameterError(f"{name} must be {rule}, got {value!r}")
+
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0):
+            raise bad("temperature", self.temperature, ">= 0")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", self.top_k, "an integer >= 0 (0 = off)")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise bad("top_p", self.top_p, "in (0, 1]")
+        if not (isinstance(self.repetition_penalty, (int, float))
+                and math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise bad("repetition_penalty", self.repetition_penalty, "> 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def logits_processor(self) -> LogitsProcessorList:
+        """The processors ``model.generate`` would build for these settings, in its order."""
+        processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if not self.greedy:
+            if self.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k:
+                processors.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                processors.append(TopPLogitsWarper(self.top_p))
+        return processors
+
+
+class TokenChooser:
+    """Picks the target's token from its logits at one position.
+
+    ``processors`` run on ``(input_ids (1, n), scores (1, vocab))`` exactly as in
+    ``model.generate``; ``do_sample`` draws from the softmax (with ``generator``, or torch's
+    global generator when None), else takes the argmax.
+    """
+
+    def __init__(self, processors: LogitsProcessorList | None, do_sample: bool,
+                 generator: torch.Generator | None = None) -> None:
+        self.processors = processors or LogitsProcessorList()
+        self.do_sample = do_sample
+        self.generator = generator
+
+    @classmethod
+    def from_params(cls, params: SamplingParams, device: torch.device | str = "cpu") -> TokenChooser:
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=device)
+            if params.seed is not None:
+                generator.manual_seed(params.seed)
+            else:
+                generator.seed()
+        return cls(params.logits_processor(), do_sample=not params.greedy, generator=generator)
+
+    @property
+    def plain_argmax(self) -> bool:
+        """True when the choice at every position is a bare argmax (no processor, no sampling),
+        so all positions of a forward pass can be decided at once."""
+        return not self.do_sample and len(self.processors) == 0
+
+    def choose(self, input_ids: torch.Tensor, target_logits: torch.Tensor) -> int:
+        """``input_ids``: (1, n) tokens so far; ``target_logits``: (vocab,) for position n."""
+        scores = self.processors(input_ids, target_logits[None].float())  # (1, vocab)
+        if not self.do_sample:
+            return int(scores[0].argmax())
+        target_probs = torch.softmax(scores[0], dim=-1)  # (vocab,)
+        return int(torch.multinomial(target_probs, 1, generator=self.generator))

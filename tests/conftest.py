@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny seeded float32 models built in-process, and the real default model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class TinyTokenizer:
+    """A character-level tokenizer over a small vocabulary (ids 0..vocab-1), enough for the
+    API's text handling: id 0 is EOS, id i >= 1 is chr(ord('a') + i - 1)."""
+
+    eos_token_id = 0
+    eos_token = "<eos>"
+    pad_token_id = 0
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1 + (ord(c) - 97) % (self.vocab_size - 1) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("" if i == 0 else chr(97 + i - 1) for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return self(" ".join(m["content"] for m in messages))["input_ids"]
+
+
+def tiny_llama(vocab_size: int = 32, seed: int = 0, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, eos_token_id=0, bos_token_id=1,
+                         pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    # Sharper logits make greedy continuations repetitive, so drafts get accepted.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model):
+    import promptlookup
+
+    return promptlookup.from_transformers(tiny_model, TinyTokenizer(32), name="tiny")
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    """The real default model (SmolLM2-135M-Instruct, float32)."""
+    import promptlookup
+    from promptlookup.errors import ModelNotFoundError
+
+    try:
+        return promptlookup.load_model()
+    except ModelNotFoundError as exc:
+        pytest.skip(f"default model unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"../shared/data is absent ({SHARED_DATA}); real-data tests need it")
+    return SHARED_DATA
