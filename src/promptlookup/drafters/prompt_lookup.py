@@ -7,6 +7,10 @@ from typing import Iterable, Sequence
 from .suffix_index import Match, SuffixIndex
 
 
+#: Token placed between a reference text and the prompt in the index; never a real token.
+SEPARATOR = -1
+
+
 class PromptLookupDrafter:
     """Drafts by finding the sequence's current suffix earlier in the prompt or in the output.
 
@@ -24,30 +28,41 @@ class PromptLookupDrafter:
         min_match: shortest suffix worth matching.
         max_match: longest suffix compared (longer matches count as this long).
         eos_token_ids: tokens after which a draft stops.
+        reference_ids: extra tokens to draft from besides the prompt (a "predicted output",
+            e.g. the old version of a file being edited). They are indexed before the prompt,
+            behind a separator no suffix can match across, so on equally long matches the
+            prompt and output (more recent) win over the reference.
     """
 
     def __init__(self, num_tokens: int = 10, min_match: int = 1, max_match: int = 64,
-                 eos_token_ids: Iterable[int] = ()) -> None:
+                 eos_token_ids: Iterable[int] = (), reference_ids: Sequence[int] = ()) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         self.num_tokens = num_tokens
         self.min_match = min_match
         self.max_match = max_match
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.index = SuffixIndex(min_match, max_match)
+        self.reference_ids = list(reference_ids)
         self._source: object = None
+        self._new_index()
         self.last_match: Match | None = None
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Index ``tokens`` incrementally: O(new tokens) when it extends what was indexed (the
         same list object growing, as in the loop), else re-indexed once."""
-        indexed = len(self.index)
+        indexed = len(self.index) - self._offset
         if tokens is not self._source or len(tokens) < indexed:
-            if len(tokens) < indexed or list(tokens[:indexed]) != self.index.tokens:
-                self.index = SuffixIndex(self.min_match, self.max_match)
+            if len(tokens) < indexed or list(tokens[:indexed]) != self.index.tokens[self._offset:]:
+                self._new_index()
                 indexed = 0
             self._source = tokens
         self.index.extend(tokens[indexed:])
+
+    def _new_index(self) -> None:
+        self.index = SuffixIndex(self.min_match, self.max_match)
+        if self.reference_ids:
+            self.index.extend([*self.reference_ids, SEPARATOR])
+        self._offset = len(self.index)
 
     def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
         self.sync(tokens)
@@ -56,6 +71,8 @@ class PromptLookupDrafter:
             return []
         draft = self.index.continuation(match, min(max_tokens, self.num_tokens))
         for i, token in enumerate(draft):
+            if token == SEPARATOR:
+                return draft[:i]
             if token in self.eos_token_ids:
                 return draft[: i + 1]
         return draft
@@ -64,5 +81,6 @@ class PromptLookupDrafter:
         pass
 
     def __repr__(self) -> str:
+        extra = f", reference_ids=<{len(self.reference_ids)} tokens>" if self.reference_ids else ""
         return (f"PromptLookupDrafter(num_tokens={self.num_tokens}, min_match={self.min_match}, "
-                f"max_match={self.max_match})")
+                f"max_match={self.max_match}{extra})")
