@@ -98,13 +98,16 @@ def speculative_generate(
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
         draft = drafter.propose(tokens, room)[:room] if room > 0 else []
+        # A drafter that samples its draft exposes its probabilities (len(draft), vocab).
+        draft_probs = getattr(drafter, "last_draft_probs", None) if draft else None
         stats.drafted_tokens += len(draft)
         # 3. One target forward pass over the last token and the draft.
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         stats.forward_passes += 1
         # 4. Verify: the target's own choice at each position; keep drafts while they agree.
         num_accepted = 0
-        for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits)):
+        for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
+                                                       draft_probs)):
             tokens.append(token)
             stats.new_tokens += 1
             is_accepted = i < len(draft) and token == draft[i]
@@ -121,13 +124,20 @@ def speculative_generate(
 
 
 def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],
-                    target_logits: torch.Tensor) -> Iterator[int]:
+                    target_logits: torch.Tensor,
+                    draft_probs: torch.Tensor | None = None) -> Iterator[int]:
     """The target's tokens for one forward pass: each accepted draft token, then the bonus token.
 
     ``target_logits`` (len(draft) + 1, vocab): row i scores the token after ``draft[:i]``.
     ``tokens`` must be extended by the caller with each yielded token before the next is chosen
-    (the repetition penalty sees them).
+    (the repetition penalty sees them). ``draft_probs`` (len(draft), vocab), given by drafters
+    that sample their drafts, switches sampling to the speculative-sampling rejection rule.
     """
+    if draft_probs is not None and chooser.do_sample:
+        from .rejection import verify_sampled_draft
+
+        yield from verify_sampled_draft(chooser, tokens, draft, draft_probs, target_logits)
+        return
     if chooser.plain_argmax:
         target_choice = target_logits.argmax(dim=-1).tolist()  # (len(draft) + 1,)
         for i, token in enumerate(target_choice):
