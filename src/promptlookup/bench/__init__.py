@@ -1,0 +1,25 @@
+"""Benchmarks: speed of promptlookup against plain decoding and transformers' prompt lookup.
+
+>>> from promptlookup.bench import run_bench, load_all, Settings          # doctest: +SKIP
+>>> result = run_bench(lm, load_all(["code_edit.jsonl"], limit=5),
+...                    ["plain", "hf-pld", "promptlookup"], Settings(max_new_tokens=128),
+...                    out_dir="bench-out")                                  # doctest: +SKIP
+>>> result.summary                                                           # doctest: +SKIP
+
+Layout: :mod:`.data` reads prompts, :mod:`.methods` is the method registry (and how a backend
+adds methods), :mod:`.transformers_methods` the transformers backend's methods, :mod:`.runner`
+runs and records, :mod:`.report` summarizes and draws, :mod:`.command` is the CLI.
+Importing this package loads no model.
+"""
+
+from __future__ import annotations
+
+from .data import BenchDataError, BenchRow, load_all, load_rows
+from .methods import (MethodOutput, Settings, make_method, parse_method_spec, register_backend,
+                      register_method)
+from .report import read_results, report_from_dir, summarize
+from .runner import BenchResult, run_bench
+
+__all__ = ["BenchDataError", "BenchResult", "BenchRow", "MethodOutput", "Settings", "load_all",
+           "load_rows", "make_method", "parse_method_spec", "read_results", "register_backend",
+           "register_method", "report_from_dir", "run_bench", "summarize"]

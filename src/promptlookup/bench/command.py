@@ -1,0 +1,129 @@
+"""``promptlookup bench``: the command line over :func:`promptlookup.bench.run_bench`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from ..cli import friendly_errors, model_options
+from ..errors import InvalidParameterError
+
+
+def _default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+@click.command()
+@click.option("--data", "data_files", multiple=True, metavar="FILE.jsonl",
+              help="Prompts, one JSON object per line with id, task, messages (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Use the first N rows of each file [all].")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--methods", default="plain,hf-pld,promptlookup", show_default=True,
+              help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
+                   "promptlookup:k=4,min=2. plain (the baseline) is always added.")
+@click.option("--sweep", is_flag=True,
+              help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
+                   "report the best fixed setting per task.")
+@click.option("--sampling", is_flag=True, help="Sample instead of greedy decoding.")
+@click.option("--temperature", type=float, default=0.7, show_default=True,
+              help="With --sampling.")
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --sampling; 0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="With --sampling.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="With --sampling: prompt i uses seed + i, for every method.")
+@model_options
+@click.option("--backend", default="transformers", show_default=True,
+              help="transformers, or llama.cpp when its bench methods are installed.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads, fixed for the whole run [all cores].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Output folder: results.jsonl, summary.json, report.md, PNG figures.")
+@click.option("--resume", is_flag=True,
+              help="Keep the prompts already complete in OUT/results.jsonl; run the rest.")
+@click.option("--report-only", is_flag=True,
+              help="Only regenerate summary.json, report.md and figures from OUT/results.jsonl.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@friendly_errors
+def bench(data_files, limit, max_new_tokens, methods, sweep, sampling, temperature, top_k, top_p,
+          seed, model, dtype, device, backend, threads, out_dir, resume, report_only,
+          no_progress):
+    """Measure speed-ups against plain decoding, interleaving methods prompt by prompt.
+
+    Every method runs on the same model object and the same tokenised prompts (the chat
+    template applied to each row's messages); only generation is timed, after one warm-up
+    generation per method. Greedy outputs are checked token by token against plain's.
+
+    \b
+    Methods (transformers backend):
+      plain              model.generate, no assistance (the baseline)
+      hf-pld             model.generate(prompt_lookup_num_tokens=10)   [k=, ngram=]
+      promptlookup       promptlookup's loop, default drafter          [k=, min=, max=,
+                                                                        speculation=]
+      promptlookup-none  promptlookup's loop without a drafter (its overhead)
+      hf-custom          model.generate(custom_generate=promptlookup)  [k=, min=, max=]
+
+    \b
+    Output in OUT: results.jsonl (one row per prompt x method, written as it goes),
+    summary.json (per task x method), meta.json, report.md, speedup.png,
+    tokens_per_forward.png (and sweep.png with --sweep).
+
+    \b
+    Example:
+      promptlookup bench --data code_edit.jsonl --data chat.jsonl --limit 20 \\
+          --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
+    """
+    from .methods import Settings, get_backend, split_methods, sweep_specs
+    from .report import report_from_dir, text_table
+
+    if report_only:
+        summary = report_from_dir(out_dir)
+        click.echo(text_table(summary))
+        click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
+        return
+    if not data_files:
+        raise click.UsageError("give at least one --data FILE.jsonl (or --report-only)")
+    if sampling and temperature <= 0:
+        raise click.UsageError("--sampling needs --temperature > 0")
+    if not 0 < top_p <= 1:
+        raise click.UsageError("--top-p must be in (0, 1]")
+    from .data import load_all
+    from .methods import parse_method_spec
+
+    rows = load_all(data_files, limit)
+    specs = split_methods(methods)
+    if sweep:
+        specs += [s for s in sweep_specs() if s not in specs]
+    if not specs:
+        raise click.UsageError("--methods is empty")
+    registry = get_backend(backend).factories
+    for spec in specs:  # unknown names fail before the (slow) model load
+        name, _ = parse_method_spec(spec)
+        if name not in registry:
+            raise InvalidParameterError(f"unknown method {name!r} for backend {backend!r}; "
+                                        f"choose {', '.join(sorted(registry))}")
+    settings = Settings(max_new_tokens=max_new_tokens,
+                        temperature=temperature if sampling else 0.0, top_k=top_k if sampling else 0,
+                        top_p=top_p if sampling else 1.0, seed=seed if sampling else None)
+    threads = threads or _default_threads()
+    import torch
+
+    torch.set_num_threads(threads)
+    loader = get_backend(backend).load
+    lm = loader(model, dtype, device, threads)
+    from .runner import run_bench
+
+    result = run_bench(lm, rows, specs, settings, backend=backend, out_dir=out_dir,
+                       progress=not no_progress, resume=resume, threads=threads,
+                       meta={"command": "promptlookup " + shlex.join(sys.argv[1:]),
+                             "model": getattr(lm, "name", model), "dtype": dtype,
+                             "device": device})
+    click.echo(text_table(result.summary))
+    click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)

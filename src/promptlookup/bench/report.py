@@ -1,0 +1,269 @@
+"""Summaries, tables and figures computed from ``results.jsonl`` (nothing else is trusted).
+
+Summary columns, per task (and ``all`` tasks together) and method:
+
+- ``tokens_per_second``: sum of new tokens / sum of seconds.
+- ``speedup``: that rate divided by ``plain``'s over the same prompts (a ratio of totals).
+- ``median_speedup``: median over prompts of the per-prompt ratio of tokens per second.
+- ``tokens_per_forward``: sum of new tokens / sum of forward passes (null if any is unknown).
+- ``acceptance_rate``: sum of accepted / sum of drafted tokens (null if none drafted or unknown).
+- ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from .data import BenchDataError
+from .methods import BASELINE
+
+SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
+                "tokens_per_forward", "acceptance_rate", "identical_fraction")
+ALL_TASKS = "all"
+_SWEEP = re.compile(r"^promptlookup:k=(\d+),min=(\d+)$")
+
+
+def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
+    """Rows of a results.jsonl; a malformed line raises naming file and line, except a cut-off
+    last line of an interrupted run when ``tolerate_partial_last_line``."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchDataError(f"{path}: no such results file")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if tolerate_partial_last_line and number == len(lines):
+                break
+            raise BenchDataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    return records
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, dict]) -> dict:
+    def total(key: str, records: Sequence[dict]) -> float | None:
+        values = [r[key] for r in records]
+        return None if any(v is None for v in values) else sum(values)
+
+    rate = _ratio(total("new_tokens", mine), total("seconds", mine))
+    paired = [(r, plain[(r["task"], r["id"])]) for r in mine if (r["task"], r["id"]) in plain]
+    speedup = None
+    if paired:
+        plain_rate = _ratio(sum(p["new_tokens"] for _, p in paired),
+                            sum(p["seconds"] for _, p in paired))
+        mine_rate = _ratio(sum(r["new_tokens"] for r, _ in paired),
+                           sum(r["seconds"] for r, _ in paired))
+        speedup = _ratio(mine_rate, plain_rate) if mine_rate is not None and plain_rate else None
+    per_prompt = [_ratio(_ratio(r["new_tokens"], r["seconds"]) or 0.0,
+                         _ratio(p["new_tokens"], p["seconds"]) or 0.0) for r, p in paired]
+    per_prompt = [x for x in per_prompt if x is not None]
+    forwards = total("forward_passes", mine)
+    drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
+    identical = [r["identical_to_plain"] for r in mine if r["identical_to_plain"] is not None]
+    return dict(zip(SUMMARY_KEYS, (
+        task, method, len(mine), _round(rate, 3), _round(speedup),
+        _round(statistics.median(per_prompt)) if per_prompt else None,
+        _round(_ratio(total("new_tokens", mine), forwards)) if forwards is not None else None,
+        _round(_ratio(accepted, drafted)) if drafted is not None and accepted is not None else None,
+        _round(sum(identical) / len(identical)) if identical else None)))
+
+
+def summarize(records: Sequence[dict]) -> list[dict]:
+    """summary.json rows: each task in order of appearance, then ``all`` when there are
+    several; methods in order of appearance."""
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    plain = {(r["task"], r["id"]): r for r in records if r["method"] == BASELINE}
+    groups = [(task, [r for r in records if r["task"] == task]) for task in tasks]
+    if len(tasks) > 1:
+        groups.append((ALL_TASKS, list(records)))
+    summary = []
+    for task, task_records in groups:
+        for method in methods:
+            mine = [r for r in task_records if r["method"] == method]
+            if mine:
+                summary.append(_summary_row(task, method, mine, plain))
+    return summary
+
+
+def best_promptlookup(summary: Sequence[dict]) -> list[dict]:
+    """Per task, the fastest ``promptlookup`` setting (when several were measured)."""
+    best = []
+    for task in dict.fromkeys(row["task"] for row in summary):
+        candidates = [r for r in summary if r["task"] == task and r["speedup"] is not None
+                      and r["method"].split(":")[0] == "promptlookup"]
+        if len(candidates) > 1:
+            best.append(max(candidates, key=lambda r: r["speedup"]))
+    return best
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)
+
+
+TABLE_HEADERS = ("task", "method", "prompts", "tokens/s", "speed-up", "median speed-up",
+                 "tokens/forward", "acceptance", "identical")
+
+
+def markdown_table(summary: Sequence[dict]) -> str:
+    lines = ["| " + " | ".join(TABLE_HEADERS) + " |",
+             "|" + "|".join(["---"] * 2 + ["---:"] * (len(TABLE_HEADERS) - 2)) + "|"]
+    lines += ["| " + " | ".join(_cell(row[k]) for k in SUMMARY_KEYS) + " |" for row in summary]
+    return "\n".join(lines)
+
+
+def text_table(summary: Sequence[dict]) -> str:
+    """The summary as aligned plain text (printed at the end of a run)."""
+    cells = [list(TABLE_HEADERS)] + [[_cell(row[k]) for k in SUMMARY_KEYS] for row in summary]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_HEADERS))]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))) for row in cells)
+
+
+def _figure_methods(summary: Sequence[dict]) -> list[str]:
+    methods = list(dict.fromkeys(r["method"] for r in summary))
+    if len(methods) > 8:  # a sweep: its grid gets its own figure
+        methods = [m for m in methods if not _SWEEP.match(m)]
+    return methods
+
+
+def _bar_figure(summary, key: str, ylabel: str, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in summary))
+    methods = _figure_methods(summary)
+    values = {(r["task"], r["method"]): r[key] for r in summary}
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(tasks) * len(methods) * 0.35), 4.0))
+    for j, method in enumerate(methods):
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(tasks))]
+        ys = [values.get((t, method)) or 0.0 for t in tasks]
+        ax.bar(xs, ys, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small", ncols=min(4, len(methods)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _sweep_figure(summary, path: Path) -> bool:
+    """Heatmaps of speed-up over the sweep grid (rows min_match, columns k), one per task."""
+    grid = {}
+    for row in summary:
+        match = _SWEEP.match(row["method"])
+        if match and row["speedup"] is not None:
+            grid.setdefault(row["task"], {})[(int(match[2]), int(match[1]))] = row["speedup"]
+    if not grid:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.4), squeeze=False)
+    for ax, (task, cells) in zip(axes[0], grid.items()):
+        mins = sorted({m for m, _ in cells})
+        ks = sorted({k for _, k in cells})
+        data = [[cells.get((m, k), float("nan")) for k in ks] for m in mins]
+        image = ax.imshow(data, cmap="viridis", aspect="auto")
+        for y, values in enumerate(data):
+            for x, value in enumerate(values):
+                ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
+        ax.set_xticks(range(len(ks)), ks)
+        ax.set_yticks(range(len(mins)), mins)
+        ax.set_xlabel("k (draft tokens)")
+        ax.set_ylabel("min match")
+        ax.set_title(f"{task}: speed-up vs plain")
+        fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _meta_lines(meta: dict) -> list[str]:
+    machine = meta.get("machine") or {}
+    settings = meta.get("settings") or {}
+    mode = (f"sampling (temperature {settings.get('temperature')}, top-k {settings.get('top_k')}, "
+            f"top-p {settings.get('top_p')}, seed {settings.get('seed')} + prompt index)"
+            if settings.get("temperature") else "greedy")
+    return [
+        f"- Command: `{meta.get('command', '?')}`",
+        f"- Date: {meta.get('date', '?')}",
+        f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
+        f"{machine.get('torch_threads', '?')} (torch {machine.get('torch', '?')}, transformers "
+        f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
+        f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
+        f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",
+        f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}",
+    ]
+
+
+def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str]) -> str:
+    parts = ["# promptlookup benchmark", "", *_meta_lines(meta), "", "## Summary", "",
+             markdown_table(summary), "",
+             "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
+             "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
+             "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
+             "of outputs token-identical to `plain` (– when sampling)."]
+    best = best_promptlookup(summary)
+    if best:
+        parts += ["", "## Best promptlookup setting per task", "",
+                  "| task | method | speed-up | tokens/forward |", "|---|---|---:|---:|"]
+        parts += [f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
+                  f"{_cell(r['tokens_per_forward'])} |" for r in best]
+    if figures:
+        parts += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figures]
+    return "\n".join(parts) + "\n"
+
+
+def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> list[dict]:
+    """(Re)write summary.json, report.md and the PNG figures from ``records``."""
+    out = Path(out_dir)
+    summary = summarize(records)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    figures = []
+    if summary:
+        _bar_figure(summary, "speedup", "speed-up vs plain (tokens/s ratio)",
+                    "Speed-up per task and method", out / "speedup.png")
+        _bar_figure(summary, "tokens_per_forward", "new tokens per forward pass",
+                    "Tokens per target forward pass", out / "tokens_per_forward.png")
+        figures = ["speedup.png", "tokens_per_forward.png"]
+        if _sweep_figure(summary, out / "sweep.png"):
+            figures.append("sweep.png")
+    (out / "report.md").write_text(render_markdown(summary, meta, figures), encoding="utf-8")
+    return summary
+
+
+def report_from_dir(out_dir: str | Path) -> list[dict]:
+    """Regenerate summary.json, report.md and figures from ``out_dir/results.jsonl``."""
+    out = Path(out_dir)
+    records = read_results(out / "results.jsonl", tolerate_partial_last_line=True)
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    return write_outputs(out, records, meta)

@@ -1,0 +1,196 @@
+"""Running a benchmark: every method on every prompt, interleaved, one JSON row per generation.
+
+Fairness policies:
+
+- One model object and one tokenised prompt per row, shared by every method; tokenisation and
+  detokenisation are outside the timed region (each method times its generation call alone).
+- A warm-up first: each method once on the first prompt (at most 32 new tokens), not recorded.
+- Interleaved prompt by prompt (plain, A, B, plain, A, B, ...), so slow drifts of a noisy
+  machine hit every method alike; ``plain`` always runs first within a prompt (it is the
+  baseline of the identity check) and is added when not asked for.
+- Greedy runs compare each method's new tokens (up to and including EOS) with ``plain``'s:
+  ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
+  Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
+
+``results.jsonl`` is written and flushed row by row, so an interrupted run keeps what it
+measured; ``resume=True`` keeps the prompts already complete in it and runs the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
+from .data import BenchRow
+from .methods import BASELINE, Method, Settings, make_method
+
+RESULT_KEYS = ("task", "id", "method", "prompt_tokens", "new_tokens", "seconds", "forward_passes",
+               "drafted_tokens", "accepted_tokens", "identical_to_plain", "text")
+WARMUP_TOKENS = 32
+
+
+@dataclass
+class BenchResult:
+    records: list[dict]  # rows of results.jsonl
+    summary: list[dict]  # rows of summary.json
+    out_dir: Path | None = None
+
+
+def resolve_methods(model, methods: Sequence, backend: str = "transformers") -> list[Method]:
+    """Method objects for specs (strings) or ready methods, ``plain`` first, names unique."""
+    resolved = [make_method(backend, m, model) if isinstance(m, str) else m for m in methods]
+    names = [m.name for m in resolved]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidParameterError(f"method(s) listed twice: {', '.join(duplicates)}")
+    baseline = [m for m in resolved if m.name == BASELINE]
+    if not baseline:
+        baseline = [make_method(backend, BASELINE, model)]
+    return baseline + [m for m in resolved if m.name != BASELINE]
+
+
+def _decode(model, token_ids: list[int]) -> str:
+    if hasattr(model, "decode"):
+        return model.decode(token_ids)
+    return model.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _max_context(model) -> int | None:
+    context = getattr(model, "max_context", None)
+    return context or getattr(getattr(model, "target", None), "max_context", None)
+
+
+def encode_rows(model, rows: Sequence[BenchRow], max_new_tokens: int) -> list[list[int]]:
+    """Token ids of every row's chat (untimed), checking each fits the model's context."""
+    context = _max_context(model)
+    encoded = []
+    for row in rows:
+        try:
+            ids = list(model.encode(row.messages))
+        except PromptLookupError as exc:
+            raise type(exc)(f"{row.source}: {exc}") from None
+        if context and len(ids) + max_new_tokens > context:
+            raise PromptTooLongError(f"{row.source}: prompt ({len(ids)} tokens) + max_new_tokens "
+                                     f"({max_new_tokens}) exceeds the context of {context}")
+        encoded.append(ids)
+    return encoded
+
+
+def machine_info() -> dict:
+    """CPU model, cores and torch's thread count, for the report."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:  # pragma: no cover
+        transformers_version = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers_version, "platform": platform.platform()}
+
+
+def _completed(path: Path, method_names: list[str]) -> list[dict]:
+    """Rows of prompts that every method finished in an earlier run (for resume)."""
+    if not path.is_file():
+        return []
+    from .report import read_results
+
+    by_prompt: dict[tuple, list[dict]] = {}
+    for record in read_results(path, tolerate_partial_last_line=True):
+        by_prompt.setdefault((record["task"], record["id"]), []).append(record)
+    kept = []
+    for records in by_prompt.values():
+        if sorted(r["method"] for r in records) == sorted(method_names):
+            kept.extend(records)
+    return kept
+
+
+def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Settings = Settings(),
+              *, backend: str = "transformers", out_dir: str | Path | None = None,
+              warmup: bool = True, progress: bool = False, resume: bool = False,
+              threads: int | None = None, meta: dict | None = None) -> BenchResult:
+    """Benchmark ``methods`` (specs like ``"promptlookup:k=4"`` or method objects) on ``rows``
+    with an already loaded ``model`` (a :class:`~promptlookup.LanguageModel` for the
+    transformers backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
+    meta.json and figures there. Returns the records and the summary."""
+    from .report import summarize, write_outputs
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    if settings.sampling and settings.seed is None:
+        settings = replace(settings, seed=0)
+    method_objs = resolve_methods(model, methods, backend)
+    prompts = encode_rows(model, rows, settings.max_new_tokens)
+    meta = {**(meta or {}), "machine": machine_info(), "backend": backend,
+            "model": (meta or {}).get("model") or getattr(model, "name", None),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "settings": settings.__dict__, "methods": [m.name for m in method_objs],
+            "command": (meta or {}).get("command") or " ".join(sys.argv)}
+    out = Path(out_dir) if out_dir is not None else None
+    records: list[dict] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if resume:
+            records = _completed(out / "results.jsonl", [m.name for m in method_objs])
+    done = {(r["task"], r["id"]) for r in records}
+    handle = (out / "results.jsonl").open("w", encoding="utf-8") if out is not None else None
+    try:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+        if warmup and prompts:
+            warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
+            for method in method_objs:
+                method.run(prompts[0], warm)
+        todo = [(i, row, ids) for i, (row, ids) in enumerate(zip(rows, prompts))
+                if (row.task, row.id) not in done]
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo) * len(method_objs), disable=not progress, unit="gen",
+                   desc="bench", file=sys.stderr, dynamic_ncols=True)
+        with bar:
+            for index, row, prompt_ids in todo:
+                prompt_settings = (replace(settings, seed=settings.seed + index)
+                                   if settings.sampling else settings)
+                baseline_tokens = None
+                for method in method_objs:
+                    bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
+                    output = method.run(prompt_ids, prompt_settings)
+                    if method.name == BASELINE:
+                        baseline_tokens = output.token_ids
+                    identical = (None if settings.sampling or baseline_tokens is None
+                                 else output.token_ids == baseline_tokens)
+                    record = dict(zip(RESULT_KEYS, (
+                        row.task, row.id, method.name, len(prompt_ids), len(output.token_ids),
+                        round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
+                        output.accepted_tokens, identical, _decode(model, output.token_ids))))
+                    records.append(record)
+                    if handle is not None:
+                        handle.write(json.dumps(record) + "\n")
+                        handle.flush()
+                    bar.update(1)
+    finally:
+        if handle is not None:
+            handle.close()
+    summary = summarize(records)
+    if out is not None:
+        write_outputs(out, records, meta)
+    return BenchResult(records, summary, out)

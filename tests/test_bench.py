@@ -1,0 +1,285 @@
+"""The benchmark command: files and keys, numbers recomputed from what was measured, the
+identity check, fairness plumbing (seeds, counters), and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read_results,
+                                run_bench)
+from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
+                                        split_methods, sweep_specs)
+from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup
+from promptlookup.bench.runner import RESULT_KEYS
+from promptlookup.bench.transformers_methods import ForwardTrace
+from promptlookup.cli import main
+from promptlookup.errors import InvalidParameterError, PromptLookupError
+
+TEXTS = ["abcabcabd abcabcabd abcab", "hello world hello world hel", "xyzxyz qxyz xyzx"]
+FAST = Settings(max_new_tokens=12)
+
+
+def rows(n: int = 2, task: str = "t") -> list[BenchRow]:
+    return [BenchRow(task, f"p{i}", [{"role": "user", "content": TEXTS[i]}]) for i in range(n)]
+
+
+def write_jsonl(path: Path, task: str = "edit", n: int = 2) -> Path:
+    lines = [json.dumps({"id": f"{task}-{i}", "task": task,
+                         "messages": [{"role": "user", "content": TEXTS[i]}]}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tiny_backend(tiny_lm, monkeypatch):
+    """The CLI's transformers backend, loading the tiny model instead of the default one."""
+    backend = get_backend("transformers")
+    monkeypatch.setattr(backend, "load", lambda model, dtype, device, threads: tiny_lm)
+    return tiny_lm
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["bench", "--no-progress", *args])
+
+
+# -- files, keys and numbers -----------------------------------------------------------------
+
+def test_cli_writes_results_summary_report_and_figures(tiny_backend, tmp_path):
+    data = write_jsonl(tmp_path / "edit.jsonl")
+    chat = write_jsonl(tmp_path / "chat.jsonl", task="chat", n=1)
+    out = tmp_path / "out"
+    result = invoke("--data", str(data), "--data", str(chat), "--max-new-tokens", "10",
+                    "--methods", "hf-pld,promptlookup,promptlookup-none", "--threads", "1",
+                    "--out", str(out))
+    assert result.exit_code == 0, result.output
+    for name in ("results.jsonl", "summary.json", "report.md", "meta.json", "speedup.png",
+                 "tokens_per_forward.png"):
+        assert (out / name).is_file(), name
+    records = read_results(out / "results.jsonl")
+    assert all(tuple(r) == RESULT_KEYS for r in records)
+    assert len(records) == 3 * 4  # prompts x methods, plain added as the baseline
+    assert [r["method"] for r in records[:4]] == ["plain", "hf-pld", "promptlookup",
+                                                   "promptlookup-none"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(tuple(row) == SUMMARY_KEYS for row in summary)
+    assert {(r["task"], r["method"]) for r in summary} >= {("edit", "hf-pld"), ("chat", "plain"),
+                                                          ("all", "promptlookup")}
+    # Greedy float32: every method reproduces plain decoding exactly.
+    assert all(r["identical_to_plain"] is True for r in records)
+    report = (out / "report.md").read_text()
+    assert "| edit | hf-pld |" in report and "torch threads 1" in report
+    assert "hf-pld" in result.output and "speed-up" in result.output  # the table printed
+
+
+def test_summary_numbers_are_recomputed_from_results(tiny_lm, tmp_path):
+    result = run_bench(tiny_lm, rows(3), ["plain", "hf-pld", "promptlookup"], FAST,
+                       out_dir=tmp_path, warmup=False)
+    records = read_results(tmp_path / "results.jsonl")
+    assert records == result.records
+    summary = {(r["task"], r["method"]): r for r in json.loads((tmp_path / "summary.json").read_text())}
+    plain = [r for r in records if r["method"] == "plain"]
+    plain_rate = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
+    for method in ("hf-pld", "promptlookup"):
+        mine = [r for r in records if r["method"] == method]
+        rate = sum(r["new_tokens"] for r in mine) / sum(r["seconds"] for r in mine)
+        row = summary[("t", method)]
+        assert row["prompts"] == 3
+        assert row["tokens_per_second"] == pytest.approx(rate, abs=1e-3)
+        assert row["speedup"] == pytest.approx(rate / plain_rate, abs=1e-4)
+        per_prompt = [(m["new_tokens"] / m["seconds"]) / (p["new_tokens"] / p["seconds"])
+                      for m, p in zip(mine, plain)]
+        assert row["median_speedup"] == pytest.approx(statistics.median(per_prompt), abs=1e-4)
+        assert row["tokens_per_forward"] == pytest.approx(
+            sum(r["new_tokens"] for r in mine) / sum(r["forward_passes"] for r in mine), abs=1e-4)
+        drafted = sum(r["drafted_tokens"] for r in mine)
+        if drafted:
+            assert row["acceptance_rate"] == pytest.approx(
+                sum(r["accepted_tokens"] for r in mine) / drafted, abs=1e-4)
+    assert summary[("t", "plain")]["speedup"] == 1.0
+    assert summary[("t", "plain")]["tokens_per_forward"] == 1.0  # one pass per token
+
+
+class Perturbed:
+    """Wraps a method and changes the first new token of the first prompt it sees."""
+
+    name = "perturbed"
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def run(self, prompt_ids, settings) -> MethodOutput:
+        out = self.inner.run(prompt_ids, settings)
+        self.calls += 1
+        if self.calls == 2:  # the first recorded prompt (call 1 is the warm-up)
+            out.token_ids = [(out.token_ids[0] + 1) % 32, *out.token_ids[1:]]
+        return out
+
+
+def test_identity_check_detects_a_changed_output(tiny_lm):
+    perturbed = Perturbed(make_method("transformers", "promptlookup", tiny_lm))
+    result = run_bench(tiny_lm, rows(2), ["plain", perturbed], FAST)
+    flags = [r["identical_to_plain"] for r in result.records if r["method"] == "perturbed"]
+    assert flags == [False, True]
+    row = next(r for r in result.summary if r["method"] == "perturbed")
+    assert row["identical_fraction"] == 0.5
+
+
+def test_sampling_rows_have_null_identity_and_per_prompt_seeds(tiny_lm):
+    settings = Settings(max_new_tokens=10, temperature=1.0, seed=7)
+    first = run_bench(tiny_lm, rows(2), ["plain", "promptlookup"], settings, warmup=False)
+    second = run_bench(tiny_lm, rows(2), ["plain", "promptlookup"], settings, warmup=False)
+    assert all(r["identical_to_plain"] is None for r in first.records)
+    assert all(r["identical_fraction"] is None for r in first.summary)
+    # The same seed per prompt and method reproduces every output.
+    assert [r["text"] for r in first.records] == [r["text"] for r in second.records]
+
+
+# -- counters ----------------------------------------------------------------------------------
+
+def test_forward_trace_agrees_with_the_loops_own_counters(tiny_lm):
+    prompt = tiny_lm.encode([{"role": "user", "content": TEXTS[0]}])
+    # Whole drafts: an adaptive policy may probe the model outside the counted passes.
+    fixed = ({"speculation": "fixed"}
+             if "speculation" in inspect.signature(tiny_lm.generate).parameters else {})
+    with ForwardTrace(tiny_lm.model) as trace:
+        result = tiny_lm.generate(prompt, max_new_tokens=16, **fixed)
+    stats = result.stats
+    assert stats.drafted_tokens > 0  # the check means something
+    assert trace.counts(len(prompt), stats.new_tokens) == (
+        stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens)
+
+
+def test_plain_generate_counts_one_forward_pass_per_token(tiny_lm):
+    prompt = tiny_lm.encode([{"role": "user", "content": TEXTS[1]}])
+    out = make_method("transformers", "plain", tiny_lm).run(prompt, FAST)
+    assert out.forward_passes == len(out.token_ids) and out.drafted_tokens == 0
+    pld = make_method("transformers", "hf-pld:k=4", tiny_lm).run(prompt, FAST)
+    assert pld.token_ids == out.token_ids
+    assert pld.accepted_tokens == len(pld.token_ids) - pld.forward_passes
+    assert 0 <= pld.accepted_tokens <= pld.drafted_tokens
+
+
+# -- method specs ------------------------------------------------------------------------------
+
+def test_method_specs_parse_with_parameters():
+    assert split_methods("plain,promptlookup:k=4,min=2,hf-pld") == [
+        "plain", "promptlookup:k=4,min=2", "hf-pld"]
+    assert parse_method_spec("promptlookup:k=4,min=2") == ("promptlookup", {"k": "4", "min": "2"})
+    assert len(sweep_specs()) == 21 and "promptlookup:k=8,min=2" in sweep_specs()
+
+
+def test_method_parameters_reach_the_drafter(tiny_lm):
+    method = make_method("transformers", "promptlookup:k=4,min=2,max=8", tiny_lm)
+    assert method.name == "promptlookup:k=4,min=2,max=8"
+    assert method.options == {"num_tokens": 4, "min_match": 2, "max_match": 8}
+    with pytest.raises(InvalidParameterError, match="unknown parameter.*depth"):
+        make_method("transformers", "promptlookup:depth=3", tiny_lm)
+    with pytest.raises(InvalidParameterError, match="num_tokens must be an integer, got .big."):
+        make_method("transformers", "promptlookup:k=big", tiny_lm)
+    with pytest.raises(PromptLookupError):
+        make_method("transformers", "promptlookup:k=0", tiny_lm)
+
+
+def test_sweep_reports_the_best_fixed_setting(tiny_lm, tmp_path):
+    specs = ["promptlookup:k=2,min=1", "promptlookup:k=4,min=1"]
+    result = run_bench(tiny_lm, rows(1), specs, Settings(max_new_tokens=6), out_dir=tmp_path,
+                       warmup=False)
+    best = best_promptlookup(result.summary)
+    assert [b["method"] for b in best] == [max(
+        (r for r in result.summary if r["method"] in specs), key=lambda r: r["speedup"])["method"]]
+    assert "## Best promptlookup setting per task" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "sweep.png").is_file()
+
+
+# -- report-only and resume ------------------------------------------------------------------
+
+def test_report_only_regenerates_from_results(tiny_backend, tmp_path):
+    out = tmp_path / "out"
+    assert invoke("--data", str(write_jsonl(tmp_path / "d.jsonl")), "-n", "6", "--methods",
+                  "promptlookup", "--out", str(out)).exit_code == 0
+    summary = (out / "summary.json").read_text()
+    for name in ("summary.json", "report.md", "speedup.png"):
+        (out / name).unlink()
+    result = invoke("--report-only", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert (out / "summary.json").read_text() == summary
+    assert (out / "report.md").is_file() and (out / "speedup.png").is_file()
+
+
+def test_resume_keeps_complete_prompts_and_runs_the_rest(tiny_lm, tmp_path):
+    first = run_bench(tiny_lm, rows(3), ["plain", "promptlookup"], FAST, out_dir=tmp_path,
+                      warmup=False)
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    # Interrupted: prompt 0 complete, prompt 1 half done, a cut-off line at the end.
+    (tmp_path / "results.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+    again = run_bench(tiny_lm, rows(3), ["plain", "promptlookup"], FAST, out_dir=tmp_path,
+                      warmup=False, resume=True)
+    assert again.records[:2] == first.records[:2]  # kept as measured
+    assert [(r["id"], r["method"]) for r in again.records] == [
+        (r["id"], r["method"]) for r in first.records]
+    assert read_results(tmp_path / "results.jsonl") == again.records
+
+
+# -- bad input: one line, naming file and line -------------------------------------------------
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}\n{"id": "b", "messages": [}\n',
+     ":2: not valid JSON"),
+    ('{"id": "a", "task": "t"}\n', ":1: row has no 'messages'"),
+    ('{"id": "a", "messages": [{"role": "user"}]}\n', ":1: messages[0] needs string"),
+    ('[1, 2]\n', ":1: expected a JSON object"),
+    ('{"id": "a", "messages": [{"role": "user", "content": "x"}]}\n' * 2, ":2: duplicate task/id"),
+])
+def test_malformed_data_names_file_and_line(tiny_backend, tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    result = invoke("--data", str(path), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert f"{path}{message}" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(PromptLookupError, match=message.split(": ")[0]):
+        load_all([path])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "/nonexistent/x.jsonl"], "/nonexistent/x.jsonl: no such data file"),
+    (["--methods", "plain,turbo"], "unknown method 'turbo'"),
+    (["--methods", "promptlookup:depth=2"], "unknown parameter(s) depth"),
+    (["--backend", "vllm"], "unknown backend 'vllm'"),
+    (["--report-only"], "no such results file"),
+])
+def test_bad_arguments_fail_with_one_line(tiny_backend, tmp_path, args, message):
+    data = write_jsonl(tmp_path / "d.jsonl")
+    full = args if "--data" in args or "--report-only" in args else ["--data", str(data), *args]
+    result = invoke(*full, "-n", "4", "--out", str(tmp_path / "out"))
+    assert result.exit_code != 0
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_prompt_too_long_names_the_row(tiny_lm):
+    long_row = BenchRow("t", "long", [{"role": "user", "content": "a" * 600}], source="f.jsonl:3")
+    with pytest.raises(PromptLookupError, match="f.jsonl:3: prompt"):
+        run_bench(tiny_lm, [long_row], ["plain"], FAST)
+
+
+# -- the real default model --------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smoke_on_the_default_model(default_lm, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(get_backend("transformers"), "load", lambda *args: default_lm)
+    out = tmp_path / "out"
+    result = invoke("--data", str(shared_data / "code_edit.jsonl"), "--limit", "1",
+                    "--max-new-tokens", "16", "--methods", "plain,hf-pld,promptlookup",
+                    "--out", str(out))
+    assert result.exit_code == 0, result.output
+    records = read_results(out / "results.jsonl")
+    assert len(records) == 3 and all(r["identical_to_plain"] for r in records)
+    assert all(r["new_tokens"] == 16 or r["text"] for r in records)
