@@ -49,6 +49,11 @@ class StopStrings:
     stop string appears; the stop string and anything after it are never returned. Text that
     could still become the start of a stop string is held back until it is decided.
 
+    Policy: the first stop string is the one complete first (ending earliest; of two ending
+    together, the one starting earliest), so the result does not depend on how the text is
+    split into deltas: with stops ``["c", "abcd"]``, "abcd" stops at "ab" fed whole or one
+    character at a time.
+
     >>> stops = StopStrings(["END"])
     >>> stops.feed("abc E"), stops.feed("N"), stops.feed("D tail"), stops.stopped
     ('abc ', '', '', True)
@@ -65,10 +70,11 @@ class StopStrings:
             return ""
         search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
         self.text += delta
-        hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+        hits = [(i + len(s), i) for s in self.stop for i in [self.text.find(s, search_from)]
+                if i >= 0]  # (end, start) of each stop string's first occurrence
         if hits:
             self.stopped = True
-            return self._emit(min(hits))
+            return self._emit(min(hits)[1])
         return self._emit(len(self.text) - self._held_back())
 
     def flush(self) -> str:
