@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
 from .backends.base import Target
-from .drafters import DrafterSpec, make_drafter
+from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
 from .loop import GenerationStats, speculative_generate
+from .policy import SpeculationPolicy
 from .sampling import SamplingParams, TokenChooser
 from .text import IncrementalDetokenizer, StopStrings
 
@@ -71,6 +72,8 @@ class LanguageModel:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = eos if eos is not None else tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        #: Learned costs and acceptance statistics, shared by this model's requests.
+        self.policy = SpeculationPolicy()
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -99,7 +102,7 @@ class LanguageModel:
                drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: Sequence[str] | str = (), chat: bool = False,
-               **drafter_options) -> GenerationStream:
+               speculation: str = "adaptive", **drafter_options) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
         Invalid arguments raise here, before anything is generated."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -110,19 +113,31 @@ class LanguageModel:
             raise PromptTooLongError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens")
+        if speculation not in ("adaptive", "fixed"):
+            raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
         stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
-        drafter_obj = make_drafter(drafter, eos_token_ids=self.eos_token_ids, **drafter_options)
-        chooser = TokenChooser.from_params(params, device=getattr(self.target, "device", "cpu"))
+        device = getattr(self.target, "device", "cpu")
+        chooser = TokenChooser.from_params(params, device=device)
+        # A draft model is loaded on the target's device and dtype, and samples with `chooser`.
+        drafter_obj = make_drafter(drafter, eos_token_ids=self.eos_token_ids,
+                                   tokenizer=self.tokenizer, chooser=chooser, device=str(device),
+                                   dtype=str(getattr(self.model, "dtype", "float32")),
+                                   **drafter_options)
+        drafts = not isinstance(drafter_obj, NoDrafter)
+        policy = self.policy if speculation == "adaptive" and drafts else None
         stream = GenerationStream(iter(()))
-        stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser, stops)
+        stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser,
+                                      stops, policy)
         return stream
 
-    def _events(self, stream, prompt_ids, max_new_tokens, drafter, chooser, stops) -> Iterator[str]:
+    def _events(self, stream, prompt_ids, max_new_tokens, drafter, chooser, stops,
+                policy) -> Iterator[str]:
         stats = GenerationStats()
         detok = IncrementalDetokenizer(self.tokenizer)
         tokens = speculative_generate(self.target, prompt_ids, max_new_tokens=max_new_tokens,
                                       drafter=drafter, chooser=chooser,
-                                      eos_token_ids=self.eos_token_ids, stats=stats)
+                                      eos_token_ids=self.eos_token_ids, stats=stats,
+                                      policy=policy)
         finish_reason = "length"
         pieces: list[str] = []
         try:
@@ -149,20 +164,30 @@ class LanguageModel:
                  drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                  stop: Sequence[str] | str = (), chat: bool = False,
-                 **drafter_options) -> GenerationResult:
+                 speculation: str = "adaptive", **drafter_options) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
-        ``drafter``: ``"prompt-lookup"`` (default), ``"none"`` (plain decoding), a drafter
-        object, a callable ``f(tokens, max_tokens) -> list[int]``, or a list of these (a chain).
+        ``drafter``: ``"prompt-lookup"`` (default), ``"none"`` (plain decoding),
+        ``"reference:FILE"``, ``"draft-model:PATH_OR_ID"``, a comma-separated chain such as
+        ``"prompt-lookup,draft-model:PATH"`` (see :mod:`promptlookup.drafters`), a drafter
+        object, a loaded draft model (a smaller ``LanguageModel`` with the same tokenizer), a
+        callable ``f(tokens, max_tokens) -> list[int]``, or a list of these (a chain).
         ``temperature=0`` is greedy; otherwise exact sampling with ``top_k``/``top_p``/
         ``repetition_penalty``, reproducible with ``seed``. ``stop``: strings that end the
-        generation (not included in ``text``). Extra keyword arguments configure the drafter
-        (e.g. ``num_tokens=8``).
+        generation (not included in ``text``). ``speculation="adaptive"`` (default) verifies
+        only as much of each draft as the measured costs and learned acceptance say pays off
+        (see :mod:`promptlookup.policy`); ``"fixed"`` verifies whole drafts. Extra keyword
+        arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
+        for prompt lookup).
+
+        >>> lm.generate(prompt, drafter="draft-model:SmolLM2-135M.gguf")     # doctest: +SKIP
+        >>> lm.generate(prompt, drafter="prompt-lookup", reference_text=old_code)  # doctest: +SKIP
+        >>> lm.generate(prompt, drafter=lambda tokens: tokens[-4:])          # doctest: +SKIP
         """
         stream = self.stream(prompt, max_new_tokens=max_new_tokens, drafter=drafter,
                              temperature=temperature, top_k=top_k, top_p=top_p,
                              repetition_penalty=repetition_penalty, seed=seed, stop=stop,
-                             chat=chat, **drafter_options)
+                             chat=chat, speculation=speculation, **drafter_options)
         for _ in stream:
             pass
         return stream.result

@@ -27,6 +27,7 @@ import torch
 from .backends.base import Target
 from .drafters.base import Drafter, NoDrafter
 from .errors import UnsupportedModelError
+from .policy import SpeculationPolicy
 from .sampling import TokenChooser
 
 
@@ -76,9 +77,13 @@ def speculative_generate(
     chooser: TokenChooser | None = None,
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
+    policy: SpeculationPolicy | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
-    stopping after an EOS token. Closing the generator early (a stop string) is fine."""
+    stopping after an EOS token. Closing the generator early (a stop string) is fine.
+
+    ``policy`` (optional) trims each draft to the length worth verifying, from measured
+    forward-pass costs and learned acceptance; without it every draft is verified whole."""
     drafter = drafter or NoDrafter()
     chooser = chooser or TokenChooser(None, do_sample=False)
     stats = stats if stats is not None else GenerationStats()
@@ -94,16 +99,26 @@ def speculative_generate(
     # 1. Prefill: the cache holds every token but the last, which each step feeds first.
     target.reset()
     target.prefill(tokens[:-1])
+    if policy is not None:
+        policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
     while stats.new_tokens < max_new_tokens:
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
         draft = drafter.propose(tokens, room)[:room] if room > 0 else []
+        match_length = drafter_match_length(drafter)
+        if policy is not None:  # keep only the part of the draft worth its verification cost
+            draft = draft[: policy.draft_length(draft, match_length)]
         # A drafter that samples its draft exposes its probabilities (len(draft), vocab).
         draft_probs = getattr(drafter, "last_draft_probs", None) if draft else None
+        if draft_probs is not None:
+            draft_probs = draft_probs[: len(draft)]
         stats.drafted_tokens += len(draft)
         # 3. One target forward pass over the last token and the draft.
+        forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         stats.forward_passes += 1
+        if policy is not None:
+            policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
         # 4. Verify: the target's own choice at each position; keep drafts while they agree.
         num_accepted = 0
         for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
@@ -120,7 +135,15 @@ def speculative_generate(
         # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step).
         target.crop(len(tokens) - 1)
         drafter.update(draft, num_accepted)
+        if policy is not None and draft:
+            policy.record_acceptance(match_length, len(draft), num_accepted)
     stats.seconds = time.perf_counter() - start
+
+
+def drafter_match_length(drafter: Drafter) -> int | None:
+    """The suffix-match length behind the last draft, for drafters that report one."""
+    match = getattr(drafter, "last_match", None)
+    return getattr(match, "length", None)
 
 
 def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],

@@ -17,14 +17,20 @@ class PromptLookupDrafter:
     Policy: the longest suffix match of ``min_match`` to ``max_match`` tokens, ties broken by
     the most recent occurrence (see :mod:`promptlookup.drafters.suffix_index` for a worked
     example); the draft is what followed that occurrence, up to ``num_tokens`` tokens and cut
-    just after an end-of-sequence token.
+    just after an end-of-sequence token. *Chained lookup*: when that continuation runs into the
+    end of the sequence, looking up again from the draft's own end finds the same occurrence
+    one period later, so the draft repeats the continuation (``... a b c a b`` drafts
+    ``c a b c ...``), which is what loops and repeated rows look like.
 
     >>> drafter = PromptLookupDrafter(num_tokens=3)
     >>> drafter.propose([1, 2, 3, 4, 5, 9, 1, 2], max_tokens=10)
     [3, 4, 5]
+    >>> PromptLookupDrafter().propose([7, 1, 2, 1, 2], max_tokens=5)  # chained: period 2
+    [1, 2, 1, 2, 1]
 
     Args:
-        num_tokens: most tokens per draft (the loop may ask for fewer).
+        num_tokens: most tokens per draft (the loop may ask for fewer; the adaptive policy
+            then trims the draft to what is worth verifying).
         min_match: shortest suffix worth matching.
         max_match: longest suffix compared (longer matches count as this long).
         eos_token_ids: tokens after which a draft stops.
@@ -34,7 +40,7 @@ class PromptLookupDrafter:
             prompt and output (more recent) win over the reference.
     """
 
-    def __init__(self, num_tokens: int = 10, min_match: int = 1, max_match: int = 64,
+    def __init__(self, num_tokens: int = 64, min_match: int = 1, max_match: int = 64,
                  eos_token_ids: Iterable[int] = (), reference_ids: Sequence[int] = ()) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -69,7 +75,10 @@ class PromptLookupDrafter:
         self.last_match = match = self.index.match()
         if match is None:
             return []
-        draft = self.index.continuation(match, min(max_tokens, self.num_tokens))
+        limit = min(max_tokens, self.num_tokens)
+        draft = self.index.continuation(match, limit)
+        if match.end + len(draft) == len(self.index) and draft:  # chained lookup: repeat
+            draft = (draft * (limit // len(draft) + 1))[:limit]
         for i, token in enumerate(draft):
             if token == SEPARATOR:
                 return draft[:i]

@@ -1,0 +1,128 @@
+"""The cost-aware speculation policy: its decisions, and that it never changes the output."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+import promptlookup as pl
+from promptlookup.policy import AcceptanceModel, CostModel, SpeculationPolicy, match_bucket
+
+from conftest import TinyTokenizer, tiny_llama
+
+
+def policy_with_costs(costs: dict[int, float]) -> SpeculationPolicy:
+    policy = SpeculationPolicy()
+    for size, seconds in costs.items():
+        policy.record_forward(size, seconds)
+    return policy
+
+
+def test_cost_model_interpolates_and_uses_medians():
+    model = CostModel()
+    for seconds in (1.0, 1.0, 50.0):  # one outlier
+        model.record(1, seconds)
+    model.record(5, 3.0)
+    assert model.cost(1) == 1.0
+    assert model.cost(3) == 2.0  # halfway between sizes 1 and 5
+    assert model.cost(9) == 5.0  # extrapolated along the last segment
+
+
+def test_drafts_nothing_when_verification_is_expensive_and_acceptance_unknown():
+    # Linear cost (like float32 on a CPU): a 1-token match is not worth one extra token.
+    policy = policy_with_costs({1: 1.0, 2: 2.0, 8: 8.0, 64: 64.0})
+    assert policy.draft_length([5] * 10, match_length=1) == 0
+
+
+def test_drafts_the_whole_draft_when_verification_is_nearly_free():
+    # Flat cost (like bfloat16 on a CPU, or a GPU): any draft with some chance pays.
+    policy = policy_with_costs({1: 1.0, 64: 1.05})
+    assert policy.draft_length([5] * 20, match_length=16) == 20
+
+
+def test_drafts_more_after_long_matches_than_short_ones():
+    policy = policy_with_costs({1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2, 16: 3.0, 64: 9.0})
+    assert policy.draft_length([5] * 40, match_length=32) > policy.draft_length([5] * 40, match_length=2)
+
+
+def test_learns_to_stop_drafting_when_drafts_are_rejected():
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    assert policy.draft_length([5] * 16, match_length=8) > 0
+    for _ in range(50):
+        policy.record_acceptance(8, num_drafted=16, num_accepted=0)
+    assert policy.draft_length([5] * 16, match_length=8) == 0
+
+
+def test_learns_to_draft_when_drafts_are_accepted():
+    policy = policy_with_costs({1: 1.0, 2: 2.0, 16: 2.2, 64: 6.0})
+    assert policy.draft_length([5] * 16, match_length=1) == 0
+    for _ in range(50):
+        policy.record_acceptance(1, num_drafted=16, num_accepted=16)
+    assert policy.draft_length([5] * 16, match_length=1) == 16
+
+
+def test_greedy_and_sampling_keep_separate_statistics():
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    policy.sampling = True
+    for _ in range(50):
+        policy.record_acceptance(8, num_drafted=16, num_accepted=0)
+    assert policy.draft_length([5] * 16, match_length=8) == 0
+    policy.sampling, policy.request = False, AcceptanceModel()
+    assert policy.draft_length([5] * 16, match_length=8) > 0
+
+
+def test_match_buckets_are_monotone():
+    buckets = [match_bucket(n) for n in range(1, 100)]
+    assert buckets == sorted(buckets) and match_bucket(None) == 0
+
+
+def test_calibration_leaves_the_cache_as_it_was():
+    model = tiny_llama(seed=3)
+    target = pl.from_transformers(model, TinyTokenizer(32)).target
+    target.reset()
+    prompt = list(range(1, 20))
+    target.prefill(prompt)
+    before = target.forward([7]).clone()
+    target.crop(len(prompt))
+    CostModel().calibrate(target, probe_token=7, sizes=(1, 2, 5), repeats=1)
+    assert target.cache_length == len(prompt)
+    assert torch.equal(target.forward([7]), before)
+
+
+class RandomLengthPolicy(SpeculationPolicy):
+    """Verifies a random prefix of each draft: any choice of length must be lossless."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def start(self, target, probe_token, sampling):  # no calibration needed
+        pass
+
+    def draft_length(self, draft, match_length):
+        return self.rng.randint(0, len(draft))
+
+
+def test_any_draft_length_choice_keeps_greedy_output_identical():
+    model = tiny_llama(seed=1)
+    lm = pl.from_transformers(model, TinyTokenizer(32))
+    rng = random.Random(0)
+    for trial in range(4):
+        prompt = [rng.randrange(1, 32) for _ in range(10)] * 4
+        plain = lm.generate(prompt, max_new_tokens=40, drafter="none").token_ids
+        lm.policy = RandomLengthPolicy(seed=trial)
+        result = lm.generate(prompt, max_new_tokens=40)
+        assert result.token_ids == plain
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)
+        assert expected[0, len(prompt):].tolist() == plain
+
+
+def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
+    model = tiny_llama(seed=2)
+    lm = pl.from_transformers(model, TinyTokenizer(32))
+    prompt = list(range(1, 13)) * 4
+    plain = lm.generate(prompt, max_new_tokens=48, drafter="none")
+    adaptive = lm.generate(prompt, max_new_tokens=48)
+    assert adaptive.token_ids == plain.token_ids
+    assert lm.policy.costs.calibrated  # calibrated on first use
