@@ -24,9 +24,12 @@ sampled decoding keep separate statistics.
 from __future__ import annotations
 
 import bisect
+import json
+import os
 import statistics
 import time
 from collections import defaultdict, deque
+from pathlib import Path
 from typing import Sequence
 
 #: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
@@ -113,6 +116,25 @@ class CostModel:
                 target.crop(length)
 
 
+    def save(self, path: Path) -> None:
+        """Store the curve (medians) so the next process skips calibration."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({str(n): self.seconds[n] for n in self.sizes}))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache only costs a calibration next time
+
+    def load(self, path: Path) -> None:
+        try:
+            curve = json.loads(path.read_text())
+            for size, seconds in curve.items():
+                self.record(int(size), float(seconds))
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # missing or corrupt: calibrate instead
+
+
 class AcceptanceModel:
     """Counts of how often draft token j was accepted given tokens 1..j-1 were, per bucket."""
 
@@ -143,8 +165,10 @@ class SpeculationPolicy:
     requests); :meth:`start` begins a request's own statistics.
     """
 
-    def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0) -> None:
+    def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0,
+                 cost_file: str | os.PathLike | None = None) -> None:
         self.costs = CostModel()
+        self.cost_file = Path(cost_file) if cost_file else None
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
         self.request: AcceptanceModel = AcceptanceModel()
         self.sampling = False
@@ -155,8 +179,15 @@ class SpeculationPolicy:
         """Begin a request (after the prompt's prefill); calibrate costs on first use."""
         self.request = AcceptanceModel()
         self.sampling = sampling
+        if self.cost_file is not None:
+            if self.costs.calibrated:
+                self.costs.save(self.cost_file)  # keep what the last request refined
+            else:
+                self.costs.load(self.cost_file)
         if not self.costs.calibrated:
             self.costs.calibrate(target, probe_token)
+            if self.cost_file is not None:
+                self.costs.save(self.cost_file)
 
     def acceptance(self, bucket: int, position: int) -> float:
         prior = prior_acceptance(bucket)
