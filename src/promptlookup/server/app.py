@@ -1,0 +1,349 @@
+"""The OpenAI-compatible HTTP app: :func:`create_app` over a loaded model or a loader.
+
+Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
+events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
+``GET /v1/models``, ``GET /health``.
+
+Policies:
+
+- *Loading*: given a loader, the app answers at once and loads the model on a background thread;
+  ``GET /health`` is 503 ``{"status": "loading"}`` until the model is ready, then 200 (503
+  ``"failed"`` if loading failed). ``/v1/*`` answer 503 until then.
+- *Context*: prompt tokens + ``max_tokens`` must fit the model's context, else 400 with code
+  ``context_length_exceeded``. Without ``max_tokens`` (or ``max_completion_tokens``, which wins
+  when both are given) the limit is ``min(default_max_tokens, context - prompt tokens)``; a
+  prompt that leaves no room at all is a 400.
+- *Defaults* follow OpenAI: ``temperature`` 1 and ``top_p`` 1. Pass ``temperature=0`` for
+  greedy output, token-identical to plain decoding.
+- *Statistics*: ``usage`` holds OpenAI's token counts plus ``usage.speculative`` =
+  ``{forward_passes, drafted_tokens, accepted_tokens, tokens_per_forward, acceptance_rate,
+  seconds}``. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
+- *Predicted outputs*: ``prediction.content`` is tokenized and becomes the prompt lookup
+  drafter's reference text (drafts come from it, the prompt, or the output so far).
+- *Limits*: a body over ``max_body_bytes`` is a 413; a full queue a 429 (see
+  :mod:`.worker`); with ``api_key``, ``/v1/*`` need ``Authorization: Bearer <key>`` (compared in
+  constant time), else 401. ``/health`` is always open.
+- *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
+  has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
+- *Disconnects* cancel the generation within one decoding step, streaming or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Callable, Union
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..drafters import check_drafter_spec
+from ..errors import EmptyPromptError, PromptLookupError
+from ..generation import LanguageModel
+from ..sampling import SamplingParams
+from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, chunk,
+                      completion_body, content_text, parse_request, sse, usage)
+from .worker import GenerationJob, GenerationWorker, QueueFull
+
+log = logging.getLogger("promptlookup.server")
+
+DEFAULT_MAX_TOKENS = 512
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+ModelOrLoader = Union[LanguageModel, Callable[[], LanguageModel]]
+
+
+class ServerState:
+    """The model (once loaded), its worker, and the server's settings."""
+
+    def __init__(self, model: ModelOrLoader, *, model_id, api_key, max_queue, max_body_bytes,
+                 default_max_tokens, drafter, drafter_options, generation_options,
+                 on_load_error) -> None:
+        self.loader = model if not isinstance(model, LanguageModel) else None
+        self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
+        self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
+        self.api_key = api_key
+        self.max_queue = max_queue
+        self.max_body_bytes = max_body_bytes
+        self.default_max_tokens = default_max_tokens
+        self.drafter = drafter
+        self.drafter_options = dict(drafter_options or {})
+        self.generation_options = dict(generation_options or {})
+        self.on_load_error = on_load_error
+        self.worker: GenerationWorker | None = None
+        self.status = "loading"
+        self.load_error: str | None = None
+        self.tokenizer_lock = threading.Lock()  # request threads encode one at a time
+
+    def start(self) -> None:
+        if self.lm is not None:
+            self._ready(self.lm)
+        else:
+            threading.Thread(target=self._load, name="promptlookup-load", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            self._ready(self.loader())
+        except Exception as exc:  # a PromptLookupError is one line; anything else gets its type
+            self.load_error = str(exc) if isinstance(exc, PromptLookupError) else \
+                f"{type(exc).__name__}: {exc}"
+            self.status = "failed"
+            log.error("model loading failed: %s", self.load_error)
+            if self.on_load_error is not None:
+                self.on_load_error(self.load_error)
+
+    def _ready(self, lm: LanguageModel) -> None:
+        self.lm = lm
+        self.worker = GenerationWorker(lm, self.max_queue)
+        self.worker.start()
+        self.status = "ready"
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+    def ready_model(self) -> LanguageModel:
+        if self.status == "ready":
+            return self.lm
+        message = ("the model is still loading" if self.status == "loading"
+                   else f"the model failed to load: {self.load_error}")
+        raise APIError(503, message, type="server_error", code=f"model_{self.status}")
+
+
+def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: str | None = None,
+               max_queue: int = 16, max_body_bytes: int = MAX_BODY_BYTES,
+               default_max_tokens: int = DEFAULT_MAX_TOKENS, drafter: str = "prompt-lookup",
+               drafter_options: dict | None = None, generation_options: dict | None = None,
+               on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
+    one (called on a background thread at startup). ``model_id``: the name clients must send as
+    ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
+    and its options, as in :func:`promptlookup.make_drafter`, for requests without a
+    ``prediction`` (those use prompt lookup with the prediction as reference).
+    ``generation_options``: more keyword arguments for every
+    :meth:`~promptlookup.LanguageModel.stream` call (e.g. ``{"speculation": "fixed"}``).
+    ``on_load_error(message)`` is called if the loader fails."""
+    check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
+    state = ServerState(model, model_id=model_id, api_key=api_key, max_queue=max_queue,
+                        max_body_bytes=max_body_bytes, default_max_tokens=default_max_tokens,
+                        drafter=drafter, drafter_options=drafter_options,
+                        generation_options=generation_options, on_load_error=on_load_error)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.start()
+        try:
+            yield
+        finally:
+            state.stop()
+
+    app = FastAPI(title="promptlookup", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = state
+    app.add_exception_handler(APIError, _api_error_response)
+    app.add_exception_handler(StarletteHTTPException, _http_error_response)
+    app.add_exception_handler(Exception, _internal_error_response)
+
+    async def check_api_key(request: Request) -> None:
+        if state.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if not (scheme.lower() == "bearer"
+                and hmac.compare_digest(token.strip().encode(), state.api_key.encode())):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if state.status == "ready" else state.status, "model": state.model_id}
+        if state.worker is not None:
+            body["queue"] = {"running": state.worker.current is not None,
+                             "waiting": state.worker.waiting, "capacity": state.max_queue}
+        if state.load_error:
+            body["error"] = state.load_error
+        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+
+    @v1.get("/models")
+    async def models():
+        state.ready_model()
+        return {"object": "list", "data": [{"id": state.model_id, "object": "model",
+                                            "created": 0, "owned_by": "promptlookup"}]}
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request):
+        return await _serve(state, request, chat=True)
+
+    @v1.post("/completions")
+    async def completions(request: Request):
+        return await _serve(state, request, chat=False)
+
+    app.include_router(v1)
+    return app
+
+
+# -- one request ----------------------------------------------------------------------------
+
+
+async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
+    body = await _read_json(request, state.max_body_bytes)
+    req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+    state.ready_model()
+    if req.model != state.model_id:
+        raise APIError(400, f"The model {req.model!r} does not exist; this server has "
+                            f"{state.model_id!r}", param="model", code="model_not_found")
+    job_inputs = await run_in_threadpool(_prepare, state, req, chat)
+    job = GenerationJob(**job_inputs, wants_deltas=bool(req.stream))
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise APIError(429, f"the server is busy ({state.max_queue} requests already waiting); "
+                            "retry later", type="rate_limit_error", code="queue_full") from None
+    meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "created": int(time.time()), "model": state.model_id}
+    if req.stream:
+        return StreamingResponse(_sse_events(job, meta, chat, req.include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    result = await _outcome_unless_disconnected(job, request)
+    if result is None:  # the client is gone; nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(completion_body(meta, chat, result))
+
+
+async def _read_json(request: Request, limit: int):
+    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading)."""
+    too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
+                         code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts))
+    except (ValueError, RecursionError):
+        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
+                            "JSON", code="invalid_json") from None
+
+
+def _prepare(state: ServerState, req, chat: bool) -> dict:
+    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs."""
+    lm = state.lm
+    param = "messages" if chat else "prompt"
+    with state.tokenizer_lock:
+        try:
+            prompt_ids = lm.encode([m.as_dict() for m in req.messages] if chat else req.prompt)
+            reference_ids = None
+            if req.prediction is not None:
+                reference_ids = list(lm.tokenizer(content_text(req.prediction.content),
+                                                  add_special_tokens=False)["input_ids"])
+        except EmptyPromptError as exc:
+            raise APIError(400, str(exc), param=param) from None
+        except (PromptLookupError, ValueError, TypeError) as exc:  # incl. chat template errors
+            raise APIError(400, f"cannot encode the prompt: {exc}", param=param) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("jinja2"):
+                raise APIError(400, f"cannot apply the chat template: {exc}", param=param) from None
+            raise
+    vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
+    if vocab and any(not 0 <= t < vocab for t in prompt_ids):
+        raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+    sampling = req.sampling()
+    try:
+        SamplingParams(sampling["temperature"], sampling["top_k"], sampling["top_p"],
+                       sampling["repetition_penalty"], sampling["seed"])
+    except PromptLookupError as exc:
+        raise APIError(400, str(exc), param=str(exc).split()[0]) from None
+    context, used = lm.target.max_context, len(prompt_ids)
+    max_new_tokens = req.requested_max_tokens
+    if max_new_tokens is None:
+        max_new_tokens = min(state.default_max_tokens, context - used)
+    if max_new_tokens < 1 or used + max_new_tokens > context:
+        raise APIError(400, f"This model's maximum context length is {context} tokens; the "
+                            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
+                       param=param, code="context_length_exceeded")
+    drafter, options = state.drafter, state.drafter_options
+    if reference_ids:
+        lookup = {k: v for k, v in options.items() if k in ("num_tokens", "min_match", "max_match")}
+        drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
+    return {"prompt_ids": prompt_ids, "max_new_tokens": max_new_tokens, "sampling": sampling,
+            "drafter": drafter, "drafter_options": options,
+            "generation_options": state.generation_options}
+
+
+async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
+    """The job's result, or None (and the job cancelled) if the client disconnects first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    outcome = asyncio.ensure_future(job.outcome())
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if outcome.done():
+            return outcome.result()
+        return None
+    finally:
+        outcome.cancel()
+        gone.cancel()
+        job.cancel()  # no effect once the job has ended
+
+
+async def _sse_events(job: GenerationJob, meta: dict, chat: bool, include_usage: bool):
+    """The stream's server-sent events. If the client disconnects, Starlette cancels this
+    generator; its ``finally`` cancels the job."""
+    try:
+        if chat:
+            yield sse(chunk(meta, chat, {"role": "assistant", "content": ""}))
+        while True:
+            kind, value = await job.events.get()
+            if kind == "delta":
+                yield sse(chunk(meta, chat, {"content": value} if chat else value))
+            elif kind == "done":
+                yield sse(chunk(meta, chat, {} if chat else "", value.finish_reason))
+                if include_usage:
+                    yield sse({**chunk(meta, chat, None), "usage": usage(value)})
+                break
+            else:
+                error = value if kind == "error" else APIError(
+                    503, "the generation was cancelled", type="server_error", code="cancelled")
+                yield f"event: error\ndata: {json.dumps(error.body())}\n\n"
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # no effect once the job has ended
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+async def _api_error_response(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    error = APIError(exc.status_code, str(exc.detail),
+                     type="invalid_request_error" if exc.status_code < 500 else "server_error")
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error_response(request: Request, exc: Exception) -> JSONResponse:
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    error = APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
+    return JSONResponse(error.body(), status_code=500)

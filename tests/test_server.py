@@ -1,0 +1,471 @@
+"""The OpenAI-compatible server: a real uvicorn server on 127.0.0.1 over a tiny model, driven by
+the official ``openai`` client (and raw httpx/sockets for malformed requests and disconnects).
+
+No test sleeps for a fixed time: waiting is polling a condition against a deadline, and slow
+generations are made with a target whose forward passes wait for a ``threading.Event``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from conftest import TinyTokenizer, tiny_llama
+
+from promptlookup.cli import main as cli_main
+from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.errors import ModelLoadError
+from promptlookup.generation import LanguageModel
+from promptlookup.server import create_app
+
+MODEL = "tiny"
+CONTEXT = 512  # tiny_llama's max_position_embeddings
+MESSAGES = [{"role": "user", "content": "abcd abcd abcd"}]
+# Drafting decisions that do not depend on timing, so statistics are reproducible.
+FIXED = {"speculation": "fixed"}
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``condition()`` until it is truthy (returned) or the deadline passes (fail)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.005)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+class GatedTarget:
+    """A target whose forward passes wait until ``gate`` is set, and can be made to fail."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()  # set while a forward pass waits at the gate
+        self.forward_calls = 0
+        self.fail = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, token_ids):
+        self.forward_calls += 1
+        if self.fail:
+            raise RuntimeError("injected failure")
+        if not self.gate.is_set():
+            self.blocked.set()
+            if not self.gate.wait(timeout=60):
+                raise RuntimeError("the test never opened the gate")
+            self.blocked.clear()
+        return self.inner.forward(token_ids)
+
+
+def tiny_lm(gated: bool = False) -> LanguageModel:
+    model = tiny_llama()
+    target = TransformersTarget(model)
+    return LanguageModel(GatedTarget(target) if gated else target, TinyTokenizer(32),
+                         name=MODEL, model=model)
+
+
+class RunningServer:
+    """uvicorn serving ``app`` on a free loopback port, in a background thread."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> RunningServer:
+        self.thread.start()
+        wait_until(lambda: self.server.started, what="server start")
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+    @property
+    def worker(self):
+        return self.state.worker
+
+    def client(self, api_key: str = "unused") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_lm()
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    with RunningServer(create_app(lm, generation_options=FIXED)) as running:
+        yield running
+
+
+@pytest.fixture()
+def gated():
+    lm = tiny_lm(gated=True)
+    with RunningServer(create_app(lm, max_queue=1, generation_options=FIXED)) as running:
+        yield running, lm.target
+        lm.target.gate.set()
+
+
+def chat(client, **kwargs):
+    return client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+def test_chat_completion_equals_library_greedy_output(server, lm):
+    response = chat(server.client(), temperature=0, max_tokens=24)
+    expected = lm.generate(MESSAGES, max_new_tokens=24, temperature=0)
+    assert response.choices[0].message.content == expected.text
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].finish_reason == expected.finish_reason
+    assert response.model == MODEL and response.object == "chat.completion"
+    usage = response.usage
+    assert usage.prompt_tokens == len(lm.encode(MESSAGES))
+    assert usage.completion_tokens == len(expected.token_ids)
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert set(usage.speculative) >= {"forward_passes", "drafted_tokens", "accepted_tokens"}
+    assert usage.speculative["forward_passes"] <= usage.completion_tokens
+
+
+def test_completion_takes_text_or_token_ids(server, lm):
+    client = server.client()
+    by_text = client.completions.create(model=MODEL, prompt="abcabcab", temperature=0,
+                                        max_tokens=16)
+    by_ids = client.completions.create(model=MODEL, prompt=lm.encode("abcabcab"),
+                                       temperature=0, max_tokens=16)
+    expected = lm.generate("abcabcab", max_new_tokens=16, temperature=0)
+    assert by_text.choices[0].text == by_ids.choices[0].text == expected.text
+    assert by_text.object == "text_completion"
+    assert by_text.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_chat_stream_chunks_concatenate_to_the_answer(server):
+    client = server.client()
+    whole = chat(client, temperature=0, max_tokens=24).choices[0].message.content
+    chunks = list(chat(client, temperature=0, max_tokens=24, stream=True,
+                       stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert chunks[-1].usage.speculative["forward_passes"] >= 1
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_completion_stream_ends_with_done(server, lm):
+    body = {"model": MODEL, "prompt": "abcabcab", "temperature": 0, "max_tokens": 16,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in events[:-1]]
+    assert all("usage" not in c for c in chunks)  # no include_usage: no usage chunk
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text == lm.generate("abcabcab", max_new_tokens=16, temperature=0).text
+
+
+def test_sampling_with_seed_is_reproducible(server):
+    client = server.client()
+    first = chat(client, temperature=1.0, top_p=0.9, seed=7, max_tokens=16)
+    again = chat(client, temperature=1.0, top_p=0.9, seed=7, max_tokens=16)
+    assert first.choices[0].message.content == again.choices[0].message.content
+
+
+def test_stop_string_ends_the_answer(server, lm):
+    expected = lm.generate(MESSAGES, max_new_tokens=24, temperature=0).text
+    assert len(expected) > 4
+    stop = expected[3:5]
+    response = chat(server.client(), temperature=0, max_tokens=24, stop=[stop])
+    assert response.choices[0].message.content == expected[: expected.index(stop)]
+    assert response.choices[0].finish_reason == "stop"
+
+
+def test_prediction_feeds_the_reference_drafter(server, lm):
+    """The predicted output becomes draft material: with the true answer as prediction the
+    drafts come from it and are accepted, and the answer itself does not change."""
+    prompt = "the quick brown fox"
+    expected = lm.generate(prompt, max_new_tokens=40, temperature=0, drafter="none")
+    client = server.client()
+    plain = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=40)
+    predicted = client.completions.create(
+        model=MODEL, prompt=prompt, temperature=0, max_tokens=40,
+        extra_body={"prediction": {"type": "content", "content": expected.text}})
+    assert plain.choices[0].text == predicted.choices[0].text == expected.text
+    stats = predicted.usage.speculative
+    assert stats["accepted_tokens"] > plain.usage.speculative["accepted_tokens"]
+    assert stats["forward_passes"] < predicted.usage.completion_tokens
+    # Chat, with the prediction given as a list of text parts.
+    answer = lm.generate(MESSAGES, max_new_tokens=40, temperature=0, drafter="none").text
+    parts = [{"type": "text", "text": answer[:7]}, {"type": "text", "text": answer[7:]}]
+    response = chat(client, temperature=0, max_tokens=40,
+                    prediction={"type": "content", "content": parts})
+    assert response.choices[0].message.content == answer
+    assert response.usage.speculative["accepted_tokens"] > 0
+
+
+def test_models_and_health(server):
+    assert [m.id for m in server.client().models.list()] == [MODEL]
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_without_max_tokens_the_answer_fits_the_context(server):
+    response = server.client().completions.create(model=MODEL, prompt="ab" * 250, temperature=0)
+    assert response.usage.prompt_tokens == 500
+    assert response.usage.completion_tokens <= CONTEXT - 500
+
+
+# -- bad requests ----------------------------------------------------------------------------
+
+GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
+
+
+@pytest.mark.parametrize("body, status, param, code", [
+    (b"{not json", 400, None, "invalid_json"),
+    (b"[1, 2]", 400, None, None),
+    ({**GOOD, "frobnicate": 1}, 400, "frobnicate", None),
+    ({**GOOD, "model": "gpt-17"}, 400, "model", "model_not_found"),
+    ({**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
+    ({**GOOD, "max_completion_tokens": -3}, 400, "max_completion_tokens", None),
+    ({**GOOD, "temperature": -0.5}, 400, "temperature", None),
+    ({**GOOD, "top_p": 0}, 400, "top_p", None),
+    ({**GOOD, "n": 2}, 400, "n", None),
+    ({**GOOD, "messages": []}, 400, "messages", None),
+    ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", None),
+    ({**GOOD, "messages": [{"role": "user", "content": "a" * 600}]}, 400, "messages",
+     "context_length_exceeded"),
+    ({**GOOD, "messages": [{"role": "user", "content": "a" * 500}], "max_tokens": 100}, 400,
+     "messages", "context_length_exceeded"),
+    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+], ids=["malformed-json", "not-an-object", "unknown-field", "unknown-model", "max-tokens-0",
+        "max-completion-tokens-negative", "negative-temperature", "top-p-0", "n-2",
+        "no-messages", "unknown-role", "prompt-beyond-context",
+        "prompt-plus-max-tokens-beyond-context", "five-stop-strings"])
+def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, param, code):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(server.url + "/v1/chat/completions", content=content,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert (error["param"], error["code"]) == (param, code)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"prompt": ["one", "two"]}, "prompt"), ({"prompt": [5, 99]}, "prompt"),
+    ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"),
+    ({"prompt": "a", "echo": True}, "echo"), ({"prompt": "a", "best_of": 3}, "best_of"),
+])
+def test_bad_completion_request_is_a_400(server, extra, param):
+    response = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **extra})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_openai_client_sees_bad_requests_as_bad_request_errors(server):
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().chat.completions.create(model="gpt-17", messages=MESSAGES)
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        chat(server.client(), n=3)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_body_over_4_mib_is_a_413(server, chunked):
+    big = json.dumps({**GOOD, "messages": [{"role": "user", "content": "a" * (5 << 20)}]}).encode()
+    content = iter([big[i:i + 65536] for i in range(0, len(big), 65536)]) if chunked else big
+    try:
+        response = httpx.post(server.url + "/v1/chat/completions", content=content,
+                              headers={"Content-Type": "application/json"})
+    except httpx.WriteError:  # the server may close the connection before reading it all
+        pytest.fail("the server closed the connection instead of answering 413")
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_unknown_path_is_a_404_with_openai_error_json(server):
+    response = httpx.get(server.url + "/v1/engines")
+    assert response.status_code == 404 and "message" in response.json()["error"]
+
+
+# -- API key ---------------------------------------------------------------------------------
+
+
+def test_api_key_is_required_on_v1_but_not_on_health(lm):
+    with RunningServer(create_app(lm, api_key="s3cret")) as running:
+        with pytest.raises(openai.AuthenticationError):
+            chat(running.client(api_key="wrong"), max_tokens=2)
+        missing = httpx.get(running.url + "/v1/models")
+        assert missing.status_code == 401
+        assert missing.json()["error"]["code"] == "invalid_api_key"
+        basic = httpx.get(running.url + "/v1/models", headers={"Authorization": "Basic s3cret"})
+        assert basic.status_code == 401
+        assert chat(running.client(api_key="s3cret"), max_tokens=2).choices
+        assert httpx.get(running.url + "/health").status_code == 200
+
+
+# -- load and cancellation -------------------------------------------------------------------
+
+
+def test_full_queue_answers_429_instead_of_waiting(gated):
+    running, target = gated  # one generation runs, max_queue=1 may wait
+    client, outcomes = running.client(), {}
+
+    def request(name):
+        try:
+            outcomes[name] = chat(client, temperature=0, max_tokens=8)
+        except Exception as exc:  # reported by the asserts below
+            outcomes[name] = exc
+
+    target.gate.clear()
+    first = threading.Thread(target=request, args=("first",))
+    first.start()
+    wait_until(target.blocked.is_set, what="the first generation to start")
+    second = threading.Thread(target=request, args=("second",))
+    second.start()
+    wait_until(lambda: running.worker.waiting == 1, what="the second request to queue")
+    with pytest.raises(openai.RateLimitError) as info:
+        chat(client, max_tokens=8)
+    assert info.value.status_code == 429 and info.value.code == "queue_full"
+    target.gate.set()
+    first.join(60)
+    second.join(60)
+    assert all(isinstance(outcomes[n], openai.types.chat.ChatCompletion) for n in outcomes)
+    assert len(outcomes) == 2
+
+
+def _cancel_while_blocked(running, target, disconnect) -> None:
+    """With a generation blocked inside a forward pass, ``disconnect()``; then check the job is
+    cancelled, no further forward pass starts, and the worker is free for the next request."""
+    job = wait_until(lambda: running.worker.current, what="the generation to start")
+    wait_until(target.blocked.is_set, what="a forward pass at the gate")
+    disconnect()
+    wait_until(job.cancelled.is_set, what="the disconnect to cancel the job")
+    calls = target.forward_calls
+    target.gate.set()  # let the forward pass in progress finish
+    wait_until(lambda: running.worker.idle, what="the worker to become idle")
+    assert target.forward_calls == calls  # stopped within the decoding step under way
+    assert running.worker.cancelled == 1
+    assert chat(running.client(), temperature=0, max_tokens=4).choices[0].message.content is not None
+
+
+def test_streaming_client_disconnect_cancels_the_generation(gated):
+    running, target = gated
+    target.gate.clear()
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 300, "stream": True}
+    client = httpx.Client(timeout=60)
+    stream = client.stream("POST", running.url + "/v1/chat/completions", json=body)
+    response = stream.__enter__()
+    lines = response.iter_lines()  # (discarding a half-read iterator would close the connection)
+    first = next(lines)
+    assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+
+    def disconnect():
+        stream.__exit__(None, None, None)
+        client.close()
+
+    _cancel_while_blocked(running, target, disconnect)
+
+
+def test_non_streaming_client_disconnect_cancels_the_generation(gated):
+    running, target = gated
+    target.gate.clear()
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 300}).encode()
+    sock = socket.create_connection(("127.0.0.1", running.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    _cancel_while_blocked(running, target, sock.close)
+
+
+def test_a_failing_generation_is_a_500_and_the_server_goes_on(gated):
+    running, target = gated
+    client = running.client()
+    target.fail = True
+    with pytest.raises(openai.InternalServerError) as info:
+        chat(client, max_tokens=8)
+    assert info.value.status_code == 500 and "injected failure" in info.value.message
+    with pytest.raises(openai.APIError, match="injected failure"):  # after the stream began
+        list(chat(client, max_tokens=8, stream=True))
+    target.fail = False
+    assert chat(client, temperature=0, max_tokens=4).choices[0].finish_reason in ("stop", "length")
+    assert running.worker.failed == 2
+
+
+# -- model loading ---------------------------------------------------------------------------
+
+
+def test_health_is_503_until_the_background_load_finishes():
+    release = threading.Event()
+
+    def load():
+        release.wait(60)
+        return tiny_lm()
+
+    with RunningServer(create_app(load, model_id=MODEL)) as running:
+        loading = httpx.get(running.url + "/health")
+        assert loading.status_code == 503 and loading.json()["status"] == "loading"
+        early = httpx.get(running.url + "/v1/models")
+        assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading"
+        release.set()
+        wait_until(lambda: httpx.get(running.url + "/health").status_code == 200,
+                   what="the model to load")
+        assert chat(running.client(), max_tokens=3).usage.completion_tokens >= 1
+
+
+def test_a_failed_load_is_reported_by_health():
+    failures = []
+
+    def load():
+        raise ModelLoadError("corrupt.gguf: cannot load GGUF")
+
+    app = create_app(load, model_id=MODEL, on_load_error=failures.append)
+    with RunningServer(app) as running:
+        wait_until(lambda: failures, what="the load to fail")
+        health = httpx.get(running.url + "/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "failed" and "corrupt.gguf" in health.json()["error"]
+    assert failures == ["corrupt.gguf: cannot load GGUF"]
+
+
+# -- command line ----------------------------------------------------------------------------
+
+
+def test_serve_help_documents_the_endpoints():
+    result = CliRunner().invoke(cli_main, ["serve", "--help"])
+    assert result.exit_code == 0
+    for text in ("/v1/chat/completions", "/health", "--api-key", "--max-queue", "127.0.0.1"):
+        assert text in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/no/such/model.gguf"], "no such model"),
+    (["--drafter", "sorcery"], "unknown drafter"),
+])
+def test_serve_rejects_bad_settings_before_listening(args, message):
+    result = CliRunner().invoke(cli_main, ["serve", *args])
+    assert result.exit_code == 1 and message in result.output
