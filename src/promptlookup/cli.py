@@ -87,7 +87,12 @@ def drafter_options(func):
     func = click.option("--draft-tokens", type=click.IntRange(min=1), default=None,
                         help="Prompt lookup: most tokens per draft [10].")(func)
     func = click.option("--drafter", default="prompt-lookup", show_default=True,
-                        help="prompt-lookup, or none for plain decoding.")(func)
+                        metavar="SPEC",
+                        help="prompt-lookup; reference:FILE (prompt lookup that also drafts "
+                             "from FILE, e.g. the expected new code); draft-model:PATH_OR_ID (a "
+                             "smaller model with the same tokenizer); none (plain decoding); or "
+                             "a comma-separated chain tried in order, e.g. "
+                             "prompt-lookup,draft-model:PATH.")(func)
     return func
 
 
@@ -150,9 +155,9 @@ def generate(prompt, prompt_file, chat, model, dtype, device, max_new_tokens, te
     # Check every parameter before the (slow) model load.
     SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
     options = drafter_kwargs(draft_tokens, min_match, max_match)
-    from .drafters import make_drafter
+    from .drafters import check_drafter_spec
 
-    make_drafter(drafter, **options)
+    check_drafter_spec(drafter, **options)
     import promptlookup
 
     lm = promptlookup.load_model(model, dtype=dtype, device=device)

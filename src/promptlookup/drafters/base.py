@@ -47,6 +47,13 @@ class CallableDrafter:
     >>> drafter = CallableDrafter(lambda tokens: [tokens[-1]] * 3)  # guess "repeat the last"
     >>> drafter.propose([5, 7], max_tokens=2)
     [7, 7]
+
+    ``generate`` wraps a plain function itself; a wrong guess costs nothing but time:
+
+    >>> def repeat_last_four(tokens):           # draft: the last 4 tokens once more
+    ...     return list(tokens[-4:])
+    >>> lm.generate("Write 'la la la' ten times.", chat=True,
+    ...             drafter=repeat_last_four)                            # doctest: +SKIP
     """
 
     def __init__(self, function: Callable[..., Sequence[int]]) -> None:
@@ -73,7 +80,10 @@ class CallableDrafter:
 
 class ChainDrafter:
     """Asks each drafter in turn; the next one only when the previous proposed fewer than
-    ``min_tokens`` tokens. The first non-empty-enough draft wins; only its author is updated.
+    ``min_tokens`` tokens. The first non-empty-enough draft wins; only its author is updated
+    (the others get ``update([], 0)``; a draft model catches up on its next ``propose``).
+    E.g. ``"prompt-lookup,draft-model:PATH"``: the draft model drafts only where prompt lookup
+    finds no match.
 
     >>> chain = ChainDrafter([NoDrafter(), CallableDrafter(lambda t: [1, 2])])
     >>> chain.propose([0], 4)
@@ -97,6 +107,17 @@ class ChainDrafter:
             if len(best) >= min(self.min_tokens, max_tokens):
                 break
         return best
+
+    @property
+    def last_draft_probs(self):
+        """The draft distributions of the drafter that authored the last draft, if it sampled
+        its draft (see :mod:`promptlookup.rejection`); None otherwise."""
+        return getattr(self._author, "last_draft_probs", None)
+
+    @property
+    def last_match(self):
+        """The suffix match behind the last draft, if its author reports one."""
+        return getattr(self._author, "last_match", None)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         for drafter in self.drafters:

@@ -1,0 +1,214 @@
+"""Draft model: a smaller causal LM sharing the target's tokenizer guesses the next tokens.
+
+The draft model keeps its own KV cache across decoding steps. It stays in sync with the loop by
+comparison, not by bookkeeping: at every ``propose`` it compares the tokens it has cached with the
+loop's ``tokens``, crops its cache to their common prefix (dropping rejected draft tokens) and
+feeds the tokens it has not seen (the accepted tokens and the bonus token, or everything another
+drafter of a chain drafted meanwhile). So it can sit in a :class:`~.base.ChainDrafter` and skip
+steps, or be reused for another prompt.
+
+Drafting policy:
+
+- Greedy decoding drafts the argmax; sampling draws each draft token from the draft model's
+  distribution after the target's own logits processors (temperature, top-k, top-p, repetition
+  penalty), using the generation's random generator, and exposes those distributions as
+  ``last_draft_probs`` so the loop verifies with the speculative-sampling rejection rule
+  (:mod:`promptlookup.rejection`): the output distribution stays exactly the target's.
+- Draft length adapts like ``transformers``' assisted generation: it starts at
+  ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target accepted entirely, -1 otherwise, within
+  ``[1, num_tokens]``. Within a draft, drafting stops early after a token whose draft
+  probability is below ``confidence_threshold`` (like ``assistant_confidence_threshold``: that
+  token is still proposed) and after an end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import UnsupportedModelError
+
+#: Prompts are fed to the draft model in chunks of this many tokens.
+FEED_CHUNK = 2048
+
+
+class DraftModelDrafter:
+    """Drafts with a smaller ``transformers`` causal LM that shares the target's tokenizer.
+
+    >>> import promptlookup                                                  # doctest: +SKIP
+    >>> lm = promptlookup.load_model("HuggingFaceTB/SmolLM2-360M-Instruct")  # doctest: +SKIP
+    >>> lm.generate("Explain KV caches.", chat=True,                         # doctest: +SKIP
+    ...             drafter="draft-model:HuggingFaceTB/SmolLM2-135M-Instruct")
+    >>> small = promptlookup.load_model()     # or an already loaded model   # doctest: +SKIP
+    >>> lm.generate("Explain KV caches.", chat=True, drafter=small)          # doctest: +SKIP
+    >>> lm.generate("...", drafter=DraftModelDrafter(small.model, num_tokens=8))  # doctest: +SKIP
+
+    Args:
+        model: the draft model (any causal LM whose forward takes ``cache=``), on the target's
+            device. Its cache must be croppable (no sliding-window or recurrent layers).
+        num_tokens: most tokens per draft.
+        start_tokens: draft length of the first step (then adapted, see the module docstring).
+        confidence_threshold: stop drafting after a token drafted with a lower probability
+            (0 turns this off).
+        eos_token_ids: tokens after which a draft stops.
+        chooser: the generation's :class:`~promptlookup.sampling.TokenChooser`; its processors
+            shape the draft distribution and, when it samples, its generator draws the draft.
+            ``LanguageModel.generate`` sets it for each generation; None drafts greedily.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, num_tokens: int = 16, start_tokens: int = 5,
+                 confidence_threshold: float = 0.4, eos_token_ids: Iterable[int] = (),
+                 chooser=None) -> None:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if start_tokens < 1:
+            raise ValueError(f"start_tokens must be >= 1, got {start_tokens}")
+        if not 0 <= confidence_threshold <= 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.max_tokens = num_tokens
+        self.start_tokens = start_tokens
+        self.num_tokens = min(start_tokens, num_tokens)  # current (adaptive) draft length
+        self._source: object = None  # the loop's token list (one object per generation)
+        self.confidence_threshold = confidence_threshold
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.chooser = chooser
+        self.cache = DynamicCache(config=model.config)
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+        #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
+        self.last_draft_probs: torch.Tensor | None = None
+
+    # -- the drafter protocol -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+        self.last_draft_probs = None
+        if tokens is not self._source:  # a new generation: start over with the draft length
+            self._source, self.num_tokens = tokens, min(self.start_tokens, self.max_tokens)
+        length = min(max_tokens, self.num_tokens)
+        if length < 1 or not tokens:
+            return []
+        chooser = self.chooser
+        processors = chooser.processors if chooser is not None else None
+        sampling = chooser is not None and chooser.do_sample
+        generator = chooser.generator if sampling else None
+        input_ids = None
+        if processors:  # the processors see the tokens so far, like the target's
+            input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        draft_logits = self._sync(tokens)  # (vocab,) for the position after tokens
+        draft: list[int] = []
+        rows: list[torch.Tensor] = []
+        while True:
+            scores = draft_logits.float()[None]  # (1, vocab)
+            if processors:
+                scores = processors(input_ids, scores)
+            draft_probs = torch.softmax(scores[0], dim=-1)  # (vocab,)
+            if sampling:
+                on = generator.device if generator is not None else draft_probs.device
+                token = int(torch.multinomial(draft_probs.to(on), 1, generator=generator))
+            else:
+                token = int(scores[0].argmax())
+            draft.append(token)
+            rows.append(draft_probs)
+            if (len(draft) >= length or token in self.eos_token_ids
+                    or float(draft_probs[token]) < self.confidence_threshold):
+                break
+            draft_logits = self._feed([token])
+            if input_ids is not None:
+                next_id = torch.tensor([[token]], dtype=torch.long, device=self.device)
+                input_ids = torch.cat([input_ids, next_id], dim=1)
+        if sampling:
+            self.last_draft_probs = torch.stack(rows)  # (len(draft), vocab)
+        return draft
+
+    def update(self, draft: Sequence[int], num_accepted: int) -> None:
+        """Adapt the draft length: +2 after a fully accepted draft, -1 otherwise."""
+        if not draft:
+            return  # a step this drafter did not draft (e.g. in a chain)
+        if num_accepted >= len(draft):
+            self.num_tokens = min(self.max_tokens, self.num_tokens + 2)
+        else:
+            self.num_tokens = max(1, self.num_tokens - 1)
+
+    # -- the draft model's cache --------------------------------------------------------------
+
+    def _sync(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Crop the cache to its common prefix with ``tokens``, feed the rest; returns the
+        draft logits (vocab,) for the position after ``tokens``."""
+        keep = min(common_prefix_length(self.cached, tokens), len(tokens) - 1)
+        drop = len(self.cached) - keep
+        if drop > 0:
+            if not self.cache.is_croppable:
+                raise UnsupportedModelError(f"draft model {type(self.model).__name__} keeps a "
+                                            "cache that cannot be cropped")
+            self.cache.crop(-drop)
+            del self.cached[keep:]
+        return self._feed(list(tokens[keep:]))
+
+    def _feed(self, token_ids: list[int]) -> torch.Tensor:
+        """Append ``token_ids`` (at least one) to the cache; the logits (vocab,) after them."""
+        for start in range(0, len(token_ids), FEED_CHUNK):
+            chunk = token_ids[start : start + FEED_CHUNK]
+            input_ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                             logits_to_keep=1)
+            self.cached.extend(chunk)
+        return out.logits[0, -1]
+
+    def __repr__(self) -> str:
+        return (f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.max_tokens}, "
+                f"confidence_threshold={self.confidence_threshold})")
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists (binary search over C-speed
+    slice comparisons: cheap even for long sequences)."""
+    equal, unequal = 0, min(len(a), len(b))
+    if list(a[:unequal]) == list(b[:unequal]):
+        return unequal
+    while unequal - equal > 1:  # invariant: a[:equal] == b[:equal], a[:unequal] != b[:unequal]
+        mid = (equal + unequal) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            equal = mid
+        else:
+            unequal = mid
+    return equal
+
+
+def check_same_tokenizer(draft_tokenizer, target_tokenizer, draft_name: str = "draft model") -> None:
+    """Raise :class:`UnsupportedModelError` unless both tokenizers map the same strings to the
+    same ids (a draft model's token ids must mean what the target's mean)."""
+    if draft_tokenizer is None or target_tokenizer is None or draft_tokenizer is target_tokenizer:
+        return
+    draft_size, target_size = _size(draft_tokenizer), _size(target_tokenizer)
+    if draft_size != target_size:
+        raise UnsupportedModelError(f"{draft_name}: its tokenizer has {draft_size} tokens, the "
+                                    f"target's {target_size}; a draft model must share the "
+                                    "target's tokenizer")
+    if hasattr(draft_tokenizer, "get_vocab") and hasattr(target_tokenizer, "get_vocab"):
+        draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+        if draft_vocab != target_vocab:
+            differing = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()))[:1]
+            example = f" (e.g. {differing[0][0]!r})" if differing else ""
+            raise UnsupportedModelError(f"{draft_name}: its tokenizer maps tokens to other ids "
+                                        f"than the target's{example}; a draft model must share "
+                                        "the target's tokenizer")
+
+
+def _size(tokenizer) -> int | None:
+    """Number of tokens, added tokens included."""
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+
+
+@functools.lru_cache(maxsize=2)
+def load_draft_model(path: str, dtype: str = "float32", device: str = "cpu"):
+    """``(model, tokenizer)`` for ``draft-model:PATH``, loaded once per process (each
+    generation then gets a fresh :class:`DraftModelDrafter` with its own cache)."""
+    from ..models import load_pretrained
+
+    model, tokenizer, _ = load_pretrained(path, dtype=dtype, device=device)
+    return model, tokenizer
