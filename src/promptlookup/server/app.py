@@ -165,7 +165,8 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
 
     @app.get("/health")
     async def health():
-        body = {"status": "ok" if state.status == "ready" else state.status, "model": state.model_id}
+        status = "ok" if state.status == "ready" else state.status
+        body = {"status": status, "model": state.model_id}
         if state.worker is not None:
             body["queue"] = {"running": state.worker.current is not None,
                              "waiting": state.worker.waiting, "capacity": state.max_queue}

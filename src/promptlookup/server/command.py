@@ -14,6 +14,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 @click.command()
 @model_options
+@click.option("--backend", type=click.Choice(["transformers", "llama.cpp"]), default="transformers",
+              show_default=True, help="As for generate: llama.cpp runs a .gguf model with "
+                                      "llama-cpp-python (--dtype is then ignored).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. The default accepts local connections only; any other "
                    "address exposes the server to the network (use --api-key).")
@@ -32,7 +35,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @friendly_errors
-def serve(model, dtype, device, host, port, api_key, max_queue, default_max_tokens, model_id,
+def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens, model_id,
           drafter, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
@@ -84,7 +87,7 @@ def serve(model, dtype, device, host, port, api_key, max_queue, default_max_toke
     server: uvicorn.Server | None = None
 
     def load():
-        lm = promptlookup.load_model(model, dtype=dtype, device=device)
+        lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
         logger.info("model %s ready", app.state.server.model_id)
         return lm
 

@@ -150,7 +150,8 @@ class ChatCompletionRequest(_GenerationRequest):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        newer = self.max_completion_tokens
+        return newer if newer is not None else self.max_tokens
 
 
 class CompletionRequest(_GenerationRequest):
