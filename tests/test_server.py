@@ -471,3 +471,18 @@ def test_serve_help_documents_the_endpoints():
 def test_serve_rejects_bad_settings_before_listening(args, message):
     result = CliRunner().invoke(cli_main, ["serve", *args])
     assert result.exit_code == 1 and message in result.output
+
+
+# -- the real default model ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_default_model_answers_like_the_library_and_drafts_from_the_prediction(default_lm):
+    messages = [{"role": "user", "content": "Repeat exactly: alpha beta gamma delta epsilon"}]
+    expected = default_lm.generate(messages, max_new_tokens=16, temperature=0, drafter="none")
+    with RunningServer(create_app(default_lm, generation_options=FIXED)) as running:
+        response = running.client().chat.completions.create(
+            model=default_lm.name, messages=messages, temperature=0, max_tokens=16,
+            prediction={"type": "content", "content": expected.text})
+    assert response.choices[0].message.content == expected.text
+    assert response.usage.speculative["accepted_tokens"] > 0
