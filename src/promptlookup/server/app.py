@@ -50,7 +50,7 @@ from ..errors import EmptyPromptError, PromptLookupError
 from ..generation import LanguageModel
 from ..sampling import SamplingParams
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, chunk,
-                      completion_body, content_text, parse_request, sse, usage)
+                      completion_body, content_text, parse_request, read_json, sse, usage)
 from .worker import GenerationJob, GenerationWorker, QueueFull
 
 log = logging.getLogger("promptlookup.server")
@@ -70,6 +70,7 @@ class ServerState:
         self.loader = model if not isinstance(model, LanguageModel) else None
         self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
         self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
+        self._named = model_id is not None
         self.api_key = api_key
         self.max_queue = max_queue
         self.max_body_bytes = max_body_bytes
@@ -102,6 +103,8 @@ class ServerState:
 
     def _ready(self, lm: LanguageModel) -> None:
         self.lm = lm
+        if not self._named:
+            self.model_id = lm.name
         self.worker = GenerationWorker(lm, self.max_queue)
         self.worker.start()
         self.status = "ready"
@@ -140,13 +143,10 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.start()
-        try:
-            yield
-        finally:
-            state.stop()
+        yield
+        state.stop()
 
-    app = FastAPI(title="promptlookup", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(title="promptlookup", lifespan=lifespan, openapi_url=None)  # no /docs
     app.state.server = state
     app.add_exception_handler(APIError, _api_error_response)
     app.add_exception_handler(StarletteHTTPException, _http_error_response)
@@ -196,7 +196,7 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
 
 
 async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
-    body = await _read_json(request, state.max_body_bytes)
+    body = await read_json(request, state.max_body_bytes)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
     state.ready_model()
     if req.model != state.model_id:
@@ -221,26 +221,6 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     return JSONResponse(completion_body(meta, chat, result))
 
 
-async def _read_json(request: Request, limit: int):
-    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading)."""
-    too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
-                         code="request_too_large")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_large
-        parts.append(part)
-    try:
-        return json.loads(b"".join(parts))
-    except (ValueError, RecursionError):
-        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
-                            "JSON", code="invalid_json") from None
-
-
 def _prepare(state: ServerState, req, chat: bool) -> dict:
     """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs."""
     lm = state.lm
@@ -252,14 +232,13 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
             if req.prediction is not None:
                 reference_ids = list(lm.tokenizer(content_text(req.prediction.content),
                                                   add_special_tokens=False)["input_ids"])
-        except EmptyPromptError as exc:
-            raise APIError(400, str(exc), param=param) from None
-        except (PromptLookupError, ValueError, TypeError) as exc:  # incl. chat template errors
-            raise APIError(400, f"cannot encode the prompt: {exc}", param=param) from None
-        except Exception as exc:
-            if type(exc).__module__.startswith("jinja2"):
-                raise APIError(400, f"cannot apply the chat template: {exc}", param=param) from None
-            raise
+        except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
+            if not (isinstance(exc, (PromptLookupError, ValueError, TypeError))
+                    or type(exc).__module__.startswith("jinja2")):
+                raise
+            empty = isinstance(exc, EmptyPromptError)
+            raise APIError(400, str(exc) if empty else f"cannot encode the prompt: {exc}",
+                           param=param) from None
     vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
     if vocab and any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
@@ -339,8 +318,8 @@ async def _api_error_response(request: Request, exc: APIError) -> JSONResponse:
 
 
 async def _http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    error = APIError(exc.status_code, str(exc.detail),
-                     type="invalid_request_error" if exc.status_code < 500 else "server_error")
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    error = APIError(exc.status_code, str(exc.detail), type=kind)
     return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
 

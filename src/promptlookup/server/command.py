@@ -35,8 +35,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @friendly_errors
-def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens, model_id,
-          drafter, draft_tokens, min_match, max_match, log_level):
+def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens,
+          model_id, drafter, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b

@@ -177,6 +177,26 @@ class CompletionRequest(_GenerationRequest):
         return value
 
 
+async def read_json(request, limit: int):
+    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading)."""
+    too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
+                         code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts))
+    except (ValueError, RecursionError):
+        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
+                            "JSON", code="invalid_json") from None
+
+
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad field."""
     try:
