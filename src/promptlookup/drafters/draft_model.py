@@ -15,10 +15,11 @@ Drafting policy:
   ``last_draft_probs`` so the loop verifies with the speculative-sampling rejection rule
   (:mod:`promptlookup.rejection`): the output distribution stays exactly the target's.
 - Draft length adapts like ``transformers``' assisted generation: it starts at
-  ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target accepted entirely, -1 otherwise, within
-  ``[1, num_tokens]``. Within a draft, drafting stops early after a token whose draft
-  probability is below ``confidence_threshold`` (like ``assistant_confidence_threshold``: that
-  token is still proposed) and after an end-of-sequence token.
+  ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target
+  accepted entirely, -1 otherwise, within ``[1, num_tokens]``. Within a draft, drafting stops early after a position where the draft
+  model's confidence (its highest probability) is below ``confidence_threshold`` (like
+  ``assistant_confidence_threshold``; that position's token is still proposed) and after an
+  end-of-sequence token.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class DraftModelDrafter:
             device. Its cache must be croppable (no sliding-window or recurrent layers).
         num_tokens: most tokens per draft.
         start_tokens: draft length of the first step (then adapted, see the module docstring).
-        confidence_threshold: stop drafting after a token drafted with a lower probability
-            (0 turns this off).
+        confidence_threshold: stop drafting after a position where the draft model's highest
+            probability is lower (0 turns this off).
         eos_token_ids: tokens after which a draft stops.
         chooser: the generation's :class:`~promptlookup.sampling.TokenChooser`; its processors
             shape the draft distribution and, when it samples, its generator draws the draft.
@@ -115,7 +116,7 @@ class DraftModelDrafter:
             draft.append(token)
             rows.append(draft_probs)
             if (len(draft) >= length or token in self.eos_token_ids
-                    or float(draft_probs[token]) < self.confidence_threshold):
+                    or float(draft_probs.max()) < self.confidence_threshold):
                 break
             draft_logits = self._feed([token])
             if input_ids is not None:
