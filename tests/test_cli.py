@@ -6,46 +6,21 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 import promptlookup
 from promptlookup.cli import main
+
+from _fixtures import cached_default_model, one_thread  # noqa: F401 (fixtures)
 
 STATS_KEYS = {"new_tokens", "forward_passes", "drafted_tokens", "accepted_tokens", "seconds",
               "tokens_per_second"}
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog."
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: much faster than two on a busy shared CPU, and results do not depend
-    on it (float32 greedy is checked against plain decoding in the same process)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def runner():
     return CliRunner()
-
-
-@pytest.fixture
-def cached_default_model(monkeypatch, default_lm):
-    """Make the CLI's load of the default model reuse the session's loaded model (a real load
-    takes seconds; one test below does it for real)."""
-    real_load = promptlookup.load_model
-
-    def load_model(model=None, *, dtype="float32", device="cpu", **kwargs):
-        if model is None and dtype == "float32" and device == "cpu" and \
-                kwargs.get("backend", "transformers") == "transformers":
-            return default_lm
-        return real_load(model, dtype=dtype, device=device, **kwargs)
-
-    monkeypatch.setattr(promptlookup, "load_model", load_model)
-    return default_lm
 
 
 def assert_one_line_error(result, *needles: str) -> str:

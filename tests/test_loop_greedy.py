@@ -15,6 +15,7 @@ from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafte
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
 
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import TinyTokenizer, tiny_llama
 
 VOCAB = 32
@@ -22,15 +23,6 @@ VOCAB = 32
 #: accepted) and partly not (drafts get rejected).
 SEEDS = (3, 4, 6)
 MAX_NEW = 48
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~10x faster on one thread than on a busy multi-core CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,6 +26,7 @@ from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafte
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
 
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import TinyTokenizer, tiny_llama
 
 VOCAB = 8
@@ -38,15 +39,6 @@ CONFIGS = {
     "top_k_top_p_penalty": SamplingParams(temperature=0.8, top_k=5, top_p=0.9,
                                           repetition_penalty=1.2),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run ~10x faster on one thread than on a busy multi-core CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class MemoTarget:

@@ -1,0 +1,34 @@
+"""Fixtures shared by a few test modules (import them by name into a module to use them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import promptlookup
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: small models run several times faster than with two on a busy
+    shared CPU, and no result depends on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cached_default_model(monkeypatch, default_lm):
+    """Make ``promptlookup.load_model()`` of the default model (as the CLI calls it) return the
+    session's already loaded model: a real load takes seconds."""
+    real_load = promptlookup.load_model
+
+    def load_model(model=None, *, dtype="float32", device="cpu", **kwargs):
+        if model is None and dtype == "float32" and device == "cpu" and \
+                kwargs.get("backend", "transformers") == "transformers":
+            return default_lm
+        return real_load(model, dtype=dtype, device=device, **kwargs)
+
+    monkeypatch.setattr(promptlookup, "load_model", load_model)
+    return default_lm
