@@ -14,6 +14,7 @@ from .drafters import (CallableDrafter, ChainDrafter, Drafter, NoDrafter, Prompt
 from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, ModelNotFoundError,
                      PromptLookupError, PromptTooLongError, UnsupportedModelError)
 from .generation import GenerationResult, GenerationStream, LanguageModel
+from .hf_generate import custom_generate, make_custom_generate
 from .loop import GenerationStats, speculative_generate
 from .sampling import SamplingParams, TokenChooser
 
@@ -24,8 +25,8 @@ __all__ = [
     "GenerationStats", "GenerationStream", "InvalidParameterError", "LanguageModel",
     "ModelLoadError", "ModelNotFoundError", "NoDrafter", "PromptLookupDrafter",
     "PromptLookupError", "PromptTooLongError", "SamplingParams", "TokenChooser",
-    "UnsupportedModelError", "from_transformers", "load_model", "make_drafter",
-    "speculative_generate",
+    "UnsupportedModelError", "custom_generate", "from_transformers", "load_model",
+    "make_custom_generate", "make_drafter", "speculative_generate",
 ]
 
 

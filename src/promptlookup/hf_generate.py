@@ -1,0 +1,240 @@
+"""promptlookup inside ``transformers``' own ``model.generate``: change one argument.
+
+>>> out = model.generate(input_ids, max_new_tokens=256,                      # doctest: +SKIP
+...                      custom_generate=promptlookup.custom_generate)
+
+``generate`` prepares everything as usual (generation config, logits processors, stopping
+criteria, streamer), then hands the decoding loop to :data:`custom_generate`, which runs
+promptlookup's loop instead: the same tokens (greedy, float32), the same sampling distribution
+(torch's global RNG, one draw per token in the same order), the same return value.
+
+Policies:
+
+- Every prepared logits processor runs at every verified position with the running
+  ``input_ids`` (repetition penalty, temperature, top-k/top-p, min length, bad words...).
+- Every prepared stopping criterion is checked after every accepted token with the running
+  ``input_ids`` (max length, EOS, stop strings, max time); any one firing ends the generation.
+- Streamers get each new token as it is accepted and ``end()`` at the end (``generate`` itself
+  streams the prompt first).
+- One sequence at a time: batch size above 1, beam search or ``num_return_sequences > 1`` raise
+  :class:`~promptlookup.errors.InvalidParameterError`. A batch-1 ``attention_mask`` may only mask
+  left padding, which is stripped for the model and kept in the returned sequences.
+- ``return_dict_in_generate=True`` returns a ``GenerateDecoderOnlyOutput`` with ``sequences``
+  and ``cache``; asking for scores, logits, attentions or hidden states raises (not supported
+  yet, never silently wrong).
+
+Two quirks of ``transformers`` 5.24 (pinned) with a *callable* ``custom_generate``: it drops
+``streamer`` after streaming the prompt (we read it back from ``generate``'s frame), and it drops
+``tokenizer``, so ``stop_strings`` raise "could not locate a tokenizer" before our loop runs.
+For stop strings use :func:`generate` below (``promptlookup.hf_generate.generate(model, ...)``,
+same arguments as ``model.generate``), the repository folder (``custom_generate="<repo>"``,
+``trust_remote_code=True``), or pass ``stopping_criteria=[StopStringCriteria(tokenizer, stops)]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import torch
+from transformers import GenerationMixin, StopStringCriteria, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .backends.transformers_backend import TransformersTarget
+from .drafters import DrafterSpec, make_drafter
+from .errors import InvalidParameterError, UnsupportedModelError
+from .loop import GenerationStats, speculative_generate
+from .sampling import TokenChooser
+
+__all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
+
+#: Model inputs ``generate`` prepares for every decoder-only model; we recompute or ignore them.
+_PREPARED_INPUTS = frozenset({"attention_mask", "position_ids", "cache", "logits_to_keep",
+                              "use_cache", "cache_position"})
+_UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions",
+                        "output_hidden_states")
+
+
+class CustomGenerate:
+    """A decoding method for ``model.generate(..., custom_generate=...)`` that runs
+    promptlookup's loop with a drafter built from ``drafter`` and ``drafter_options`` (a fresh
+    one per call, unless ``drafter`` is a drafter object). ``last_stats`` holds the
+    :class:`~promptlookup.loop.GenerationStats` of the latest call (use one instance per thread).
+    """
+
+    def __init__(self, drafter: DrafterSpec = "prompt-lookup", **drafter_options: Any) -> None:
+        make_drafter(drafter, **drafter_options)  # invalid options raise now, not mid-generate
+        self.drafter = drafter
+        self.drafter_options = drafter_options
+        self.last_stats: GenerationStats | None = None
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self.drafter_options.items())
+        return f"make_custom_generate({self.drafter!r}{options})"
+
+    def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
+                 generation_config, synced_gpus: bool = False, streamer=None, **model_kwargs):
+        """The signature ``generate`` calls a decoding method with (like ``_sample``).
+        ``input_ids`` (1, prompt_len) includes any left padding."""
+        if streamer is None:
+            streamer = _streamer_from_generate(inspect.currentframe().f_back)
+        try:
+            return self._decode(model, input_ids, logits_processor, stopping_criteria,
+                                generation_config, synced_gpus, streamer, model_kwargs)
+        finally:
+            if streamer is not None:
+                streamer.end()
+
+    def _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
+                synced_gpus, streamer, model_kwargs):
+        _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
+        num_pad = _left_padding(model_kwargs.get("attention_mask"), input_ids.shape[1])
+        prompt_ids = input_ids[0].tolist()
+        eos = generation_config.eos_token_id
+        eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, **self.drafter_options)
+        chooser = _PaddedChooser(prompt_ids[:num_pad], logits_processor,
+                                 do_sample=bool(generation_config.do_sample))
+        max_length = generation_config.max_length or len(prompt_ids) + 1
+        # Like _sample, at least one token even when the prompt already reaches max_length.
+        budget = max(1, max_length - len(prompt_ids))
+        stats = self.last_stats = GenerationStats()
+
+        was_training = model.training
+        target = TransformersTarget(model)  # sets eval mode; restored below
+        sequence = list(prompt_ids)  # padding + prompt + accepted tokens
+        tokens = speculative_generate(target, prompt_ids[num_pad:], max_new_tokens=budget,
+                                      drafter=drafter, chooser=chooser, stats=stats)
+        try:
+            for token in tokens:
+                sequence.append(token)
+                if streamer is not None:
+                    streamer.put(torch.tensor([token]))  # (1,) like _sample's next_tokens
+                running_ids = torch.tensor([sequence], device=input_ids.device)  # (1, n)
+                if bool(stopping_criteria(running_ids, None).any()):
+                    break
+        finally:
+            tokens.close()
+            model.train(was_training)
+        sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
+        if not generation_config.return_dict_in_generate:
+            return sequences
+        # The cache holds every token but the last (as after _sample); none when we stripped
+        # padding, since its positions would not line up with ``sequences``.
+        target.crop(len(sequence) - num_pad - 1)
+        return GenerateDecoderOnlyOutput(sequences=sequences,
+                                         cache=target.cache if num_pad == 0 else None)
+
+
+class _PaddedChooser(TokenChooser):
+    """A TokenChooser whose processors see the left padding before ``input_ids``, as in plain
+    ``generate`` (the repetition penalty, for one, counts pad tokens)."""
+
+    def __init__(self, padding: Sequence[int], processors, do_sample: bool) -> None:
+        super().__init__(processors, do_sample=do_sample, generator=None)
+        self.padding = list(padding)
+
+    def choose(self, input_ids: torch.Tensor, target_logits: torch.Tensor) -> int:
+        if self.padding:
+            pad = torch.tensor([self.padding], dtype=input_ids.dtype, device=input_ids.device)
+            input_ids = torch.cat([pad, input_ids], dim=1)  # (1, num_pad + n)
+        return super().choose(input_ids, target_logits)
+
+
+def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
+    if model.config.is_encoder_decoder:
+        raise UnsupportedModelError("promptlookup's custom_generate supports decoder-only models")
+    if (generation_config.num_beams or 1) > 1:
+        raise InvalidParameterError("promptlookup's custom_generate does not do beam search "
+                                    f"(num_beams={generation_config.num_beams}); use num_beams=1")
+    if (generation_config.num_return_sequences or 1) > 1:
+        raise InvalidParameterError(
+            "promptlookup's custom_generate returns one sequence per call "
+            f"(num_return_sequences={generation_config.num_return_sequences}); call it repeatedly")
+    if input_ids.shape[0] != 1:
+        raise InvalidParameterError(
+            f"promptlookup's custom_generate handles one sequence at a time, got a batch of "
+            f"{input_ids.shape[0]}; call generate once per prompt")
+    if input_ids.shape[1] == 0:
+        raise InvalidParameterError("promptlookup's custom_generate needs input_ids (the prompt "
+                                    "is empty, or given only as inputs_embeds)")
+    if synced_gpus:
+        raise InvalidParameterError("promptlookup's custom_generate does not support synced_gpus")
+    if generation_config.return_dict_in_generate:
+        asked = [name for name in _UNSUPPORTED_OUTPUTS if getattr(generation_config, name, False)]
+        if asked:
+            raise InvalidParameterError(f"promptlookup's custom_generate does not return "
+                                        f"{', '.join(asked)} yet; drop them or use plain generate")
+    extra = sorted(k for k, v in model_kwargs.items()
+                   if v is not None and k not in _PREPARED_INPUTS)
+    if extra:
+        raise InvalidParameterError(f"promptlookup's custom_generate does not support the model "
+                                    f"inputs {extra}; only input_ids and attention_mask")
+
+
+def _left_padding(attention_mask: torch.Tensor | None, length: int) -> int:
+    """How many leading positions an attention mask (1, length) masks. Zeros anywhere else
+    raise: the loop has no mask, and dropping them would silently change the result."""
+    if attention_mask is None:
+        return 0
+    mask = attention_mask[0].tolist()  # (length,)
+    num_pad = length - int(sum(mask))
+    if num_pad >= length or any(mask[:num_pad]) or not all(mask[num_pad:]):
+        raise InvalidParameterError(
+            "promptlookup's custom_generate accepts an attention_mask only with left padding "
+            "(zeros first, then ones, at least one 1)")
+    return num_pad
+
+
+def _streamer_from_generate(frame):
+    """The ``streamer`` passed to ``GenerationMixin.generate``, if ``frame`` is that call.
+
+    transformers 5.24 keeps only a callable's *own* extra arguments for it
+    (``_extract_generation_mode_kwargs``), so the streamer it already gave the prompt to never
+    reaches the decoding method; without this, a ``TextIteratorStreamer`` would wait forever.
+    """
+    generate_code = inspect.unwrap(GenerationMixin.generate).__code__
+    if frame is not None and frame.f_code is generate_code:
+        return frame.f_locals.get("streamer")
+    return None
+
+
+def make_custom_generate(drafter: DrafterSpec = "prompt-lookup",
+                         **drafter_options: Any) -> CustomGenerate:
+    """A ``custom_generate`` callable with a chosen drafter, e.g.
+    ``make_custom_generate("prompt-lookup", num_tokens=8)`` or ``make_custom_generate(my_fn)``
+    (``my_fn(tokens, max_tokens) -> list[int]``). Options are those of
+    :func:`promptlookup.make_drafter`."""
+    return CustomGenerate(drafter, **drafter_options)
+
+
+#: ``model.generate(..., custom_generate=promptlookup.custom_generate)``: the default drafter.
+custom_generate = CustomGenerate()
+
+
+def generate(model, inputs: torch.Tensor | None = None, *, tokenizer=None,
+             stopping_criteria=None, drafter: DrafterSpec = "prompt-lookup",
+             drafter_options: dict | None = None, **generate_kwargs):
+    """``model.generate(inputs, **generate_kwargs)`` decoded by promptlookup, with
+    ``stop_strings`` + ``tokenizer`` working too: the stop strings ``generate`` would use become a
+    ``StopStringCriteria`` (transformers drops ``tokenizer`` for callables). This is what the
+    repository's ``custom_generate/generate.py`` runs."""
+    generate_kwargs.pop("custom_generate", None)
+    criteria = StoppingCriteriaList(stopping_criteria or [])
+    if tokenizer is not None:
+        # generate's precedence: keyword argument > generation_config > model.generation_config.
+        config = generate_kwargs.get("generation_config")
+        if "stop_strings" in generate_kwargs:
+            stops = generate_kwargs["stop_strings"]
+        elif config is not None and config.stop_strings is not None:
+            stops = config.stop_strings
+        else:
+            stops = getattr(model.generation_config, "stop_strings", None)
+        if stops:
+            criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
+        generate_kwargs["stop_strings"] = None
+    decoding = make_custom_generate(drafter, **(drafter_options or {}))
+    # type(model).generate: a model loaded with this repository's custom_generate has its
+    # instance ``generate`` replaced by this very function.
+    return type(model).generate(model, inputs, stopping_criteria=criteria, tokenizer=tokenizer,
+                                custom_generate=decoding, **generate_kwargs)
