@@ -88,6 +88,21 @@ def test_unknown_model_path(runner, model):
     assert_one_line_error(result, model.rstrip("/"))
 
 
+@pytest.mark.parametrize("offline_env", [False, True])
+def test_unknown_hub_id_fails_fast_with_one_line(runner, monkeypatch, offline_env):
+    """A bare name that is neither a path nor cached: one quick line, no retried downloads."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    def no_network(self, repo_id, **kwargs):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_network)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline_env)
+    result = runner.invoke(main, ["generate", "--model", "no-such-model-xyz", PROMPT])
+    assert_one_line_error(result, "no-such-model-xyz", "HF_HUB_OFFLINE" if offline_env else "offline")
+
+
 def test_folder_without_config(runner, tmp_path):
     result = runner.invoke(main, ["generate", "--model", str(tmp_path), PROMPT])
     assert_one_line_error(result, "config.json")

@@ -129,6 +129,29 @@ def _convert_gguf(source: ModelSource) -> Path:
     return folder
 
 
+def check_hub_model(repo_id: str, timeout: float = 10.0) -> None:
+    """Fail fast, with one line, when a hub id is neither in the local Hugging Face cache nor
+    on a reachable hub: one request without retries, instead of ``huggingface_hub``'s minute
+    of retried downloads and their warnings (e.g. offline, or a typo like ``--model mdoel``)."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return  # cached: loading needs no network
+    if constants.HF_HUB_OFFLINE:
+        raise ModelNotFoundError(f"{repo_id}: not a local path, and not in the Hugging Face "
+                                 "cache (HF_HUB_OFFLINE is set)")
+    try:
+        HfApi().model_info(repo_id, timeout=timeout)
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(f"{repo_id}: no such model file or folder, nor a model on "
+                                 "the Hugging Face hub") from None
+    except Exception as exc:  # no network, DNS failure, timeout, gated...
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelNotFoundError(f"{repo_id}: not a local path, and the hub could not provide "
+                                 f"it (offline? {reason})") from None
+
+
 def load_pretrained(model: str | os.PathLike | None = None, *, dtype: str = "float32",
                     device: str = "cpu"):
     """Load ``(model, tokenizer, name)`` with ``transformers``; see :func:`resolve_model`."""
@@ -143,6 +166,8 @@ def load_pretrained(model: str | os.PathLike | None = None, *, dtype: str = "flo
         raise InvalidParameterError(f"device must be cpu or cuda[:N], got {device!r}")
     source = resolve_model(model)
     _quiet()
+    if source.kind == "hub":
+        check_hub_model(source.location)
     location = str(_convert_gguf(source)) if source.kind == "gguf" else source.location
     local = source.kind != "hub"
     try:
