@@ -250,3 +250,23 @@ def test_api_garbage_callable_drafter(lm):
                          drafter=Oracle(prompt, plain, corrupt=True))
     assert result.token_ids == plain
     assert result.stats.accepted_tokens == 0
+
+
+@pytest.mark.parametrize("prompt, options, error", [
+    ("", {}, promptlookup.EmptyPromptError),
+    ("   ", {"chat": True}, promptlookup.EmptyPromptError),
+    ([], {}, promptlookup.EmptyPromptError),
+    ([1, 2], {"max_new_tokens": 0}, promptlookup.InvalidParameterError),
+    ([1, 2], {"max_new_tokens": 511}, promptlookup.PromptTooLongError),  # context is 512
+    ([1, 2], {"temperature": -1.0}, promptlookup.InvalidParameterError),
+    ([1, 2], {"top_p": 0.0}, promptlookup.InvalidParameterError),
+    ([1, 2], {"top_k": -1}, promptlookup.InvalidParameterError),
+    ([1, 2], {"repetition_penalty": 0.0}, promptlookup.InvalidParameterError),
+    ([1, 2], {"drafter": "magic"}, promptlookup.InvalidParameterError),
+    ([1, 2], {"num_tokens": 0}, promptlookup.InvalidParameterError),
+    ([{"role": "user"}], {}, promptlookup.InvalidParameterError),
+])
+def test_api_bad_input_raises_a_named_error_before_generating(lm, prompt, options, error):
+    with pytest.raises(error) as info:
+        lm.stream(prompt, **options)
+    assert "\n" not in str(info.value) and str(info.value)
