@@ -262,3 +262,17 @@ def test_cli_runs_a_chain_with_a_draft_model(folders):
     chained = run(f"prompt-lookup,draft-model:{folders['draft']}")
     assert chained["token_ids"] == plain["token_ids"]
     assert chained["stats"]["drafted_tokens"] > 0
+
+
+def test_a_reference_the_output_follows_raises_tokens_per_forward(lm, tmp_path):
+    """The point of a reference (a "predicted output"): text the prompt lacks but the output
+    contains is drafted from it."""
+    prompt = "abcab"
+    plain = lm.generate(prompt, drafter="none", max_new_tokens=24)
+    reference = tmp_path / "predicted.txt"
+    reference.write_text(lm.tokenizer.decode(plain.token_ids), encoding="utf-8")
+    lookup = lm.generate(prompt, drafter="prompt-lookup", max_new_tokens=24, speculation="fixed")
+    predicted = lm.generate(prompt, drafter=f"reference:{reference}", max_new_tokens=24,
+                            speculation="fixed")
+    assert predicted.token_ids == lookup.token_ids == plain.token_ids
+    assert predicted.stats.tokens_per_forward > max(2 * lookup.stats.tokens_per_forward, 4)
