@@ -303,9 +303,9 @@ def test_text_iterator_streamer_receives_the_same_text(default_lm):
 def test_text_streamer_prints_the_same(default_lm, capsys):
     model, tokenizer = default_lm.model, default_lm.tokenizer
     prompt = chat_ids(default_lm, "Say hello.")
-    model.generate(prompt, max_new_tokens=12, streamer=TextStreamer(tokenizer))
+    model.generate(prompt, max_new_tokens=12, do_sample=False, streamer=TextStreamer(tokenizer))
     plain = capsys.readouterr().out
-    model.generate(prompt, max_new_tokens=12, streamer=TextStreamer(tokenizer),
+    model.generate(prompt, max_new_tokens=12, do_sample=False, streamer=TextStreamer(tokenizer),
                    custom_generate=promptlookup.custom_generate)
     assert capsys.readouterr().out == plain
 

@@ -33,12 +33,12 @@ same arguments as ``model.generate``), the repository folder (``custom_generate=
 
 from __future__ import annotations
 
+# transformers' generation utilities are imported where used: importing them costs seconds,
+# and ``import promptlookup`` imports this module.
 import inspect
 from typing import Any, Sequence
 
 import torch
-from transformers import GenerationMixin, StopStringCriteria, StoppingCriteriaList
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .backends.transformers_backend import TransformersTarget
 from .drafters import DrafterSpec, make_drafter
@@ -119,6 +119,8 @@ class CustomGenerate:
         sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
         if not generation_config.return_dict_in_generate:
             return sequences
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
         # The cache holds every token but the last (as after _sample); none when we stripped
         # padding, since its positions would not line up with ``sequences``.
         target.crop(len(sequence) - num_pad - 1)
@@ -193,6 +195,8 @@ def _streamer_from_generate(frame):
     (``_extract_generation_mode_kwargs``), so the streamer it already gave the prompt to never
     reaches the decoding method; without this, a ``TextIteratorStreamer`` would wait forever.
     """
+    from transformers import GenerationMixin  # already imported: generate is calling us
+
     generate_code = inspect.unwrap(GenerationMixin.generate).__code__
     if frame is not None and frame.f_code is generate_code:
         return frame.f_locals.get("streamer")
@@ -219,6 +223,8 @@ def generate(model, inputs: torch.Tensor | None = None, *, tokenizer=None,
     ``stop_strings`` + ``tokenizer`` working too: the stop strings ``generate`` would use become a
     ``StopStringCriteria`` (transformers drops ``tokenizer`` for callables). This is what the
     repository's ``custom_generate/generate.py`` runs."""
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
     generate_kwargs.pop("custom_generate", None)
     criteria = StoppingCriteriaList(stopping_criteria or [])
     if tokenizer is not None:
