@@ -228,7 +228,7 @@ def test_generate_samples_drafts_with_the_generation_settings(tiny_model):
     lm = promptlookup.from_transformers(tiny_model, TinyTokenizer(32))
     drafter = DraftModelDrafter(tiny_llama(32, seed=1), confidence_threshold=0)
     result = lm.generate([3, 5, 7, 9, 2], drafter=drafter, temperature=0.9, seed=5,
-                         max_new_tokens=12)
+                         max_new_tokens=12, speculation="fixed")
     assert drafter.chooser is not None and drafter.chooser.do_sample
     assert result.stats.drafted_tokens > 0 and drafter.last_draft_probs is not None
 
@@ -370,7 +370,8 @@ def plain_default(default_lm):
 def test_default_model_as_its_own_draft_model_accepts_nearly_every_draft(default_lm, plain_default):
     """A second load of the default model drafts for it: in float32 greedy decoding its drafts
     match, so any cache mistake (a stale or missing position) shows as rejections."""
-    drafted = default_lm.generate(CHAT_PROMPT, drafter="draft-model:default", max_new_tokens=64)
+    drafted = default_lm.generate(CHAT_PROMPT, drafter="draft-model:default", max_new_tokens=64,
+                                  speculation="fixed")  # every draft verified whole
     assert drafted.token_ids == plain_default.token_ids
     assert drafted.stats.drafted_tokens >= 32
     assert drafted.stats.acceptance_rate >= 0.95
@@ -380,6 +381,6 @@ def test_default_model_as_its_own_draft_model_accepts_nearly_every_draft(default
 @pytest.mark.slow
 def test_default_model_chain_greedy_identity(default_lm, plain_default):
     chained = default_lm.generate(CHAT_PROMPT, drafter="prompt-lookup,draft-model:default",
-                                  max_new_tokens=64)
+                                  max_new_tokens=64, speculation="fixed")
     assert chained.token_ids == plain_default.token_ids
     assert chained.stats.drafted_tokens > 0
