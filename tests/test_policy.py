@@ -12,21 +12,46 @@ from promptlookup.policy import AcceptanceModel, CostModel, SpeculationPolicy, m
 from conftest import TinyTokenizer, tiny_llama
 
 
-def policy_with_costs(costs: dict[int, float]) -> SpeculationPolicy:
-    policy = SpeculationPolicy()
+def policy_with_costs(costs: dict[int, float], exploration: float = 0.0) -> SpeculationPolicy:
+    policy = SpeculationPolicy(exploration=exploration)
     for size, seconds in costs.items():
         policy.record_forward(size, seconds)
     return policy
 
 
-def test_cost_model_interpolates_and_uses_medians():
+def test_cost_model_fits_a_line_to_verification_passes():
     model = CostModel()
-    for seconds in (1.0, 1.0, 50.0):  # one outlier
-        model.record(1, seconds)
-    model.record(5, 3.0)
-    assert model.cost(1) == 1.0
-    assert model.cost(3) == 2.0  # halfway between sizes 1 and 5
-    assert model.cost(9) == 5.0  # extrapolated along the last segment
+    model.record(1, 2.0)
+    for seconds in (3.0, 3.0, 90.0):  # one outlier: medians per size resist it
+        model.record(2, seconds)
+    model.record(10, 7.0)
+    assert model.cost(1) == 2.0
+    assert model.cost(2) == 3.0 and model.cost(10) == 7.0
+    assert model.cost(6) == 5.0  # on the line through (2, 3) and (10, 7)
+    assert model.cost(20) == 12.0  # extrapolated
+
+
+def test_cost_model_keeps_estimates_physically_plausible():
+    model = CostModel()
+    model.record(1, 1.0)
+    model.record(2, 0.1)  # "cheaper than one token": noise
+    model.record(4, 100.0)  # "dearer than four separate passes": noise
+    for n in range(1, 40):
+        assert 1.0 <= model.cost(n) <= n * 1.0
+
+
+def test_cost_model_survives_a_round_trip_to_disk(tmp_path):
+    model = CostModel()
+    for n, seconds in ((1, 1.0), (2, 2.0), (8, 3.0)):
+        model.record(n, seconds)
+    model.save(tmp_path / "costs.json")
+    loaded = CostModel()
+    loaded.load(tmp_path / "costs.json")
+    assert [loaded.cost(n) for n in range(1, 20)] == [model.cost(n) for n in range(1, 20)]
+    (tmp_path / "bad.json").write_text("{not json")
+    corrupt = CostModel()
+    corrupt.load(tmp_path / "bad.json")
+    assert not corrupt.calibrated
 
 
 def test_drafts_nothing_when_verification_is_expensive_and_acceptance_unknown():
@@ -70,6 +95,17 @@ def test_greedy_and_sampling_keep_separate_statistics():
     assert policy.draft_length([5] * 16, match_length=8) == 0
     policy.sampling, policy.request = False, AcceptanceModel()
     assert policy.draft_length([5] * 16, match_length=8) > 0
+
+
+def test_explores_while_evidence_is_thin_then_follows_the_evidence():
+    costs = {1: 1.0, 2: 2.0, 8: 2.6}
+    cautious = policy_with_costs(costs, exploration=0.0)
+    curious = policy_with_costs(costs, exploration=0.5)
+    assert cautious.draft_length([5] * 7, match_length=2) == 0
+    assert curious.draft_length([5] * 7, match_length=2) > 0  # worth a try
+    for _ in range(200):
+        curious.record_acceptance(2, num_drafted=7, num_accepted=0)
+    assert curious.draft_length([5] * 7, match_length=2) == 0  # tried: it does not pay
 
 
 def test_match_buckets_are_monotone():

@@ -23,8 +23,8 @@ sampled decoding keep separate statistics.
 
 from __future__ import annotations
 
-import bisect
 import json
+import math
 import os
 import statistics
 import time
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 #: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
-CALIBRATION_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 #: Longest draft the adaptive policy will ever verify.
 MAX_DRAFT = 63
 
@@ -59,44 +59,64 @@ def position_bucket(position: int) -> int:
 class CostModel:
     """Seconds per forward pass as a function of the number of tokens it checks.
 
-    Each observed size keeps its last ``window`` timings and answers with their median (robust
-    to a noisy machine); sizes in between are interpolated linearly, larger ones extrapolated.
-    The curve need not be monotone: on some CPUs a pass over 4 tokens is faster than over 2.
+    Two pieces, because a pass over one token (matrix-vector products) and a pass over several
+    (matrix-matrix products) run different kernels: ``cost(1)`` is the median of recent plain
+    passes; ``cost(n >= 2) = a + b * n`` is a line fitted to the medians of recent verification
+    passes per size, so every verification refines every size. Estimates are kept within
+    ``[cost(1), n * cost(1)]`` (a pass over n tokens is never cheaper than over one, nor dearer
+    than n separate passes), which keeps a noisy machine from producing absurd curves.
     """
 
-    def __init__(self, window: int = 15) -> None:
-        self.window = window
-        self.sizes: list[int] = []
-        self.samples: dict[int, deque] = {}
-        self.seconds: dict[int, float] = {}  # median of samples, per size
+    def __init__(self, window: int = 64) -> None:
+        self.plain: deque[float] = deque(maxlen=window)  # seconds of 1-token passes
+        self.verify: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds)
+        self._line: tuple[float, float] | None = None
 
     @property
     def calibrated(self) -> bool:
-        return len(self.sizes) >= 2
+        return bool(self.plain) and len({n for n, _ in self.verify}) >= 2
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted({1} | {n for n, _ in self.verify}) if self.plain else []
 
     def record(self, num_tokens: int, seconds: float) -> None:
-        samples = self.samples.get(num_tokens)
-        if samples is None:
-            samples = self.samples[num_tokens] = deque(maxlen=self.window)
-            bisect.insort(self.sizes, num_tokens)
-        samples.append(seconds)
-        self.seconds[num_tokens] = statistics.median(samples)
+        if num_tokens <= 1:
+            self.plain.append(seconds)
+        else:
+            self.verify.append((num_tokens, seconds))
+            self._line = None
+
+    def line(self) -> tuple[float, float]:
+        """``(a, b)`` of ``cost(n) = a + b * n`` for n >= 2, by least squares over per-size
+        medians weighted by their sample counts."""
+        if self._line is None:
+            by_size: dict[int, list[float]] = defaultdict(list)
+            for n, seconds in self.verify:
+                by_size[n].append(seconds)
+            points = [(n, statistics.median(v), len(v)) for n, v in by_size.items()]
+            total = sum(w for _, _, w in points)
+            if len(points) < 2:
+                a = points[0][1] if points else 0.0
+                self._line = (a, 0.0)
+            else:
+                mean_n = sum(n * w for n, _, w in points) / total
+                mean_s = sum(s * w for _, s, w in points) / total
+                var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+                cov = sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points)
+                slope = max(cov / var, 0.0)
+                self._line = (mean_s - slope * mean_n, slope)
+        return self._line
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds for one forward pass over ``num_tokens`` tokens."""
-        sizes, secs = self.sizes, self.seconds
-        if not sizes:
+        if not self.plain:
             return float(num_tokens)  # uncalibrated: assume linear
-        if num_tokens in secs:
-            return secs[num_tokens]
-        i = bisect.bisect_left(sizes, num_tokens)
-        if i == 0:
-            return secs[sizes[0]]
-        if len(sizes) == 1:
-            return secs[sizes[0]]
-        lo, hi = (sizes[i - 1], sizes[i]) if i < len(sizes) else (sizes[-2], sizes[-1])
-        slope = (secs[hi] - secs[lo]) / (hi - lo)
-        return max(secs[lo] + slope * (num_tokens - lo), 1e-9)
+        plain = statistics.median(self.plain)
+        if num_tokens <= 1 or not self.verify:
+            return plain * max(num_tokens, 1)
+        a, b = self.line()
+        return min(max(a + b * num_tokens, plain), plain * num_tokens)
 
     def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
                   repeats: int = 2) -> None:
@@ -106,32 +126,33 @@ class CostModel:
         limit = max(1, target.max_context - length)
         target.forward([probe_token])  # warm-up
         target.crop(length)
-        for size in sizes:
-            if size > limit:
-                break
-            for _ in range(repeats):
+        for _ in range(repeats):
+            for size in sizes:
+                if size > limit:
+                    break
                 start = time.perf_counter()
                 target.forward([probe_token] * size)
                 self.record(size, time.perf_counter() - start)
                 target.crop(length)
 
-
     def save(self, path: Path) -> None:
-        """Store the curve (medians) so the next process skips calibration."""
+        """Store the recent timings so the next process skips calibration."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({str(n): self.seconds[n] for n in self.sizes}))
+            tmp.write_text(json.dumps({"plain": list(self.plain), "verify": list(self.verify)}))
             tmp.replace(path)
         except OSError:
             pass  # a read-only cache only costs a calibration next time
 
     def load(self, path: Path) -> None:
         try:
-            curve = json.loads(path.read_text())
-            for size, seconds in curve.items():
-                self.record(int(size), float(seconds))
-        except (OSError, ValueError, TypeError, AttributeError):
+            saved = json.loads(path.read_text())
+            for seconds in saved["plain"]:
+                self.record(1, float(seconds))
+            for n, seconds in saved["verify"]:
+                self.record(int(n), float(seconds))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             pass  # missing or corrupt: calibrate instead
 
 
@@ -148,9 +169,13 @@ class AcceptanceModel:
             self.reached[key] += 1
             self.accepted[key] += position <= num_accepted
 
+    def evidence(self, bucket: int, position: int) -> float:
+        return self.reached.get((bucket, position_bucket(position)), 0.0)
+
     def rate(self, bucket: int, position: int, prior_rate: float, prior_weight: float) -> float:
         key = (bucket, position_bucket(position))
-        return (self.accepted[key] + prior_weight * prior_rate) / (self.reached[key] + prior_weight)
+        return ((self.accepted.get(key, 0.0) + prior_weight * prior_rate)
+                / (self.reached.get(key, 0.0) + prior_weight))
 
 
 def prior_acceptance(bucket: int) -> float:
@@ -166,7 +191,8 @@ class SpeculationPolicy:
     """
 
     def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0,
-                 cost_file: str | os.PathLike | None = None) -> None:
+                 exploration: float = 0.5, cost_file: str | os.PathLike | None = None) -> None:
+        self.exploration = exploration
         self.costs = CostModel()
         self.cost_file = Path(cost_file) if cost_file else None
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
@@ -190,9 +216,16 @@ class SpeculationPolicy:
                 self.costs.save(self.cost_file)
 
     def acceptance(self, bucket: int, position: int) -> float:
+        """Estimated probability that draft token ``position`` is accepted given the ones
+        before were, plus an exploration bonus that shrinks as evidence accumulates (so a
+        pessimistic start cannot keep the policy from ever trying, and learning)."""
         prior = prior_acceptance(bucket)
-        history = self.history[self.sampling].rate(bucket, position, prior, self.prior_weight)
-        return self.request.rate(bucket, position, history, self.global_weight)
+        history = self.history[self.sampling]
+        rate = history.rate(bucket, position, prior, self.prior_weight)
+        rate = self.request.rate(bucket, position, rate, self.global_weight)
+        evidence = history.evidence(bucket, position) + self.request.evidence(bucket, position)
+        bonus = self.exploration * math.sqrt(rate * (1 - rate) / (evidence + 1))
+        return min(rate + bonus, 0.999)
 
     def draft_length(self, draft: Sequence[int], match_length: int | None) -> int:
         """How many leading tokens of ``draft`` to verify (0 = a plain step)."""
