@@ -165,9 +165,8 @@ def _bar_figure(summary, key: str, ylabel: str, title: str, path: Path) -> None:
     ax.set_xticks(range(len(tasks)), tasks)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize="small", ncols=min(4, len(methods)))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -178,7 +177,7 @@ def _sweep_figure(summary, path: Path) -> bool:
         match = _SWEEP.match(row["method"])
         if match and row["speedup"] is not None:
             grid.setdefault(row["task"], {})[(int(match[2]), int(match[1]))] = row["speedup"]
-    if not grid:
+    if not any(len(cells) > 1 for cells in grid.values()):
         return False
     import matplotlib
 
@@ -200,8 +199,7 @@ def _sweep_figure(summary, path: Path) -> bool:
         ax.set_ylabel("min match")
         ax.set_title(f"{task}: speed-up vs plain")
         fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -216,7 +214,8 @@ def _meta_lines(meta: dict) -> list[str]:
         f"- Command: `{meta.get('command', '?')}`",
         f"- Date: {meta.get('date', '?')}",
         f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
-        f"{machine.get('torch_threads', '?')} (torch {machine.get('torch', '?')}, transformers "
+        f"{machine.get('torch_threads', '?')}, load average {machine.get('load_average_1m', '?')} "
+        f"at start (torch {machine.get('torch', '?')}, transformers "
         f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
         f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
         f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",
@@ -256,6 +255,8 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
         figures = ["speedup.png", "tokens_per_forward.png"]
         if _sweep_figure(summary, out / "sweep.png"):
             figures.append("sweep.png")
+        else:
+            (out / "sweep.png").unlink(missing_ok=True)  # from an earlier run in this folder
     (out / "report.md").write_text(render_markdown(summary, meta, figures), encoding="utf-8")
     return summary
 

@@ -84,7 +84,8 @@ def encode_rows(model, rows: Sequence[BenchRow], max_new_tokens: int) -> list[li
 
 
 def machine_info() -> dict:
-    """CPU model, cores and torch's thread count, for the report."""
+    """CPU model, cores, torch's thread count and the load average (other work competing for
+    the CPU when the run started), for the report."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -100,7 +101,9 @@ def machine_info() -> dict:
         transformers_version = transformers.__version__
     except ImportError:  # pragma: no cover
         transformers_version = None
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "load_average_1m": load,
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers_version, "platform": platform.platform()}
 
