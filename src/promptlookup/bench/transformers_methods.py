@@ -4,7 +4,8 @@
 - ``hf-pld``: ``model.generate(prompt_lookup_num_tokens=10)`` with transformers' default n-gram
   size (parameters ``k`` = prompt_lookup_num_tokens, ``ngram`` = max_matching_ngram_size).
 - ``promptlookup``: :meth:`LanguageModel.generate` with its defaults (``k``, ``min``, ``max``
-  set the drafter's num_tokens, min_match, max_match; ``speculation=fixed|adaptive``).
+  set the drafter's num_tokens, min_match, max_match; ``speculation=fixed|adaptive``; an
+  explicit ``k`` means ``speculation=fixed`` unless given, so `--sweep` measures fixed settings).
 - ``promptlookup-none``: the same loop with no drafter (its own overhead against ``plain``).
 - ``hf-custom``: ``model.generate(custom_generate=...)`` from :mod:`promptlookup.hf_generate`.
 
@@ -159,6 +160,8 @@ class PromptLookupMethod:
         self.options = dict(options or {})
         self.generate_options = {k: self.options.pop(k) for k in ("speculation",)
                                  if k in self.options}
+        if "num_tokens" in self.options:  # an explicit k is a fixed setting (as in --sweep)
+            self.generate_options.setdefault("speculation", "fixed")
         make_drafter(drafter, eos_token_ids=lm.eos_token_ids, **self.options)  # fail early
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
