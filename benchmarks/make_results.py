@@ -1,0 +1,66 @@
+"""Assemble benchmarks/RESULTS.md from the output folders of `promptlookup bench` runs.
+
+Every number in RESULTS.md comes from a run's summary.json / report.md; this script only copies
+them and computes ratios between methods of the same run (never across runs).
+
+    python benchmarks/make_results.py benchmarks/runs/float32 benchmarks/runs/bfloat16 ... \
+        --extra benchmarks/runs/extra.md > benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+
+def ratio_rows(summary: list[dict], method: str, against: str) -> list[tuple[str, float, int]]:
+    """(task, tokens/s of ``method`` / tokens/s of ``against``, prompts) per task."""
+    by_key = {(row["task"], row["method"]): row for row in summary}
+    rows = []
+    for (task, name), row in by_key.items():
+        other = by_key.get((task, against))
+        if name == method and other and other["tokens_per_second"]:
+            rows.append((task, row["tokens_per_second"] / other["tokens_per_second"], row["prompts"]))
+    return rows
+
+
+def section(run: Path, root: Path) -> str:
+    report = (run / "report.md").read_text()
+    relative = run.relative_to(root)
+    # Figures live beside the run's report: point at them from RESULTS.md's folder.
+    report = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", rf"![\1]({relative}/\2)", report)
+    report = report.replace("# promptlookup benchmark", f"## Run `{relative}`", 1)
+    report = re.sub(r"^## (Summary|Figures|Best)", r"### \1", report, flags=re.M)
+    summary = json.loads((run / "summary.json").read_text())
+    methods = {row["method"] for row in summary}
+    lines = [report.rstrip(), ""]
+    for method, against in (("promptlookup", "hf-pld"), ("promptlookup", "plain"),
+                            ("promptlookup", "llamacpp-pld")):
+        if {method, against} <= methods:
+            lines += [f"#### `{method}` tokens/s divided by `{against}` tokens/s (same run)", "",
+                      "| task | ratio | prompts |", "|---|---:|---:|"]
+            lines += [f"| {task} | {value:.2f} | {n} |" for task, value, n in ratio_rows(summary, method, against)]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="bench --out folders, in order")
+    parser.add_argument("--root", type=Path, default=Path("benchmarks"),
+                        help="folder RESULTS.md is written to (figure paths are relative to it)")
+    parser.add_argument("--intro", type=Path, help="markdown put before the runs")
+    parser.add_argument("--extra", type=Path, nargs="*", default=[],
+                        help="markdown files appended after the runs (other measurements)")
+    args = parser.parse_args()
+    parts = [args.intro.read_text().rstrip() if args.intro else "# Measured results"]
+    parts += [section(run, args.root.resolve()) for run in (r.resolve() for r in args.runs)
+              if (run / "summary.json").is_file()]
+    parts += [extra.read_text().rstrip() for extra in args.extra]
+    print("\n\n".join(parts))
+
+
+if __name__ == "__main__":
+    main()
