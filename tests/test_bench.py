@@ -283,3 +283,12 @@ def test_smoke_on_the_default_model(default_lm, shared_data, tmp_path, monkeypat
     records = read_results(out / "results.jsonl")
     assert len(records) == 3 and all(r["identical_to_plain"] for r in records)
     assert all(r["new_tokens"] == 16 or r["text"] for r in records)
+
+
+def test_drafter_method_runs_a_drafter_spec_as_a_method(tiny_lm):
+    from promptlookup.bench.command import register_drafter_method
+
+    name = register_drafter_method("transformers", "lookup-chain=prompt-lookup,none")
+    result = run_bench(tiny_lm, rows(2), ["plain", name], FAST, warmup=False)
+    mine = [r for r in result.records if r["method"] == name]
+    assert len(mine) == 2 and all(r["identical_to_plain"] for r in mine)

@@ -12,6 +12,25 @@ from ..cli import friendly_errors, model_options
 from ..errors import InvalidParameterError
 
 
+def register_drafter_method(backend: str, item: str) -> str:
+    """``NAME=SPEC`` -> a method NAME of ``backend`` that runs promptlookup with drafter SPEC."""
+    from ..drafters import check_drafter_spec
+    from .methods import register_method
+
+    name, sep, spec = item.partition("=")
+    if not sep or not name or not spec or ":" in name or "," in name:
+        raise click.UsageError(f"--drafter-method {item!r}: expected NAME=SPEC, e.g. "
+                               "chain=prompt-lookup,draft-model:default")
+    if backend != "transformers":
+        raise click.UsageError("--drafter-method is available with --backend transformers")
+    check_drafter_spec(spec)
+    from .transformers_methods import PromptLookupMethod
+
+    register_method(backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec),
+                    params={})
+    return name
+
+
 def _default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -28,6 +47,9 @@ def _default_threads() -> int:
 @click.option("--methods", default="plain,hf-pld,promptlookup", show_default=True,
               help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
                    "promptlookup:k=4,min=2. plain (the baseline) is always added.")
+@click.option("--drafter-method", "drafter_methods", multiple=True, metavar="NAME=SPEC",
+              help="Add a method NAME running promptlookup with drafter SPEC (repeatable), e.g. "
+                   "'chain=prompt-lookup,draft-model:default' or 'ref=reference:old.py'.")
 @click.option("--sweep", is_flag=True,
               help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
                    "report the best fixed setting per task.")
@@ -52,7 +74,7 @@ def _default_threads() -> int:
               help="Only regenerate summary.json, report.md and figures from OUT/results.jsonl.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @friendly_errors
-def bench(data_files, limit, max_new_tokens, methods, sweep, sampling, temperature, top_k, top_p,
+def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sampling, temperature, top_k, top_p,
           seed, model, dtype, device, backend, threads, out_dir, resume, report_only,
           no_progress):
     """Measure speed-ups against plain decoding, interleaving methods prompt by prompt.
@@ -104,6 +126,8 @@ def bench(data_files, limit, max_new_tokens, methods, sweep, sampling, temperatu
     if not specs:
         raise click.UsageError("--methods is empty")
     registry = get_backend(backend).factories
+    for item in drafter_methods:
+        specs.append(register_drafter_method(backend, item))
     for spec in specs:  # unknown names fail before the (slow) model load
         name, _ = parse_method_spec(spec)
         if name not in registry:

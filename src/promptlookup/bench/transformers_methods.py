@@ -153,7 +153,7 @@ class PromptLookupMethod:
     name = "promptlookup"
 
     def __init__(self, lm, drafter: str = "prompt-lookup", options: dict | None = None) -> None:
-        from ..drafters import make_drafter
+        from ..drafters import check_drafter_spec
 
         self.lm = lm
         self.drafter = drafter
@@ -162,7 +162,7 @@ class PromptLookupMethod:
                                  if k in self.options}
         if "num_tokens" in self.options:  # an explicit k is a fixed setting (as in --sweep)
             self.generate_options.setdefault("speculation", "fixed")
-        make_drafter(drafter, eos_token_ids=lm.eos_token_ids, **self.options)  # fail early
+        check_drafter_spec(drafter, **self.options)  # fail early
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
         sampling = ({"temperature": settings.temperature, "top_k": settings.top_k,
