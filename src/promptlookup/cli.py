@@ -124,6 +124,10 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
 @click.option("--chat/--no-chat", default=False,
               help="Wrap the prompt as a user message in the model's chat template.")
 @model_options
+@click.option("--backend", type=click.Choice(["transformers", "llama.cpp"]), default="transformers",
+              show_default=True,
+              help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
+                   "(fast on CPUs; --dtype is ignored).")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
               help="0 = greedy; > 0 samples exactly from the model's distribution.")
@@ -136,7 +140,7 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help='Print one JSON object {"text", "token_ids", "stats"} instead of streaming.')
 @friendly_errors
-def generate(prompt, prompt_file, chat, model, dtype, device, max_new_tokens, temperature, top_k,
+def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_tokens, temperature, top_k,
              top_p, repetition_penalty, seed, stop, drafter, draft_tokens, min_match, max_match,
              as_json):
     """Generate a continuation of PROMPT (an argument, --prompt-file, or stdin).
@@ -148,6 +152,7 @@ def generate(prompt, prompt_file, chat, model, dtype, device, max_new_tokens, te
       promptlookup generate --chat "Rewrite this more politely: ..."
       promptlookup generate --chat -f request.txt --json
       cat doc.txt | promptlookup generate --chat --drafter none
+      promptlookup generate --chat --backend llama.cpp -m model.gguf "..."
     """
     from .sampling import SamplingParams
 
@@ -160,7 +165,7 @@ def generate(prompt, prompt_file, chat, model, dtype, device, max_new_tokens, te
     check_drafter_spec(drafter, **options)
     import promptlookup
 
-    lm = promptlookup.load_model(model, dtype=dtype, device=device)
+    lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
     stream = lm.stream(text, chat=chat, max_new_tokens=max_new_tokens, drafter=drafter,
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
