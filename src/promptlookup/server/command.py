@@ -29,6 +29,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               help="Requests that may wait while one generates; beyond that, HTTP 429.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
               help="Token limit of requests without max_tokens (capped by the context left).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for torch [default: torch's choice, one per core]. On a busy "
+                   "machine, 1 can be much faster than oversubscribed cores.")
 @click.option("--model-id", default=None,
               help="The name clients send as 'model' [default: the model's name].")
 @drafter_options
@@ -36,7 +39,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               default="info", show_default=True)
 @friendly_errors
 def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens,
-          model_id, drafter, draft_tokens, min_match, max_match, log_level):
+          threads, model_id, drafter, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -78,6 +81,10 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
     if host not in LOOPBACK_HOSTS:
         click.echo(f"warning: listening on {host}, reachable from other machines"
                    + ("" if api_key else " and without --api-key"), err=True)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)  # a process-wide setting, seen by the generation thread
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)-9s %(message)s"))
     logger = logging.getLogger("promptlookup")
