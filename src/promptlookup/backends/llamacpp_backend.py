@@ -10,9 +10,9 @@ Numerics: llama.cpp computes a pass over one token with other kernels than a pas
 scale is ~40), while passes over 2, 3, ... tokens agree bit for bit with each other. The prompt
 is fed in the same chunks as llama.cpp's own ``Llama.generate``, so plain decoding
 (``drafter="none"``) reproduces llama.cpp's greedy output token for token; with drafts the
-output equals it except where two tokens nearly tie; ``batch_invariant=True`` runs every pass over at least two tokens (a
-single token is padded with a copy of itself, removed from the cache afterwards), which makes the
-output identical with and without drafting, at the cost of slower plain steps.
+output equals it except where two tokens nearly tie. ``batch_invariant=True`` runs every pass
+over at least two tokens (a single token is padded with a copy of itself, removed from the cache
+afterwards): the output is then identical with and without drafting, and plain steps are slower.
 
 Tokens are the GGUF's own vocabulary: the tokenizer is ``transformers``' reading of the same GGUF
 (its ids agree with llama.cpp's tokenizer; a test checks this), so drafters, chat templates and
