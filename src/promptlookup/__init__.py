@@ -51,7 +51,19 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     from .models import load_pretrained
 
     model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
-    return from_transformers(model_obj, tokenizer, name=name)
+    lm = from_transformers(model_obj, tokenizer, name=name)
+    lm.policy.cost_file = cost_file_for(name, "transformers", dtype, device)
+    return lm
+
+
+def cost_file_for(name: str, backend: str, dtype: str, device: str):
+    """Where the measured forward-pass cost curve of this setup is cached between runs."""
+    import torch
+
+    from .models import cache_root
+
+    key = f"{name}-{backend}-{dtype}-{device}-{torch.get_num_threads()}threads".replace("/", "_")
+    return cache_root() / "costs" / f"{key}.json"
 
 
 def from_transformers(model, tokenizer, name: str | None = None) -> LanguageModel:
