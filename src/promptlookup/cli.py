@@ -85,7 +85,13 @@ def drafter_options(func):
     func = click.option("--min-match", type=click.IntRange(min=1), default=None,
                         help="Prompt lookup: shortest suffix that may match, in tokens [1].")(func)
     func = click.option("--draft-tokens", type=click.IntRange(min=1), default=None,
-                        help="Prompt lookup: most tokens per draft [10].")(func)
+                        help="Most tokens per draft (prompt lookup [64], draft model [16]); the "
+                             "adaptive policy verifies only what pays.")(func)
+    func = click.option("--speculation", type=click.Choice(["adaptive", "fixed"]),
+                        default="adaptive", show_default=True,
+                        help="adaptive: verify as much of each draft as measured costs and "
+                             "learned acceptance say pays (never slower than plain decoding); "
+                             "fixed: verify whole drafts.")(func)
     func = click.option("--drafter", default="prompt-lookup", show_default=True,
                         metavar="SPEC",
                         help="prompt-lookup; reference:FILE (prompt lookup that also drafts "
@@ -141,8 +147,8 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
               help='Print one JSON object {"text", "token_ids", "stats"} instead of streaming.')
 @friendly_errors
 def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_tokens, temperature, top_k,
-             top_p, repetition_penalty, seed, stop, drafter, draft_tokens, min_match, max_match,
-             as_json):
+             top_p, repetition_penalty, seed, stop, drafter, speculation, draft_tokens, min_match,
+             max_match, as_json):
     """Generate a continuation of PROMPT (an argument, --prompt-file, or stdin).
 
     The text streams to stdout; a summary (tokens/s, tokens per forward pass) goes to stderr.
@@ -169,7 +175,7 @@ def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_t
     stream = lm.stream(text, chat=chat, max_new_tokens=max_new_tokens, drafter=drafter,
                        temperature=temperature, top_k=top_k, top_p=top_p,
                        repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
-                       **options)
+                       speculation=speculation, **options)
     with stream:
         for piece in stream:
             if not as_json:

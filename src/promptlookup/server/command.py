@@ -39,7 +39,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               default="info", show_default=True)
 @friendly_errors
 def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens,
-          threads, model_id, drafter, draft_tokens, min_match, max_match, log_level):
+          threads, model_id, drafter, speculation, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -104,7 +104,8 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
 
     app = create_app(load, model_id=model_id or source.name, api_key=api_key,
                      max_queue=max_queue, default_max_tokens=default_max_tokens,
-                     drafter=drafter, drafter_options=options, on_load_error=stop_on_load_error)
+                     drafter=drafter, drafter_options=options, on_load_error=stop_on_load_error,
+                     generation_options={"speculation": speculation})
     logger.info("loading %s in the background (GET /health is 503 until it is ready)",
                 source.name)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
