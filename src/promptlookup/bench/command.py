@@ -24,7 +24,7 @@ def register_drafter_method(backend: str, item: str) -> str:
     if backend != "transformers":
         raise click.UsageError("--drafter-method is available with --backend transformers")
     check_drafter_spec(spec)
-    from .transformers_methods import PromptLookupMethod
+    from .methods import PromptLookupMethod
 
     register_method(backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec),
                     params={})

@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import InvalidParameterError
-from .methods import (MethodOutput, Settings, Timer, cut_after_eos, register_backend,
-                      register_method)
+from .methods import (MethodOutput, PromptLookupMethod, Settings, Timer, cut_after_eos,
+                      register_backend, register_method)
 
 BACKEND = "llama.cpp"
 LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
@@ -84,34 +84,11 @@ class LlamaGenerate:
         return MethodOutput(new, timer.seconds, passes, drafted, len(new) - passes)
 
 
-class PromptLookupMethod:
-    """:meth:`LanguageModel.generate` with a token-id prompt; the loop's own counters."""
-
-    name = "promptlookup"
-
-    def __init__(self, lm, drafter: str, options: dict) -> None:
-        from ..drafters import make_drafter
-
-        self.lm = lm
-        self.drafter = drafter
-        self.options = dict(options)
-        self.generate_options = {k: self.options.pop(k) for k in ("speculation",)
-                                 if k in self.options}
-        for key, value in self.options.items():
-            if not isinstance(value, int):
-                raise InvalidParameterError(f"promptlookup: {key} must be an integer, got {value!r}")
-        make_drafter(drafter, eos_token_ids=lm.eos_token_ids, **self.options)  # fail early
-
-    def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
-        sampling = ({"temperature": settings.temperature, "top_k": settings.top_k,
-                     "top_p": settings.top_p, "seed": settings.seed} if settings.sampling else {})
-        with Timer() as timer:
-            result = self.lm.generate(list(prompt_ids), max_new_tokens=settings.max_new_tokens,
-                                      drafter=self.drafter, **sampling, **self.generate_options,
-                                      **self.options)
-        stats = result.stats
-        return MethodOutput(cut_after_eos(result.token_ids, self.lm.eos_token_ids), timer.seconds,
-                            stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens)
+def _lookup_method(lm, drafter: str, options: dict) -> PromptLookupMethod:
+    for key, value in options.items():
+        if key != "speculation" and not isinstance(value, int):
+            raise InvalidParameterError(f"promptlookup: {key} must be an integer, got {value!r}")
+    return PromptLookupMethod(lm, drafter, options)
 
 
 def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:
@@ -144,7 +121,7 @@ register_backend(BACKEND, load=load_for_bench)
 register_method(BACKEND, "plain", lambda lm, options: LlamaGenerate(lm))
 register_method(BACKEND, "llamacpp-pld", _llamacpp_pld, params={"k": "num_pred_tokens"})
 register_method(BACKEND, "promptlookup",
-                lambda lm, options: PromptLookupMethod(lm, "prompt-lookup", options),
+                lambda lm, options: _lookup_method(lm, "prompt-lookup", options),
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
 register_method(BACKEND, "promptlookup-none",
                 lambda lm, options: PromptLookupMethod(lm, "none", {}))

@@ -219,3 +219,32 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
         if token in eos:
             break
     return out
+
+
+class PromptLookupMethod:
+    """:meth:`LanguageModel.generate` with a token-id prompt; the loop's own counters."""
+
+    name = "promptlookup"
+
+    def __init__(self, lm, drafter: str = "prompt-lookup", options: dict | None = None) -> None:
+        from ..drafters import check_drafter_spec
+
+        self.lm = lm
+        self.drafter = drafter
+        self.options = dict(options or {})
+        self.generate_options = {k: self.options.pop(k) for k in ("speculation",)
+                                 if k in self.options}
+        if "num_tokens" in self.options:  # an explicit k is a fixed setting (as in --sweep)
+            self.generate_options.setdefault("speculation", "fixed")
+        check_drafter_spec(drafter, **self.options)  # fail early
+
+    def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
+        sampling = ({"temperature": settings.temperature, "top_k": settings.top_k,
+                     "top_p": settings.top_p, "seed": settings.seed} if settings.sampling else {})
+        with Timer() as timer:
+            result = self.lm.generate(list(prompt_ids), max_new_tokens=settings.max_new_tokens,
+                                      drafter=self.drafter, **sampling, **self.generate_options,
+                                      **self.options)
+        stats = result.stats
+        return MethodOutput(cut_after_eos(result.token_ids, self.lm.eos_token_ids), timer.seconds,
+                            stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens)

@@ -30,8 +30,8 @@ from typing import Sequence
 import torch
 
 from ..errors import InvalidParameterError
-from .methods import (MethodOutput, Settings, Timer, cut_after_eos, register_backend,
-                      register_method)
+from .methods import (MethodOutput, PromptLookupMethod, Settings, Timer, cut_after_eos,
+                      register_backend, register_method)
 
 BACKEND = "transformers"
 LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
@@ -145,35 +145,6 @@ class HFCustomGenerate(HFGenerate):
         if stats is not None and stats.new_tokens == new_tokens:
             return stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens
         return trace.counts(prompt_tokens, new_tokens)
-
-
-class PromptLookupMethod:
-    """:meth:`LanguageModel.generate` with a token-id prompt; the loop's own counters."""
-
-    name = "promptlookup"
-
-    def __init__(self, lm, drafter: str = "prompt-lookup", options: dict | None = None) -> None:
-        from ..drafters import check_drafter_spec
-
-        self.lm = lm
-        self.drafter = drafter
-        self.options = dict(options or {})
-        self.generate_options = {k: self.options.pop(k) for k in ("speculation",)
-                                 if k in self.options}
-        if "num_tokens" in self.options:  # an explicit k is a fixed setting (as in --sweep)
-            self.generate_options.setdefault("speculation", "fixed")
-        check_drafter_spec(drafter, **self.options)  # fail early
-
-    def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
-        sampling = ({"temperature": settings.temperature, "top_k": settings.top_k,
-                     "top_p": settings.top_p, "seed": settings.seed} if settings.sampling else {})
-        with Timer() as timer:
-            result = self.lm.generate(list(prompt_ids), max_new_tokens=settings.max_new_tokens,
-                                      drafter=self.drafter, **sampling, **self.generate_options,
-                                      **self.options)
-        stats = result.stats
-        return MethodOutput(cut_after_eos(result.token_ids, self.lm.eos_token_ids), timer.seconds,
-                            stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens)
 
 
 def _hf_pld(lm, options: dict) -> HFGenerate:
