@@ -26,6 +26,29 @@ def ratio_rows(summary: list[dict], method: str, against: str) -> list[tuple[str
     return rows
 
 
+def losses(run: Path, method: str = "promptlookup") -> list[str]:
+    """Per task: on how many prompts ``method`` was slower than each other method."""
+    rates: dict[tuple[str, str], dict[str, float]] = {}
+    for line in (run / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["seconds"] > 0:
+            rates.setdefault((row["task"], row["id"]), {})[row["method"]] = row["new_tokens"] / row["seconds"]
+    counts: dict[tuple[str, str], list[int]] = {}
+    for (task, _), by_method in rates.items():
+        mine = by_method.get(method)
+        for other, rate in by_method.items():
+            if other != method and mine is not None:
+                slower, total = counts.setdefault((task, other), [0, 0])
+                counts[(task, other)] = [slower + (mine < rate), total + 1]
+    if not counts:
+        return []
+    lines = [f"#### Where `{method}` loses: prompts on which it was slower (tokens/s)", "",
+             "| task | slower than | prompts |", "|---|---|---:|"]
+    lines += [f"| {task} | `{other}` | {slower} of {total} |"
+              for (task, other), (slower, total) in sorted(counts.items())]
+    return lines + [""]
+
+
 def section(run: Path, root: Path) -> str:
     report = (run / "report.md").read_text()
     relative = run.relative_to(root)
@@ -43,7 +66,7 @@ def section(run: Path, root: Path) -> str:
                       "| task | ratio | prompts |", "|---|---:|---:|"]
             lines += [f"| {task} | {value:.2f} | {n} |" for task, value, n in ratio_rows(summary, method, against)]
             lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + losses(run))
 
 
 def main() -> None:
