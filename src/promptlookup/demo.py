@@ -9,7 +9,7 @@ import sys
 import promptlookup
 from promptlookup import text as text_module
 
-MAX_NEW_TOKENS = 320
+MAX_NEW_TOKENS = 200
 
 
 def build_request() -> str:
