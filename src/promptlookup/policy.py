@@ -71,6 +71,7 @@ class CostModel:
         self.plain: deque[float] = deque(maxlen=window)  # seconds of 1-token passes
         self.verify: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds)
         self._line: tuple[float, float] | None = None
+        self._plain: float | None = None  # median of `plain`, cached until the next record
 
     @property
     def calibrated(self) -> bool:
@@ -83,6 +84,7 @@ class CostModel:
     def record(self, num_tokens: int, seconds: float) -> None:
         if num_tokens <= 1:
             self.plain.append(seconds)
+            self._plain = None
         else:
             self.verify.append((num_tokens, seconds))
             self._line = None
@@ -112,7 +114,9 @@ class CostModel:
         """Estimated seconds for one forward pass over ``num_tokens`` tokens."""
         if not self.plain:
             return float(num_tokens)  # uncalibrated: assume linear
-        plain = statistics.median(self.plain)
+        if self._plain is None:
+            self._plain = statistics.median(self.plain)
+        plain = self._plain
         if num_tokens <= 1 or not self.verify:
             return plain * max(num_tokens, 1)
         a, b = self.line()
