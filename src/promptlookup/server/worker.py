@@ -208,5 +208,9 @@ class GenerationWorker:
             job.emit("error", APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
                                        type="server_error"))
         else:
+            if job.cancelled.is_set():  # cancelled during the last step, which then ended it
+                self.cancelled += 1
+                job.emit("cancelled")
+                return
             self.completed += 1
             job.emit("done", stream.result)
