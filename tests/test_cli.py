@@ -207,3 +207,17 @@ def test_stop_and_sampling_options(runner, cached_default_model):
     assert words[2] not in stopped["text"]
     assert first["text"].startswith(stopped["text"])
     assert len(stopped["token_ids"]) < len(first["token_ids"])
+
+
+def test_importing_the_package_and_cli_help_do_not_load_torch():
+    """`import promptlookup` and `promptlookup --help` stay fast: torch loads on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, promptlookup; from promptlookup import PromptLookupDrafter, make_drafter\n"
+            "from promptlookup.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "assert 'fastapi' not in sys.modules, 'fastapi was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

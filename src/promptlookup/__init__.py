@@ -9,14 +9,36 @@ Importing this package loads no model and touches no file.
 
 from __future__ import annotations
 
-from .drafters import (CallableDrafter, ChainDrafter, DraftModelDrafter, Drafter, NoDrafter,
-                       PromptLookupDrafter, make_drafter)
+import importlib
+
 from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, ModelNotFoundError,
                      PromptLookupError, PromptTooLongError, UnsupportedModelError)
-from .generation import GenerationResult, GenerationStream, LanguageModel
-from .hf_generate import custom_generate, make_custom_generate
-from .loop import GenerationStats, speculative_generate
-from .sampling import SamplingParams, TokenChooser
+
+# The rest of the API is imported on first use (PEP 562): `import promptlookup` stays fast and
+# does not load torch until something needs it.
+_LAZY = {
+    ".drafters": ("CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "NoDrafter",
+                  "PromptLookupDrafter", "make_drafter"),
+    ".generation": ("GenerationResult", "GenerationStream", "LanguageModel"),
+    ".hf_generate": ("custom_generate", "make_custom_generate"),
+    ".loop": ("GenerationStats", "speculative_generate"),
+    ".sampling": ("SamplingParams", "TokenChooser"),
+}
+_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str):
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_NAMES))
+
 
 __version__ = "0.1.0"
 
@@ -69,6 +91,7 @@ def cost_file_for(name: str, backend: str, dtype: str, device: str):
 def from_transformers(model, tokenizer, name: str | None = None) -> LanguageModel:
     """Wrap an already loaded ``transformers`` causal LM and its tokenizer."""
     from .backends.transformers_backend import TransformersTarget
+    from .generation import LanguageModel
 
     return LanguageModel(TransformersTarget(model), tokenizer,
                          name=name or getattr(model.config, "_name_or_path", "model"), model=model)

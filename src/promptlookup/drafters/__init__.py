@@ -20,7 +20,6 @@ from typing import Callable, Sequence, Union
 
 from ..errors import InvalidParameterError
 from .base import CallableDrafter, ChainDrafter, Drafter, NoDrafter
-from .draft_model import DraftModelDrafter, check_same_tokenizer, load_draft_model
 from .prompt_lookup import PromptLookupDrafter
 from .suffix_index import Match, SuffixIndex
 
@@ -127,6 +126,8 @@ def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence
     if isinstance(spec, LanguageModel) or (torch is not None and isinstance(spec, torch.nn.Module)):
         _check_option_names([("draft-model", None)], options)
         if isinstance(spec, LanguageModel):
+            from .draft_model import check_same_tokenizer
+
             check_same_tokenizer(spec.tokenizer, tokenizer, f"draft model {spec.name}")
             spec = spec.model
         return _draft_model(spec, options, context)
@@ -160,6 +161,8 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
         reference_ids = _tokenize(text, context["tokenizer"], f"reference:{argument}")
         return _lookup_drafter(context["eos_token_ids"], {**options, "reference_ids": reference_ids})
     # draft-model
+    from .draft_model import check_same_tokenizer, load_draft_model
+
     model, draft_tokenizer = load_draft_model(argument, dtype=context["dtype"],
                                               device=context["device"])
     check_same_tokenizer(draft_tokenizer, context["tokenizer"], f"draft model {argument}")
@@ -189,6 +192,8 @@ def _draft_model_options(options: dict) -> dict:
 
 
 def _draft_model(model, options: dict, context: dict) -> DraftModelDrafter:
+    from .draft_model import DraftModelDrafter
+
     options = _draft_model_options({k: v for k, v in options.items() if k in OPTIONS["draft-model"]})
     return DraftModelDrafter(model, eos_token_ids=context["eos_token_ids"],
                              chooser=context["chooser"], **options)
@@ -205,7 +210,8 @@ def _bind_chooser(drafter, chooser) -> None:
     """A draft model given as an object samples with this generation's chooser."""
     if chooser is None:
         return
-    if isinstance(drafter, DraftModelDrafter):
+    draft_model = sys.modules.get(f"{__name__}.draft_model")  # loaded if any draft model exists
+    if draft_model is not None and isinstance(drafter, draft_model.DraftModelDrafter):
         drafter.chooser = chooser
     for member in getattr(drafter, "drafters", ()):
         _bind_chooser(member, chooser)
@@ -236,3 +242,12 @@ def _check_option_names(parsed: list[tuple[str, str | None]], options: dict) -> 
 def _choices() -> str:
     return ("prompt-lookup, reference:FILE, draft-model:PATH_OR_ID, none, or a comma-separated "
             "chain of these")
+
+
+def __getattr__(name: str):
+    """The draft-model drafter needs torch: import it only when asked for."""
+    if name in ("DraftModelDrafter", "check_same_tokenizer", "load_draft_model"):
+        from . import draft_model
+
+        return getattr(draft_model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,8 +6,14 @@
 See :mod:`.app` for the endpoints and policies, :mod:`.worker` for the queue.
 """
 
-from .app import create_app
-from .schemas import APIError
-from .worker import GenerationWorker
+import importlib
 
 __all__ = ["APIError", "GenerationWorker", "create_app"]
+_MODULES = {"create_app": ".app", "APIError": ".schemas", "GenerationWorker": ".worker"}
+
+
+def __getattr__(name: str):
+    """Imported on first use, so that `promptlookup --help` does not load FastAPI and torch."""
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULES[name], __name__), name)
