@@ -50,10 +50,11 @@ def one_thread(request):
     torch.set_num_threads(threads)
 
 
-def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32):
+def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=None):
     stats = GenerationStats()
     tokens = list(speculative_generate(TransformersTarget(model), prompt, drafter=drafter,
-                                       chooser=chooser, max_new_tokens=max_new_tokens, stats=stats))
+                                       chooser=chooser, max_new_tokens=max_new_tokens, stats=stats,
+                                       policy=policy))
     return tokens, stats
 
 
@@ -384,3 +385,34 @@ def test_default_model_chain_greedy_identity(default_lm, plain_default):
                                   max_new_tokens=64, speculation="fixed")
     assert chained.token_ids == plain_default.token_ids
     assert chained.stats.drafted_tokens > 0
+
+
+def test_draft_length_is_capped_by_the_policy_given_the_measured_cost_per_draft_token(other_model):
+    class Policy:
+        def __init__(self, worth):
+            self.worth, self.asked = worth, []
+
+        def worth_drafting(self, seconds_per_draft_token, limit):
+            self.asked.append((seconds_per_draft_token, limit))
+            return min(self.worth, limit)
+
+    tokens = [3, 5, 7, 9, 2, 4]
+    drafter = DraftModelDrafter(other_model, num_tokens=6, start_tokens=6, confidence_threshold=0)
+    drafter.policy = Policy(worth=2)
+    assert len(drafter.propose(tokens, 6)) == 6  # no cost measured yet: its own length
+    assert drafter.seconds_per_token is not None and drafter.seconds_per_token > 0
+    assert len(drafter.propose(tokens, 6)) == 2
+    seconds, limit = drafter.policy.asked[-1]
+    assert seconds > 0 and limit == 6
+    drafter.policy = Policy(worth=0)  # drafting does not pay: a plain step
+    assert drafter.propose(tokens, 6) == []
+
+
+def test_cost_aware_draft_model_keeps_greedy_output_identical(target_model, other_model):
+    from promptlookup.policy import SpeculationPolicy
+
+    policy = SpeculationPolicy()
+    for prompt in PROMPTS:
+        plain, _ = run(target_model, prompt)
+        drafter = DraftModelDrafter(other_model, confidence_threshold=0)
+        assert run(target_model, prompt, drafter, policy=policy)[0] == plain

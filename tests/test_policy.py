@@ -162,3 +162,31 @@ def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
     adaptive = lm.generate(prompt, max_new_tokens=48)
     assert adaptive.token_ids == plain.token_ids
     assert lm.policy.costs.calibrated  # calibrated on first use
+
+
+def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():
+    """worth_drafting: argmax_k (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
+    policy = policy_with_costs({1: 1.0, 64: 1.05})  # verification nearly free
+    rng = random.Random(0)
+    for _ in range(400):  # draft-model drafts (no match information): each token 85% accepted
+        accepted = next((i for i in range(16) if rng.random() > 0.85), 16)
+        policy.record_acceptance(None, 16, accepted)
+    lengths = [policy.worth_drafting(seconds, limit=16) for seconds in (0.0, 0.05, 0.15, 0.3, 5.0)]
+    assert lengths == sorted(lengths, reverse=True)
+    assert lengths[0] == 16 and 0 < lengths[2] < 16
+    assert lengths[-1] == 0  # a draft token dearer than the target's own pass never pays
+
+
+def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back():
+    from promptlookup.loop import bind_policy
+
+    class Paying(pl.NoDrafter):
+        policy = None
+
+    paying = Paying()
+    chain = pl.ChainDrafter([pl.PromptLookupDrafter(), paying])
+    policy = SpeculationPolicy()
+    bind_policy(chain, policy)
+    assert paying.policy is policy and not hasattr(chain.drafters[0], "policy")
+    bind_policy(chain, None)  # e.g. speculation="fixed" with the same drafter object
+    assert paying.policy is None

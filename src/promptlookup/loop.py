@@ -101,6 +101,7 @@ def speculative_generate(
     target.prefill(tokens[:-1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
+    bind_policy(drafter, policy)  # a draft model sizes its drafts by their cost too
     while stats.new_tokens < max_new_tokens:
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
@@ -138,6 +139,15 @@ def speculative_generate(
         if policy is not None and draft:
             policy.record_acceptance(match_length, len(draft), num_accepted)
     stats.seconds = time.perf_counter() - start
+
+
+def bind_policy(drafter: Drafter, policy: SpeculationPolicy | None) -> None:
+    """Hand the policy (or None) to drafters that pay for every draft token they produce
+    (those with a ``policy`` attribute: a draft model), members of chains included."""
+    if hasattr(drafter, "policy"):
+        drafter.policy = policy
+    for member in getattr(drafter, "drafters", ()):
+        bind_policy(member, policy)
 
 
 def drafter_match_length(drafter: Drafter) -> int | None:

@@ -235,14 +235,25 @@ class SpeculationPolicy:
         """How many leading tokens of ``draft`` to verify (0 = a plain step)."""
         if not draft:
             return 0
-        bucket = match_bucket(match_length)
-        plain_rate = 1.0 / self.costs.cost(1)
-        best_k, best_rate = 0, plain_rate
+        return self._best_length(match_bucket(match_length), min(len(draft), MAX_DRAFT))
+
+    def worth_drafting(self, seconds_per_draft_token: float, limit: int = MAX_DRAFT) -> int:
+        """How many tokens a drafter that pays for each (a draft model: one forward pass of
+        its own per token) should produce, for drafts without match information:
+
+            argmax_k (1 + E[accepted | k]) / (cost(k + 1) + k * seconds_per_draft_token)
+
+        0 when even one draft token does not pay for itself and its verification."""
+        return self._best_length(match_bucket(None), min(limit, MAX_DRAFT), seconds_per_draft_token)
+
+    def _best_length(self, bucket: int, max_k: int, draft_seconds: float = 0.0) -> int:
+        """argmax over k in 0..max_k of expected tokens per second of a step verifying k."""
+        best_k, best_rate = 0, 1.0 / self.costs.cost(1)
         expected, survive = 1.0, 1.0
-        for k in range(1, min(len(draft), MAX_DRAFT) + 1):
+        for k in range(1, max_k + 1):
             survive *= self.acceptance(bucket, k)
             expected += survive
-            rate = expected / self.costs.cost(k + 1)
+            rate = expected / (self.costs.cost(k + 1) + k * draft_seconds)
             if rate > best_rate:
                 best_k, best_rate = k, rate
             if survive < 1e-3:

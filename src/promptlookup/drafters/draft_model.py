@@ -14,6 +14,10 @@ Drafting policy:
   penalty), using the generation's random generator, and exposes those distributions as
   ``last_draft_probs`` so the loop verifies with the speculative-sampling rejection rule
   (:mod:`promptlookup.rejection`): the output distribution stays exactly the target's.
+- With a speculation policy (``LanguageModel.generate``'s default ``speculation="adaptive"``
+  sets ``policy``), each draft is also capped at the length worth producing given the draft
+  model's own measured seconds per draft token and the target's cost curve
+  (:meth:`~promptlookup.policy.SpeculationPolicy.worth_drafting`); 0 means a plain step.
 - Draft length adapts like ``transformers``' assisted generation: it starts at
   ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target
   accepted entirely, -1 otherwise, within ``[1, num_tokens]``. Within a draft, drafting stops early after a position where the draft
@@ -25,6 +29,7 @@ Drafting policy:
 from __future__ import annotations
 
 import functools
+import time
 from typing import Iterable, Sequence
 
 import torch
@@ -82,6 +87,9 @@ class DraftModelDrafter:
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
         self.last_draft_probs: torch.Tensor | None = None
+        #: A :class:`~promptlookup.policy.SpeculationPolicy` sizing drafts by cost, or None.
+        self.policy = None
+        self.seconds_per_token: float | None = None  # measured cost of one draft token
 
     # -- the drafter protocol -----------------------------------------------------------------
 
@@ -91,6 +99,8 @@ class DraftModelDrafter:
         if tokens is not self._source:  # a new generation: start over with the draft length
             self._source, self.num_tokens = tokens, min(self.start_tokens, self.max_tokens)
         length = min(max_tokens, self.num_tokens)
+        if self.policy is not None and self.seconds_per_token is not None:
+            length = min(length, self.policy.worth_drafting(self.seconds_per_token, length))
         if length < 1 or not tokens:
             return []
         chooser = self.chooser
@@ -101,6 +111,7 @@ class DraftModelDrafter:
         if processors:  # the processors see the tokens so far, like the target's
             input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         draft_logits = self._sync(tokens)  # (vocab,) for the position after tokens
+        start = time.perf_counter()
         draft: list[int] = []
         rows: list[torch.Tensor] = []
         while True:
@@ -124,6 +135,10 @@ class DraftModelDrafter:
                 input_ids = torch.cat([input_ids, next_id], dim=1)
         if sampling:
             self.last_draft_probs = torch.stack(rows)  # (len(draft), vocab)
+        if len(draft) > 1:  # the time of its own forward passes, one per draft token after the first
+            seconds = (time.perf_counter() - start) / (len(draft) - 1)
+            previous = self.seconds_per_token
+            self.seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
         return draft
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
