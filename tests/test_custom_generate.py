@@ -174,7 +174,7 @@ def test_seeded_sampling_matches_plain_sampling_in_distribution():
     model = tiny_llama(vocab_size=8, seed=2)
     prompt = [1, 2, 3, 4] * 4
     kwargs = dict(temperature=1.0, top_p=0.95, repetition_penalty=1.1)
-    cg = make_custom_generate()
+    cg = make_custom_generate(speculation="fixed")  # verify every draft: what is tested here
     accepted = 0
     ours = []
     for seed in range(10_000, 10_400):
@@ -197,7 +197,7 @@ def test_same_seed_gives_the_same_sample_as_plain_generate():
     this tiny model the same seed gives the same tokens."""
     model = tiny_llama(vocab_size=8, seed=2)
     prompt = [1, 2, 3, 4] * 4
-    cg = make_custom_generate()
+    cg = make_custom_generate(speculation="fixed")
     accepted = 0
     for seed in range(40):
         torch.manual_seed(seed)
@@ -322,3 +322,24 @@ def test_code_edit_prompt_greedy_equals_plain(default_lm, shared_data):
     ours = default_lm.model.generate(prompt, max_new_tokens=96, do_sample=False, custom_generate=cg)
     assert_same(plain, ours)
     assert cg.last_stats.forward_passes < cg.last_stats.new_tokens
+
+
+def test_adaptive_by_default_with_one_policy_per_model_and_fixed_on_request(tiny_model):
+    """The default verifies only what the policy finds worth it (measured costs, learned
+    acceptance, kept per model object); speculation="fixed" verifies whole drafts."""
+    from promptlookup.hf_generate import _POLICIES, policy_for
+
+    model = tiny_llama(seed=3)
+    assert model not in _POLICIES
+    plain = model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30)
+    fixed = make_custom_generate(speculation="fixed")
+    assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
+                                      custom_generate=fixed))
+    assert model not in _POLICIES  # fixed: no policy, no calibration
+    adaptive = make_custom_generate()
+    assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
+                                      custom_generate=adaptive))
+    assert policy_for(model) is _POLICIES[model] and policy_for(model).costs.calibrated
+    assert adaptive.last_stats.drafted_tokens <= fixed.last_stats.drafted_tokens
+    with pytest.raises(promptlookup.InvalidParameterError, match="speculation"):
+        make_custom_generate(speculation="sometimes")

@@ -36,14 +36,16 @@ from __future__ import annotations
 # transformers' generation utilities are imported where used: importing them costs seconds,
 # and ``import promptlookup`` imports this module.
 import inspect
+import weakref
 from typing import Any, Sequence
 
 import torch
 
 from .backends.transformers_backend import TransformersTarget
-from .drafters import DrafterSpec, make_drafter
+from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
 from .loop import GenerationStats, speculative_generate
+from .policy import SpeculationPolicy
 from .sampling import TokenChooser
 
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
@@ -55,22 +57,50 @@ _UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions",
                         "output_hidden_states")
 
 
+#: One speculation policy per model object (its measured costs and acceptance carry over
+#: between calls, as with :class:`~promptlookup.LanguageModel`); gone with the model.
+_POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy]" = weakref.WeakKeyDictionary()
+
+
+def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
+    """The adaptive speculation policy of ``model``; its cost curve is cached on disk like
+    :func:`promptlookup.load_model`'s when the model has a name (``config._name_or_path``),
+    else measured once per model object."""
+    policy = _POLICIES.get(model)
+    if policy is None:
+        from . import cost_file_for
+
+        name = getattr(model.config, "_name_or_path", "")
+        device = next(model.parameters()).device
+        dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
+        cost_file = cost_file_for(name, "transformers", dtype, device.type) if name else None
+        policy = _POLICIES[model] = SpeculationPolicy(cost_file=cost_file)
+    return policy
+
+
 class CustomGenerate:
     """A decoding method for ``model.generate(..., custom_generate=...)`` that runs
     promptlookup's loop with a drafter built from ``drafter`` and ``drafter_options`` (a fresh
-    one per call, unless ``drafter`` is a drafter object). ``last_stats`` holds the
+    one per call, unless ``drafter`` is a drafter object). ``speculation="adaptive"`` (default)
+    verifies only the part of each draft worth its measured cost (see
+    :mod:`promptlookup.policy`), ``"fixed"`` whole drafts. ``last_stats`` holds the
     :class:`~promptlookup.loop.GenerationStats` of the latest call (use one instance per thread).
     """
 
-    def __init__(self, drafter: DrafterSpec = "prompt-lookup", **drafter_options: Any) -> None:
+    def __init__(self, drafter: DrafterSpec = "prompt-lookup", *, speculation: str = "adaptive",
+                 **drafter_options: Any) -> None:
+        if speculation not in ("adaptive", "fixed"):
+            raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
         make_drafter(drafter, **drafter_options)  # invalid options raise now, not mid-generate
         self.drafter = drafter
+        self.speculation = speculation
         self.drafter_options = drafter_options
         self.last_stats: GenerationStats | None = None
 
     def __repr__(self) -> str:
         options = "".join(f", {k}={v!r}" for k, v in self.drafter_options.items())
-        return f"make_custom_generate({self.drafter!r}{options})"
+        mode = "" if self.speculation == "adaptive" else f", speculation={self.speculation!r}"
+        return f"make_custom_generate({self.drafter!r}{mode}{options})"
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
                  generation_config, synced_gpus: bool = False, streamer=None, **model_kwargs):
@@ -103,8 +133,10 @@ class CustomGenerate:
         was_training = model.training
         target = TransformersTarget(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
+        adaptive = self.speculation == "adaptive" and not isinstance(drafter, NoDrafter)
+        policy = policy_for(model) if adaptive else None
         tokens = speculative_generate(target, prompt_ids[num_pad:], max_new_tokens=budget,
-                                      drafter=drafter, chooser=chooser, stats=stats)
+                                      drafter=drafter, chooser=chooser, stats=stats, policy=policy)
         try:
             for token in tokens:
                 sequence.append(token)
@@ -203,13 +235,14 @@ def _streamer_from_generate(frame):
     return None
 
 
-def make_custom_generate(drafter: DrafterSpec = "prompt-lookup",
-                         **drafter_options: Any) -> CustomGenerate:
+def make_custom_generate(drafter: DrafterSpec = "prompt-lookup", *,
+                         speculation: str = "adaptive", **drafter_options: Any) -> CustomGenerate:
     """A ``custom_generate`` callable with a chosen drafter, e.g.
-    ``make_custom_generate("prompt-lookup", num_tokens=8)`` or ``make_custom_generate(my_fn)``
-    (``my_fn(tokens, max_tokens) -> list[int]``). Options are those of
-    :func:`promptlookup.make_drafter`."""
-    return CustomGenerate(drafter, **drafter_options)
+    ``make_custom_generate("prompt-lookup", num_tokens=8, speculation="fixed")`` or
+    ``make_custom_generate(my_fn)`` (``my_fn(tokens, max_tokens) -> list[int]``). Options are
+    those of :func:`promptlookup.make_drafter`; ``speculation`` as in
+    :meth:`promptlookup.LanguageModel.generate`."""
+    return CustomGenerate(drafter, speculation=speculation, **drafter_options)
 
 
 #: ``model.generate(..., custom_generate=promptlookup.custom_generate)``: the default drafter.

@@ -131,6 +131,8 @@ class HFCustomGenerate(HFGenerate):
         except ImportError as exc:
             raise InvalidParameterError(
                 f"method hf-custom needs promptlookup.hf_generate, which is missing: {exc}") from exc
+        if "num_tokens" in options:  # an explicit k is a fixed setting, as for promptlookup:k=
+            options = {"speculation": "fixed", **options}
         if hasattr(hf_generate, "make_custom_generate"):
             decoding = hf_generate.make_custom_generate("prompt-lookup", **options)
         elif options:
@@ -175,7 +177,7 @@ register_method(BACKEND, "promptlookup-none",
                 lambda lm, options: PromptLookupMethod(lm, "none"))
 register_method(BACKEND, "hf-custom",
                 lambda lm, options: HFCustomGenerate(lm, _check_ints("hf-custom", options)),
-                params=LOOKUP_PARAMS)
+                params={**LOOKUP_PARAMS, "speculation": "speculation"})
 
 
 def load_for_bench(model: str | None, dtype: str, device: str, threads: int | None = None):
