@@ -187,14 +187,19 @@ def test_method_parameters_reach_the_drafter(tiny_lm):
         make_method("transformers", "promptlookup:k=0", tiny_lm)
 
 
-def test_sweep_reports_the_best_fixed_setting(tiny_lm, tmp_path):
-    specs = ["promptlookup:k=2,min=1", "promptlookup:k=4,min=1"]
+def test_sweep_reports_the_best_fixed_setting_and_the_default_against_it(tiny_lm, tmp_path):
+    specs = ["promptlookup", "promptlookup:k=2,min=1", "promptlookup:k=4,min=1"]
     result = run_bench(tiny_lm, rows(1), specs, Settings(max_new_tokens=6), out_dir=tmp_path,
                        warmup=False)
     best = best_promptlookup(result.summary)
-    assert [b["method"] for b in best] == [max(
-        (r for r in result.summary if r["method"] in specs), key=lambda r: r["speedup"])["method"]]
-    assert "## Best promptlookup setting per task" in (tmp_path / "report.md").read_text()
+    fastest_fixed = max((r for r in result.summary if r["method"] in specs[1:]),
+                        key=lambda r: r["speedup"])
+    default = next(r for r in result.summary if r["method"] == "promptlookup")
+    assert [b["method"] for b in best] == [fastest_fixed["method"]]
+    assert best[0]["default_speedup"] == default["speedup"]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Best promptlookup setting per task" in report
+    assert f"{default['speedup'] / fastest_fixed['speedup']:.3f}" in report
     assert (tmp_path / "sweep.png").is_file()
 
 
