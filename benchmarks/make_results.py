@@ -49,6 +49,36 @@ def losses(run: Path, method: str = "promptlookup") -> list[str]:
     return lines + [""]
 
 
+def headline(runs: list[Path]) -> str:
+    """One table over all runs: promptlookup's tokens/s against plain and against the
+    backend's own prompt lookup, per task (ratios within each run)."""
+    lines = ["## At a glance", "",
+             "promptlookup's tokens/s divided by plain decoding's and by the anchor's (transformers' "
+             "`hf-pld` or llama.cpp's `llamacpp-pld`), each within its own run; `identical`: share "
+             "of promptlookup's outputs token-identical to plain's (– when sampling).", "",
+             "| run | backend, dtype, decoding | task | prompts | vs plain | vs anchor | identical |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        meta = json.loads((run / "meta.json").read_text())
+        temperature = meta["settings"]["temperature"]
+        backend = meta["backend"]
+        kind = (f"{backend}, {'Q4_1' if backend == 'llama.cpp' else meta['dtype']}, "
+                + (f"sampling T={temperature}" if temperature else "greedy"))
+        by_key = {(row["task"], row["method"]): row for row in summary}
+        for (task, method), row in by_key.items():
+            if method != "promptlookup":
+                continue
+            anchor = by_key.get((task, "hf-pld")) or by_key.get((task, "llamacpp-pld"))
+            versus = (f"{row['tokens_per_second'] / anchor['tokens_per_second']:.2f}"
+                      if anchor and anchor["tokens_per_second"] else "–")
+            identical = row["identical_fraction"]
+            lines.append(f"| `{run.name}` | {kind} | {task} | {row['prompts']} | "
+                         f"{row['speedup']:.2f} | {versus} | "
+                         f"{'–' if identical is None else f'{identical:.2f}'} |")
+    return "\n".join(lines)
+
+
 def section(run: Path, root: Path) -> str:
     report = (run / "report.md").read_text()
     relative = run.relative_to(root)
@@ -79,8 +109,9 @@ def main() -> None:
                         help="markdown files appended after the runs (other measurements)")
     args = parser.parse_args()
     parts = [args.intro.read_text().rstrip() if args.intro else "# Measured results"]
-    parts += [section(run, args.root.resolve()) for run in (r.resolve() for r in args.runs)
-              if (run / "summary.json").is_file()]
+    runs = [run for run in (r.resolve() for r in args.runs) if (run / "summary.json").is_file()]
+    parts.append(headline(runs))
+    parts += [section(run, args.root.resolve()) for run in runs]
     parts += [extra.read_text().rstrip() for extra in args.extra]
     print("\n\n".join(parts))
 
