@@ -10,6 +10,20 @@ import torch
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cost_curves_in_a_temporary_folder(tmp_path_factory):
+    """Measured cost curves go to a folder of this test session, not the user's cache (models
+    saved under tmp paths would otherwise leave files there, and a test run measured on a busy
+    machine would steer later real runs)."""
+    import promptlookup
+
+    folder = tmp_path_factory.mktemp("costs")
+    real = promptlookup.cost_file_for
+    promptlookup.cost_file_for = lambda *args: folder / real(*args).name
+    yield
+    promptlookup.cost_file_for = real
+
+
 class TinyTokenizer:
     """A character-level tokenizer over a small vocabulary (ids 0..vocab-1), enough for the
     API's text handling: id 0 is EOS, id i >= 1 is chr(ord('a') + i - 1)."""
