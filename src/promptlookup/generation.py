@@ -10,7 +10,7 @@ from .backends.base import Target
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy
+from .policy import SpeculationPolicy, check_speculation
 from .sampling import SamplingParams, TokenChooser
 from .text import IncrementalDetokenizer, StopStrings
 
@@ -113,8 +113,7 @@ class LanguageModel:
             raise PromptTooLongError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens")
-        if speculation not in ("adaptive", "fixed"):
-            raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
+        check_speculation(speculation)
         stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)

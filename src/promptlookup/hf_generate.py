@@ -45,7 +45,7 @@ from .backends.transformers_backend import TransformersTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy
+from .policy import SpeculationPolicy, check_speculation
 from .sampling import TokenChooser
 
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
@@ -89,8 +89,7 @@ class CustomGenerate:
 
     def __init__(self, drafter: DrafterSpec = "prompt-lookup", *, speculation: str = "adaptive",
                  **drafter_options: Any) -> None:
-        if speculation not in ("adaptive", "fixed"):
-            raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
+        check_speculation(speculation)
         make_drafter(drafter, **drafter_options)  # invalid options raise now, not mid-generate
         self.drafter = drafter
         self.speculation = speculation

@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .backends.base import Target
-from .drafters.base import Drafter, NoDrafter
+from .drafters.base import Drafter, NoDrafter, drafter_members
 from .errors import UnsupportedModelError
 from .policy import SpeculationPolicy
 from .sampling import TokenChooser
@@ -144,10 +144,9 @@ def speculative_generate(
 def bind_policy(drafter: Drafter, policy: SpeculationPolicy | None) -> None:
     """Hand the policy (or None) to drafters that pay for every draft token they produce
     (those with a ``policy`` attribute: a draft model), members of chains included."""
-    if hasattr(drafter, "policy"):
-        drafter.policy = policy
-    for member in getattr(drafter, "drafters", ()):
-        bind_policy(member, policy)
+    for member in drafter_members(drafter):
+        if hasattr(member, "policy"):
+            member.policy = policy
 
 
 def drafter_match_length(drafter: Drafter) -> int | None:

@@ -32,6 +32,8 @@ from collections import defaultdict, deque
 from pathlib import Path
 from typing import Sequence
 
+from .errors import InvalidParameterError
+
 #: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
 #: Longest draft the adaptive policy will ever verify.
@@ -185,6 +187,13 @@ class AcceptanceModel:
 def prior_acceptance(bucket: int) -> float:
     """Before any evidence: trust a draft token more the longer the match that found it."""
     return (0.35, 0.3, 0.45, 0.55, 0.62, 0.7, 0.76, 0.82, 0.87, 0.92)[bucket]
+
+
+def check_speculation(speculation: str) -> str:
+    """``"adaptive"`` (this policy decides) or ``"fixed"`` (whole drafts are verified)."""
+    if speculation not in ("adaptive", "fixed"):
+        raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
+    return speculation
 
 
 class SpeculationPolicy:

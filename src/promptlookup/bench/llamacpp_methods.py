@@ -28,12 +28,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import InvalidParameterError
-from .methods import (MethodOutput, PromptLookupMethod, Settings, Timer, cut_after_eos,
-                      register_backend, register_method)
+from .methods import (LOOKUP_PARAMS, MethodOutput, PromptLookupMethod, Settings, Timer,
+                      check_int_options, cut_after_eos, register_backend, register_method)
 
 BACKEND = "llama.cpp"
-LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
-                 "num_tokens": "num_tokens", "min_match": "min_match", "max_match": "max_match"}
 
 
 class LlamaGenerate:
@@ -84,13 +82,6 @@ class LlamaGenerate:
         return MethodOutput(new, timer.seconds, passes, drafted, len(new) - passes)
 
 
-def _lookup_method(lm, drafter: str, options: dict) -> PromptLookupMethod:
-    for key, value in options.items():
-        if key != "speculation" and not isinstance(value, int):
-            raise InvalidParameterError(f"promptlookup: {key} must be an integer, got {value!r}")
-    return PromptLookupMethod(lm, drafter, options)
-
-
 def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -121,7 +112,8 @@ register_backend(BACKEND, load=load_for_bench)
 register_method(BACKEND, "plain", lambda lm, options: LlamaGenerate(lm))
 register_method(BACKEND, "llamacpp-pld", _llamacpp_pld, params={"k": "num_pred_tokens"})
 register_method(BACKEND, "promptlookup",
-                lambda lm, options: _lookup_method(lm, "prompt-lookup", options),
+                lambda lm, options: PromptLookupMethod(lm, "prompt-lookup",
+                                                       check_int_options("promptlookup", options)),
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
 register_method(BACKEND, "promptlookup-none",
                 lambda lm, options: PromptLookupMethod(lm, "none", {}))

@@ -221,6 +221,19 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
     return out
 
 
+#: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
+LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
+                 "num_tokens": "num_tokens", "min_match": "min_match", "max_match": "max_match"}
+
+
+def check_int_options(method: str, options: dict) -> dict:
+    """A lookup method's options (but ``speculation``) must be integers; returns them."""
+    for key, value in options.items():
+        if key != "speculation" and not isinstance(value, int):
+            raise InvalidParameterError(f"{method}: {key} must be an integer, got {value!r}")
+    return options
+
+
 class PromptLookupMethod:
     """:meth:`LanguageModel.generate` with a token-id prompt; the loop's own counters."""
 

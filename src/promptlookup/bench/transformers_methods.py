@@ -30,12 +30,10 @@ from typing import Sequence
 import torch
 
 from ..errors import InvalidParameterError
-from .methods import (MethodOutput, PromptLookupMethod, Settings, Timer, cut_after_eos,
-                      register_backend, register_method)
+from .methods import (LOOKUP_PARAMS, MethodOutput, PromptLookupMethod, Settings, Timer,
+                      check_int_options, cut_after_eos, register_backend, register_method)
 
 BACKEND = "transformers"
-LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
-                 "num_tokens": "num_tokens", "min_match": "min_match", "max_match": "max_match"}
 
 
 class ForwardTrace:
@@ -159,24 +157,17 @@ def _hf_pld(lm, options: dict) -> HFGenerate:
     return HFGenerate(lm, extra)
 
 
-def _check_ints(method: str, options: dict) -> dict:
-    for key, value in options.items():
-        if key != "speculation" and not isinstance(value, int):
-            raise InvalidParameterError(f"{method}: {key} must be an integer, got {value!r}")
-    return options
-
-
 register_method(BACKEND, "plain", lambda lm, options: HFGenerate(lm))
 register_method(BACKEND, "hf-pld", _hf_pld,
                 params={"k": "prompt_lookup_num_tokens", "ngram": "max_matching_ngram_size"})
 register_method(BACKEND, "promptlookup",
                 lambda lm, options: PromptLookupMethod(lm, "prompt-lookup",
-                                                       _check_ints("promptlookup", options)),
+                                                       check_int_options("promptlookup", options)),
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
 register_method(BACKEND, "promptlookup-none",
                 lambda lm, options: PromptLookupMethod(lm, "none"))
 register_method(BACKEND, "hf-custom",
-                lambda lm, options: HFCustomGenerate(lm, _check_ints("hf-custom", options)),
+                lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
 
 

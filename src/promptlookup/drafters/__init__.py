@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence, Union
 
 from ..errors import InvalidParameterError
-from .base import CallableDrafter, ChainDrafter, Drafter, NoDrafter
+from .base import CallableDrafter, ChainDrafter, Drafter, NoDrafter, drafter_members
 from .prompt_lookup import PromptLookupDrafter
 from .suffix_index import Match, SuffixIndex
 
@@ -211,10 +211,11 @@ def _bind_chooser(drafter, chooser) -> None:
     if chooser is None:
         return
     draft_model = sys.modules.get(f"{__name__}.draft_model")  # loaded if any draft model exists
-    if draft_model is not None and isinstance(drafter, draft_model.DraftModelDrafter):
-        drafter.chooser = chooser
-    for member in getattr(drafter, "drafters", ()):
-        _bind_chooser(member, chooser)
+    if draft_model is None:
+        return
+    for member in drafter_members(drafter):
+        if isinstance(member, draft_model.DraftModelDrafter):
+            member.chooser = chooser
 
 
 # -- options -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ call, so drafters can index it incrementally. Drafters are torch-free unless the
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -125,3 +125,10 @@ class ChainDrafter:
 
     def __repr__(self) -> str:
         return f"ChainDrafter({self.drafters!r})"
+
+
+def drafter_members(drafter: Drafter) -> Iterator[Drafter]:
+    """``drafter`` itself, then every member of its chains, depth first."""
+    yield drafter
+    for member in getattr(drafter, "drafters", ()):
+        yield from drafter_members(member)
