@@ -1,4 +1,4 @@
-"""Target backend over any ``transformers`` causal LM with a croppable ``DynamicCache``."""
+"""Target backend over any ``transformers`` causal LM whose cache layers can be cropped."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from ..errors import UnsupportedModelError
+from .attention import verification_attention
+from .cache import GrowingLayer, growing_cache
 
 #: Prompts are fed in chunks of this many tokens, bounding activation memory.
 PREFILL_CHUNK = 2048
@@ -26,10 +27,10 @@ class TransformersTarget:
         self.cache: DynamicCache | None = None
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
-        self.can_crop = all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = growing_cache(self.model.config)
 
     @property
     def cache_length(self) -> int:
@@ -38,8 +39,9 @@ class TransformersTarget:
     @torch.inference_mode()
     def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                         logits_to_keep=logits_to_keep)
+        with verification_attention(self.config):
+            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                             logits_to_keep=logits_to_keep)
         return out.logits[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
