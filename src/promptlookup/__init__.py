@@ -40,7 +40,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
@@ -79,12 +79,17 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
 
 
 def cost_file_for(name: str, backend: str, dtype: str, device: str):
-    """Where the measured forward-pass cost curve of this setup is cached between runs."""
+    """Where the measured forward-pass cost curve of this setup is cached between runs (keyed
+    by the library versions too: a new release may change what a forward pass costs)."""
     import torch
 
     from .models import cache_root
 
-    key = f"{name}-{backend}-{dtype}-{device}-{torch.get_num_threads()}threads".replace("/", "_")
+    import transformers
+
+    versions = f"v{__version__}-torch{torch.__version__}-transformers{transformers.__version__}"
+    key = f"{name}-{backend}-{dtype}-{device}-{torch.get_num_threads()}threads-{versions}"
+    key = key.replace("/", "_").replace("+", "_")
     return cache_root() / "costs" / f"{key}.json"
 
 
