@@ -214,12 +214,13 @@ def _meta_lines(meta: dict) -> list[str]:
     mode = (f"sampling (temperature {settings.get('temperature')}, top-k {settings.get('top_k')}, "
             f"top-p {settings.get('top_p')}, seed {settings.get('seed')} + prompt index)"
             if settings.get("temperature") else "greedy")
+    version = f"promptlookup {machine['promptlookup']}, " if machine.get("promptlookup") else ""
     return [
         f"- Command: `{meta.get('command', '?')}`",
         f"- Date: {meta.get('date', '?')}",
         f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
         f"{machine.get('torch_threads', '?')}, load average {machine.get('load_average_1m', '?')} "
-        f"at start (torch {machine.get('torch', '?')}, transformers "
+        f"at start ({version}torch {machine.get('torch', '?')}, transformers "
         f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
         f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
         f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",

@@ -102,8 +102,10 @@ def machine_info() -> dict:
     except ImportError:  # pragma: no cover
         transformers_version = None
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    from .. import __version__
+
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "load_average_1m": load,
+            "load_average_1m": load, "promptlookup": __version__,
             "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers_version, "platform": platform.platform()}
 

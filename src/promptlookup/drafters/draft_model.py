@@ -33,8 +33,9 @@ import time
 from typing import Iterable, Sequence
 
 import torch
-from transformers import DynamicCache
 
+from ..backends.attention import verification_attention
+from ..backends.cache import growing_cache
 from ..errors import UnsupportedModelError
 
 #: Prompts are fed to the draft model in chunks of this many tokens.
@@ -83,7 +84,8 @@ class DraftModelDrafter:
         self.confidence_threshold = confidence_threshold
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chooser = chooser
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)  # appends in place, like the target's
+        self._attention_config = model.config.get_text_config(decoder=True)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
         self.last_draft_probs: torch.Tensor | None = None
@@ -170,8 +172,9 @@ class DraftModelDrafter:
         for start in range(0, len(token_ids), FEED_CHUNK):
             chunk = token_ids[start : start + FEED_CHUNK]
             input_ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                             logits_to_keep=1)
+            with verification_attention(self._attention_config):
+                out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                                 logits_to_keep=1)
             self.cached.extend(chunk)
         return out.logits[0, -1]
 

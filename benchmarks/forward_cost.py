@@ -1,0 +1,90 @@
+"""What one target forward pass over n tokens costs, with transformers' stock attention and cache
+and with promptlookup's (folded grouped-query attention, a cache that appends in place).
+
+Both run the same loaded model on the same random context; sizes and modes are interleaved
+round by round and each cell is the median over rounds. Prints a markdown table.
+
+    python benchmarks/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 --context 2000 \
+        --threads 1 > benchmarks/runs/forward-cost.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.models import load_pretrained
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+class StockTarget(TransformersTarget):
+    """The same target with transformers' own ``DynamicCache`` and ``sdpa`` attention."""
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def _run(self, token_ids, logits_to_keep):
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        return self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                          logits_to_keep=logits_to_keep).logits[0]
+
+
+def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, int], float]:
+    """Median seconds per pass, by (mode, size)."""
+    generator = torch.Generator().manual_seed(context)
+    ids = torch.randint(100, 40000, (context + max(SIZES),), generator=generator).tolist()
+    targets = {"stock": StockTarget(model), "promptlookup": TransformersTarget(model)}
+    for target in targets.values():
+        target.prefill(ids[:context])
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for mode, target in targets.items():
+            for size in SIZES:
+                target.forward(ids[context : context + size])  # warm-up
+                target.crop(context)
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    target.forward(ids[context : context + size])
+                    target.crop(context)
+                times.setdefault((mode, size), []).append((time.perf_counter() - start) / repeats)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", action="append", default=None)
+    parser.add_argument("--context", type=int, action="append", default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print("## Forward-pass cost: stock transformers vs promptlookup's target\n")
+    print(f"`python benchmarks/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
+          f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
+          "tokens after a context of the given length; in brackets, the ratio to the stock "
+          "one-token pass (what plain decoding with `model.generate` pays per token).\n")
+    header = " | ".join(f"n={n}" for n in SIZES)
+    print(f"| dtype | context | target | {header} |")
+    print("|---|---:|---|" + "---:|" * len(SIZES))
+    for dtype in args.dtype or ["float32", "bfloat16"]:
+        model = load_pretrained(None, dtype=dtype)
+        model = model[0] if isinstance(model, tuple) else model
+        for context in args.context or [500, 2000]:
+            costs = measure(model, context, args.rounds, args.repeats)
+            one = costs[("stock", 1)]
+            for mode in ("stock", "promptlookup"):
+                cells = " | ".join(f"{costs[(mode, n)] * 1e3:.0f} ({costs[(mode, n)] / one:.2f}x)"
+                                   for n in SIZES)
+                print(f"| {dtype} | {context} | {mode} | {cells} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
