@@ -26,6 +26,10 @@ SIZES = (1, 2, 4, 8, 16)
 class StockTarget(TransformersTarget):
     """The same target with transformers' own ``DynamicCache`` and ``sdpa`` attention."""
 
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.can_crop = True  # DynamicLayer crops as well
+
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
 

@@ -7,7 +7,8 @@ import random
 import torch
 
 import promptlookup as pl
-from promptlookup.policy import AcceptanceModel, CostModel, SpeculationPolicy, match_bucket
+from promptlookup.policy import (AcceptanceModel, CostModel, SpeculationPolicy, context_bucket,
+                                 match_bucket)
 
 from conftest import TinyTokenizer, tiny_llama
 
@@ -190,3 +191,41 @@ def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back()
     assert paying.policy is policy and not hasattr(chain.drafters[0], "policy")
     bind_policy(chain, None)  # e.g. speculation="fixed" with the same drafter object
     assert paying.policy is None
+
+
+class InstantTarget:
+    """Just enough of a target for calibration: passes take no real work."""
+
+    max_context = 1 << 20
+
+    def __init__(self, cache_length: int) -> None:
+        self.cache_length = cache_length
+
+    def forward(self, token_ids):
+        return None
+
+    def crop(self, length: int) -> None:
+        pass
+
+
+def test_context_buckets_double():
+    assert [context_bucket(n) for n in (0, 1, 1024, 1025, 2048, 2049, 4096, 8192, 10**6)] == \
+        [0, 0, 0, 1, 1, 2, 2, 3, 5]
+
+
+def test_keeps_one_cost_curve_per_context_length(tmp_path):
+    """Attention over a long cache makes wide passes dearer, so each context bucket has its own
+    measured curve (and cost file); a request uses the one of its prompt's length."""
+    policy = SpeculationPolicy(cost_file=tmp_path / "costs.json")
+    policy.start(InstantTarget(300), probe_token=1, sampling=False)
+    short = policy.costs
+    policy.start(InstantTarget(3000), probe_token=1, sampling=False)
+    assert policy.costs is not short and policy.costs.calibrated
+    policy.start(InstantTarget(900), probe_token=1, sampling=False)
+    assert policy.costs is short
+    assert sorted(policy.cost_models) == [0, 2]
+    assert (tmp_path / "costs.json").is_file() and (tmp_path / "costs-context2.json").is_file()
+    reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
+    reloaded.start(InstantTarget(3500), probe_token=1, sampling=False)
+    # Loaded from its file, not recalibrated: the very timings the first policy measured.
+    assert list(reloaded.costs.plain) == list(policy.cost_models[2].plain)

@@ -10,7 +10,7 @@ on average ``1 + E[accepted | k]`` tokens, so the policy picks
     k* = argmax_k (1 + E[accepted | k]) / cost(k + 1),    k = 0 .. len(draft)
 
 and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. With float32 on a CPU,
-where two tokens cost about twice one, that means drafting only on long, trusted matches; with
+where a few tokens cost 1.5-2x one, that means drafting mostly on long, trusted matches; with
 bfloat16 or a GPU, where 8 tokens cost about one, it means drafting long drafts freely.
 
     E[accepted | k] = sum_{i=1..k} prod_{j=1..i} a(bucket, j)
@@ -19,6 +19,10 @@ where ``a(bucket, j)`` is the probability that draft token j is accepted given t
 were: a Beta-smoothed ratio of counts, mixing this request's counts with those of all earlier
 requests (which themselves start from a prior that trusts longer matches more). Greedy and
 sampled decoding keep separate statistics.
+
+The cost curve is kept per context length (up to 1,024 tokens, then one per doubling): with a
+long cache, attention makes a pass over many tokens relatively dearer than over one, so a curve
+measured after a short prompt would make drafts after a long one look cheaper than they are.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from .errors import InvalidParameterError
 
 #: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: The same for longer contexts, whose passes are slower (the line extends to longer drafts).
+QUICK_CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 #: Longest draft the adaptive policy will ever verify.
 MAX_DRAFT = 63
 
@@ -48,6 +54,12 @@ def match_bucket(match_length: int | None) -> int:
         if match_length <= upper:
             return bucket
     return 9
+
+
+def context_bucket(context_length: int) -> int:
+    """Group cache lengths, whose attention makes long passes dearer: up to 1,024 tokens -> 0,
+    then one bucket per doubling (2,048 -> 1, 4,096 -> 2, ...), 32,768 and beyond -> 5."""
+    return min(max(0, (max(context_length, 1) - 1).bit_length() - 10), 5)
 
 
 def position_bucket(position: int) -> int:
@@ -206,7 +218,11 @@ class SpeculationPolicy:
     def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0,
                  exploration: float = 0.5, cost_file: str | os.PathLike | None = None) -> None:
         self.exploration = exploration
-        self.costs = CostModel()
+        #: One measured cost curve per context bucket (see :func:`context_bucket`): attention
+        #: over a long cache makes passes over many tokens relatively dearer.
+        self.cost_models: dict[int, CostModel] = {}
+        self.context = 0  # the current request's context bucket
+        self.costs = self.cost_models.setdefault(0, CostModel())
         self.cost_file = Path(cost_file) if cost_file else None
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
         self.request: AcceptanceModel = AcceptanceModel()
@@ -215,18 +231,32 @@ class SpeculationPolicy:
         self.prior_weight = prior_weight
 
     def start(self, target, probe_token: int, sampling: bool) -> None:
-        """Begin a request (after the prompt's prefill); calibrate costs on first use."""
+        """Begin a request (after the prompt's prefill): pick the cost curve of its context
+        length, calibrating that curve on first use."""
         self.request = AcceptanceModel()
         self.sampling = sampling
-        if self.cost_file is not None:
-            if self.costs.calibrated:
-                self.costs.save(self.cost_file)  # keep what the last request refined
-            else:
-                self.costs.load(self.cost_file)
+        if self.costs.calibrated:
+            self._save()  # keep what the last request refined
+        self.context = context_bucket(target.cache_length)
+        self.costs = self.cost_models.setdefault(self.context, CostModel())
+        if not self.costs.calibrated and self._cost_path() is not None:
+            self.costs.load(self._cost_path())
         if not self.costs.calibrated:
-            self.costs.calibrate(target, probe_token)
-            if self.cost_file is not None:
-                self.costs.save(self.cost_file)
+            if self.context == 0:
+                self.costs.calibrate(target, probe_token)
+            else:  # passes after a long cache are slow: a quick curve, refined online
+                self.costs.calibrate(target, probe_token, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
+            self._save()
+
+    def _cost_path(self) -> Path | None:
+        """The cost file of the current context bucket (bucket 0 uses ``cost_file`` itself)."""
+        if self.cost_file is None or self.context == 0:
+            return self.cost_file
+        return self.cost_file.with_name(f"{self.cost_file.stem}-context{self.context}.json")
+
+    def _save(self) -> None:
+        if self._cost_path() is not None:
+            self.costs.save(self._cost_path())
 
     def acceptance(self, bucket: int, position: int) -> float:
         """Estimated probability that draft token ``position`` is accepted given the ones
