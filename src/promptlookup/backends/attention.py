@@ -48,7 +48,8 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         and heads == groups * kv_heads
         and query.device.type == "cpu"
         and (attention_mask is None
-             or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
+             or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4
+                 and attention_mask.shape[1] == 1))
         and key.shape[-1] == value.shape[-1]
         and kwargs.get("softcap") is None
         and kwargs.get("position_bias") is None
