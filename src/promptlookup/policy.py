@@ -58,7 +58,7 @@ def match_bucket(match_length: int | None) -> int:
 
 def context_bucket(context_length: int) -> int:
     """Group cache lengths, whose attention makes long passes dearer: up to 1,024 tokens -> 0,
-    then one bucket per doubling (2,048 -> 1, 4,096 -> 2, ...), 32,768 and beyond -> 5."""
+    then one bucket per doubling (2,048 -> 1, 4,096 -> 2, ...), beyond 16,384 -> 5."""
     return min(max(0, (max(context_length, 1) - 1).bit_length() - 10), 5)
 
 
