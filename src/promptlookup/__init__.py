@@ -82,10 +82,9 @@ def cost_file_for(name: str, backend: str, dtype: str, device: str):
     """Where the measured forward-pass cost curve of this setup is cached between runs (keyed
     by the library versions too: a new release may change what a forward pass costs)."""
     import torch
+    import transformers
 
     from .models import cache_root
-
-    import transformers
 
     versions = f"v{__version__}-torch{torch.__version__}-transformers{transformers.__version__}"
     key = f"{name}-{backend}-{dtype}-{device}-{torch.get_num_threads()}threads-{versions}"

@@ -22,6 +22,7 @@ biases, float masks) goes to transformers' ``sdpa`` unchanged.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -68,13 +69,14 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     return attn_output.transpose(1, 2).contiguous(), None
 
 
+@functools.cache
 def _register() -> None:
+    """Make :data:`NAME` known to transformers (once per process, on first use)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    if NAME not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(NAME, grouped_sdpa)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    AttentionInterface.register(NAME, grouped_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
 @contextmanager

@@ -45,8 +45,15 @@ class TransformersTarget:
         return out.logits[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
+        self.extend(token_ids)
+
+    def extend(self, token_ids: Sequence[int]) -> torch.Tensor | None:
+        """Append ``token_ids`` to the cache in chunks; the logits (vocab,) after the last of
+        them (None for no tokens). A draft model feeds its context this way too."""
+        logits = None
         for start in range(0, len(token_ids), PREFILL_CHUNK):
-            self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)
+            logits = self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)[-1]
+        return logits
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         # logits_to_keep=0 keeps every position.

@@ -34,12 +34,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..backends.attention import verification_attention
-from ..backends.cache import growing_cache
+from ..backends.transformers_backend import TransformersTarget
 from ..errors import UnsupportedModelError
-
-#: Prompts are fed to the draft model in chunks of this many tokens.
-FEED_CHUNK = 2048
 
 
 class DraftModelDrafter:
@@ -84,8 +80,8 @@ class DraftModelDrafter:
         self.confidence_threshold = confidence_threshold
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chooser = chooser
-        self.cache = growing_cache(model.config)  # appends in place, like the target's
-        self._attention_config = model.config.get_text_config(decoder=True)
+        #: The draft model's own cache and forward passes, the same as a target's.
+        self.draft_target = TransformersTarget(self.model)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
         self.last_draft_probs: torch.Tensor | None = None
@@ -167,16 +163,15 @@ class DraftModelDrafter:
             del self.cached[keep:]
         return self._feed(list(tokens[keep:]))
 
+    @property
+    def cache(self):
+        return self.draft_target.cache
+
     def _feed(self, token_ids: list[int]) -> torch.Tensor:
         """Append ``token_ids`` (at least one) to the cache; the logits (vocab,) after them."""
-        for start in range(0, len(token_ids), FEED_CHUNK):
-            chunk = token_ids[start : start + FEED_CHUNK]
-            input_ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            with verification_attention(self._attention_config):
-                out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                                 logits_to_keep=1)
-            self.cached.extend(chunk)
-        return out.logits[0, -1]
+        draft_logits = self.draft_target.extend(token_ids)
+        self.cached.extend(token_ids)
+        return draft_logits
 
     def __repr__(self) -> str:
         return (f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.max_tokens}, "
