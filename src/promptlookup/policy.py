@@ -142,8 +142,10 @@ class CostModel:
         crop the cache back (the cache ends exactly as it started)."""
         length = target.cache_length
         limit = max(1, target.max_context - length)
-        target.forward([probe_token])  # warm-up
-        target.crop(length)
+        for size in sizes:  # warm-up: a target may set itself up for a new size (kernels)
+            if size <= limit:
+                target.forward([probe_token] * size)
+                target.crop(length)
         for _ in range(repeats):
             for size in sizes:
                 if size > limit:

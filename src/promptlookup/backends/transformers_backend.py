@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from ..errors import UnsupportedModelError
 from .attention import verification_attention
 from .cache import GrowingLayer, growing_cache
+from .linear import LinearKernels
 
 #: Prompts are fed in chunks of this many tokens, bounding activation memory.
 PREFILL_CHUNK = 2048
@@ -25,6 +26,8 @@ class TransformersTarget:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
+        #: Which matrix-product order each weight uses in a pass over a few tokens (measured).
+        self.kernels = LinearKernels(model)
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -37,9 +40,11 @@ class TransformersTarget:
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int,
+             verifying: bool = False) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        with verification_attention(self.config):
+        rows = len(token_ids) if verifying else 0  # prompt chunks keep transformers' kernels
+        with verification_attention(self.config), self.kernels.use(rows):
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
         return out.logits[0]
@@ -57,7 +62,7 @@ class TransformersTarget:
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         # logits_to_keep=0 keeps every position.
-        logits = self._run(token_ids, logits_to_keep=0).float()  # (len(token_ids), vocab)
+        logits = self._run(token_ids, logits_to_keep=0, verifying=True).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
