@@ -9,9 +9,10 @@ on average ``1 + E[accepted | k]`` tokens, so the policy picks
 
     k* = argmax_k (1 + E[accepted | k]) / cost(k + 1),    k = 0 .. len(draft)
 
-and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. With float32 on a CPU,
-where a few tokens cost 1.5-2x one, that means drafting mostly on long, trusted matches; with
-bfloat16 or a GPU, where 8 tokens cost about one, it means drafting long drafts freely.
+and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. Where a pass over 8
+tokens costs about twice one but 2-4 tokens about one (float32 on this project's CPUs), that
+means short drafts on any match and long ones only on long, trusted matches; with bfloat16 or a
+GPU, where 8 tokens cost about one, it means drafting long drafts freely.
 
     E[accepted | k] = sum_{i=1..k} prod_{j=1..i} a(bucket, j)
 
@@ -27,6 +28,7 @@ measured after a short prompt would make drafts after a long one look cheaper th
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -73,68 +75,69 @@ def position_bucket(position: int) -> int:
 class CostModel:
     """Seconds per forward pass as a function of the number of tokens it checks.
 
-    Two pieces, because a pass over one token (matrix-vector products) and a pass over several
-    (matrix-matrix products) run different kernels: ``cost(1)`` is the median of recent plain
-    passes; ``cost(n >= 2) = a + b * n`` is a line fitted to the medians of recent verification
-    passes per size, so every verification refines every size. Estimates are kept within
-    ``[cost(1), n * cost(1)]`` (a pass over n tokens is never cheaper than over one, nor dearer
-    than n separate passes), which keeps a noisy machine from producing absurd curves.
+    The curve is the median of recent passes at each measured size (a window per size, so
+    sizes the policy stops using keep their calibration), joined by straight lines; beyond the
+    largest measured size it continues with the slope of a least-squares line through the
+    sizes >= 2. It need not be monotone: a pass over a few tokens can cost *less* than over one
+    (float32 on this project's CPUs: 2 tokens 0.8x one, with matrix products computed
+    weight-first, see :mod:`promptlookup.backends.linear`), and the policy should know it.
+    Estimates are kept within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate
+    passes; anything more than twice cheaper than one token is noise), which keeps a noisy
+    machine from producing absurd curves.
     """
 
-    def __init__(self, window: int = 64) -> None:
-        self.plain: deque[float] = deque(maxlen=window)  # seconds of 1-token passes
-        self.verify: deque[tuple[int, float]] = deque(maxlen=window)  # (tokens, seconds)
-        self._line: tuple[float, float] | None = None
-        self._plain: float | None = None  # median of `plain`, cached until the next record
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self.samples: dict[int, deque[float]] = {}  # tokens -> recent seconds
+        self._curve: list[tuple[int, float]] | None = None  # (tokens, median seconds), cached
 
     @property
     def calibrated(self) -> bool:
-        return bool(self.plain) and len({n for n, _ in self.verify}) >= 2
+        return 1 in self.samples and len(self.samples) >= 3
 
     @property
     def sizes(self) -> list[int]:
-        return sorted({1} | {n for n, _ in self.verify}) if self.plain else []
+        return sorted(self.samples) if 1 in self.samples else []
 
     def record(self, num_tokens: int, seconds: float) -> None:
-        if num_tokens <= 1:
-            self.plain.append(seconds)
-            self._plain = None
-        else:
-            self.verify.append((num_tokens, seconds))
-            self._line = None
+        self.samples.setdefault(max(num_tokens, 1), deque(maxlen=self.window)).append(seconds)
+        self._curve = None
 
-    def line(self) -> tuple[float, float]:
-        """``(a, b)`` of ``cost(n) = a + b * n`` for n >= 2, by least squares over per-size
-        medians weighted by their sample counts."""
-        if self._line is None:
-            by_size: dict[int, list[float]] = defaultdict(list)
-            for n, seconds in self.verify:
-                by_size[n].append(seconds)
-            points = [(n, statistics.median(v), len(v)) for n, v in by_size.items()]
-            total = sum(w for _, _, w in points)
-            if len(points) < 2:
-                a = points[0][1] if points else 0.0
-                self._line = (a, 0.0)
-            else:
-                mean_n = sum(n * w for n, _, w in points) / total
-                mean_s = sum(s * w for _, s, w in points) / total
-                var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
-                cov = sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points)
-                slope = max(cov / var, 0.0)
-                self._line = (mean_s - slope * mean_n, slope)
-        return self._line
+    def curve(self) -> list[tuple[int, float]]:
+        """The measured points: (tokens, median seconds), by tokens."""
+        if self._curve is None:
+            self._curve = [(n, statistics.median(v)) for n, v in sorted(self.samples.items())]
+        return self._curve
+
+    def slope(self) -> float:
+        """Seconds per extra token beyond the measured sizes: a least-squares line through the
+        points of 2 or more tokens (0 when there are fewer than two such points)."""
+        points = [(n, s) for n, s in self.curve() if n >= 2]
+        if len(points) < 2:
+            return 0.0
+        mean_n = sum(n for n, _ in points) / len(points)
+        mean_s = sum(s for _, s in points) / len(points)
+        var = sum((n - mean_n) ** 2 for n, _ in points)
+        cov = sum((n - mean_n) * (s - mean_s) for n, s in points)
+        return max(cov / var, 0.0)
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds for one forward pass over ``num_tokens`` tokens."""
-        if not self.plain:
+        if 1 not in self.samples:
             return float(num_tokens)  # uncalibrated: assume linear
-        if self._plain is None:
-            self._plain = statistics.median(self.plain)
-        plain = self._plain
-        if num_tokens <= 1 or not self.verify:
-            return plain * max(num_tokens, 1)
-        a, b = self.line()
-        return min(max(a + b * num_tokens, plain), plain * num_tokens)
+        points = self.curve()
+        one = points[0][1]
+        n = max(num_tokens, 1)
+        index = bisect.bisect_left(points, (n, -math.inf))
+        if index < len(points) and points[index][0] == n:
+            estimate = points[index][1]
+        elif index < len(points):  # between two measured sizes
+            (n0, s0), (n1, s1) = points[index - 1], points[index]
+            estimate = s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        else:  # beyond the largest measured size
+            last_n, last_s = points[-1]
+            estimate = last_s + self.slope() * (n - last_n)
+        return min(max(estimate, one / 2), one * n)
 
     def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
                   repeats: int = 2) -> None:
@@ -160,7 +163,9 @@ class CostModel:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"plain": list(self.plain), "verify": list(self.verify)}))
+            timings = {"plain": list(self.samples.get(1, ())),
+                       "verify": [(n, t) for n, v in self.samples.items() if n > 1 for t in v]}
+            tmp.write_text(json.dumps(timings))
             tmp.replace(path)
         except OSError:
             pass  # a read-only cache only costs a calibration next time

@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 #: Passes with more rows than this keep ``linear`` (matrix-matrix kernels are efficient there).
-MAX_ROWS = 32
+MAX_ROWS = 16
 #: Weight-first must beat ``linear`` by this factor to be used (timings are noisy).
 MARGIN = 0.95
 
