@@ -15,7 +15,7 @@ from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read
                                 run_bench)
 from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
                                         split_methods, sweep_specs)
-from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup
+from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup, held_out_ratio
 from promptlookup.bench.runner import RESULT_KEYS
 from promptlookup.bench.transformers_methods import ForwardTrace
 from promptlookup.cli import main
@@ -201,6 +201,24 @@ def test_sweep_reports_the_best_fixed_setting_and_the_default_against_it(tiny_lm
     assert "## Best promptlookup setting per task" in report
     assert f"{default['speedup'] / fastest_fixed['speedup']:.3f}" in report
     assert (tmp_path / "sweep.png").is_file()
+    assert "default / best, held out" in report
+
+
+def test_held_out_comparison_picks_each_half_s_setting_on_the_other_half():
+    # Prompt times in seconds (10 tokens each) per method; tasks a and b, two prompts each.
+    times = {"promptlookup": (1, 1, 1, 1), "promptlookup:k=4": (0.5, 2, 1, 1),
+             "promptlookup:k=8": (2, 0.5, 1, 1), "plain": (3, 3, 3, 3)}
+    rows = [{"task": task, "id": i, "method": method, "new_tokens": 10, "seconds": seconds[2 * t + i]}
+            for method, seconds in times.items() for t, task in enumerate("ab") for i in range(2)]
+    # Task a: each half picks the setting that is slow on it: 20 tokens in 4 s vs 20 in 2 s.
+    assert held_out_ratio(rows, "a") == 2.0
+    assert held_out_ratio(rows, "b") == 1.0
+    # All tasks at once: halves are (a0, b0) and (a1, b1); k=4 wins on (a0, b0) and is used on
+    # (a1, b1): 2 + 1 s; k=8 wins on (a1, b1) and is used on (a0, b0): 2 + 1 s. 40 tokens in
+    # 6 s, against the default's 40 in 4 s.
+    assert held_out_ratio(rows, "all") == 1.5
+    assert held_out_ratio(rows, "c") is None
+    assert held_out_ratio([r for r in rows if r["method"] != "promptlookup"], "a") is None
 
 
 # -- report-only and resume ------------------------------------------------------------------
