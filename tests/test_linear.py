@@ -80,3 +80,17 @@ def test_greedy_output_unchanged_with_every_weight_first(monkeypatch, seed):
     tokens, stats = run(model, prompt, PromptLookupDrafter(num_tokens=6))
     assert tokens == hf_greedy(model, prompt, len(tokens))
     assert stats.accepted_tokens > 0 and stats.forward_passes < stats.new_tokens
+
+
+def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
+    from promptlookup.policy import QUICK_CALIBRATION_SIZES, CostModel
+
+    target = TransformersTarget(tiny_llama(seed=2))
+    target.prefill([1, 2, 3])
+    timed_before_forward = []
+    real_forward = target.forward
+    monkeypatch.setattr(target, "forward", lambda ids: timed_before_forward.append(
+        sorted(target.kernels.choices)) or real_forward(ids))
+    CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
+    assert timed_before_forward[0] == [n for n in QUICK_CALIBRATION_SIZES if n >= 2]
+    assert target.cache_length == 3

@@ -145,10 +145,11 @@ class CostModel:
         crop the cache back (the cache ends exactly as it started)."""
         length = target.cache_length
         limit = max(1, target.max_context - length)
-        for size in sizes:  # warm-up: a target may set itself up for a new size (kernels)
-            if size <= limit:
-                target.forward([probe_token] * size)
-                target.crop(length)
+        prepare = getattr(target, "prepare", None)  # optional: set up for these pass sizes
+        if prepare is not None:
+            prepare([size for size in sizes if size <= limit])
+        target.forward([probe_token])  # warm-up
+        target.crop(length)
         for _ in range(repeats):
             for size in sizes:
                 if size > limit:

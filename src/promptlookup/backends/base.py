@@ -40,3 +40,6 @@ class Target(Protocol):
     @property
     def cache_length(self) -> int:
         """Number of positions in the cache."""
+
+    # Optional: ``prepare(sizes)``, set up for forward passes over these numbers of tokens
+    # (the policy calls it before timing them; the transformers target chooses its kernels).
