@@ -94,3 +94,35 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
     assert timed_before_forward[0] == [n for n in QUICK_CALIBRATION_SIZES if n >= 2]
     assert target.cache_length == 3
+
+
+def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
+    path = tmp_path / "kernels.json"
+    monkeypatch.setattr(LinearKernels, "_weight_first_wins",
+                        lambda self, modules, rows: modules[0].out_features == 64)  # MLP up/gate
+    first = LinearKernels(tiny_llama(seed=2))
+    first.use_cache_file(path)
+    assert len(first.weight_first_modules(3)) == 2 * 2  # gate and up projections, two layers
+
+    def never(self, modules, rows):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(LinearKernels, "_weight_first_wins", never)
+    model = tiny_llama(seed=5)  # another model of the same shapes
+    second = LinearKernels(model)
+    second.use_cache_file(path)
+    chosen = second.weight_first_modules(3)
+    assert {id(m) for m in chosen} == {id(layer.mlp.gate_proj) for layer in model.model.layers} | {
+        id(layer.mlp.up_proj) for layer in model.model.layers}
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"3": ["999x1-float32-nobias"]}', "[1, 2]"])
+def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, content):
+    path = tmp_path / "kernels.json"
+    path.write_text(content)
+    timed = []
+    monkeypatch.setattr(LinearKernels, "_weight_first_wins",
+                        lambda self, modules, rows: timed.append(rows) or False)
+    kernels = LinearKernels(tiny_llama(seed=2))
+    kernels.use_cache_file(path)
+    assert kernels.weight_first_modules(3) == [] and timed

@@ -9,7 +9,9 @@ weight-first, ``(W @ x.T).T``, cost about one row (measured on SmolLM2-135M in f
 the dtype, the matrix shape and the number of rows, so :class:`LinearKernels` measures both for
 each weight shape the first time a pass has a given number of rows, and switches the model's
 ``nn.Linear`` modules to the faster one for the duration of our own passes only (transformers'
-``model.generate`` on the same model object is untouched).
+``model.generate`` on the same model object is untouched). The choices can be kept in a file
+(:meth:`LinearKernels.use_cache_file`; ``load_model`` keeps them beside the policy's cost
+curve), so only the first process on a machine pays for the timing.
 
 Both orders compute the same sums of products; only the rounding of the accumulation differs,
 as between any two passes of different lengths. One-token passes always keep ``linear``, so
@@ -18,11 +20,13 @@ plain decoding steps stay bit-identical to transformers' own.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import types
 from collections import defaultdict
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -59,6 +63,39 @@ class LinearKernels:
                 self.groups[key].append(module)
         #: rows -> the modules that run weight-first in a pass over that many rows.
         self.choices: dict[int, list[torch.nn.Linear]] = {}
+        self.cache_file: Path | None = None
+
+    @staticmethod
+    def _name(key: tuple) -> str:
+        out_features, in_features, dtype, bias = key
+        return f"{out_features}x{in_features}-{str(dtype).removeprefix('torch.')}-{'bias' if bias else 'nobias'}"
+
+    def use_cache_file(self, path: str | Path) -> None:
+        """Keep the choices in ``path`` (JSON); choices already stored there are used as they
+        are. A missing, unreadable or foreign file only means measuring again."""
+        self.cache_file = Path(path)
+        try:
+            stored = json.loads(self.cache_file.read_text())
+            groups = {self._name(key): modules for key, modules in self.groups.items()}
+            for rows, names in stored.items():
+                if set(names) <= set(groups):
+                    self.choices[int(rows)] = [m for name in names for m in groups[name]]
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+
+    def _save(self) -> None:
+        if self.cache_file is None:
+            return
+        names = {id(m): self._name(key) for key, modules in self.groups.items() for m in modules}
+        stored = {str(rows): sorted({names[id(m)] for m in modules})
+                  for rows, modules in self.choices.items()}
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(stored))
+            tmp.replace(self.cache_file)
+        except OSError:
+            pass  # a read-only cache only costs measuring again
 
     def weight_first_modules(self, rows: int) -> list[torch.nn.Linear]:
         """The modules to switch for a pass over ``rows`` rows (measured on first use)."""
@@ -67,6 +104,7 @@ class LinearKernels:
         if rows not in self.choices:
             self.choices[rows] = [module for key, modules in self.groups.items()
                                   if self._weight_first_wins(modules, rows) for module in modules]
+            self._save()
         return self.choices[rows]
 
     @torch.inference_mode()
