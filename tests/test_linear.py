@@ -1,5 +1,5 @@
-"""Weight-first matrix products in verification passes: same products, chosen by measurement,
-switched only inside our own passes; greedy output unchanged when every weight uses them."""
+"""Kernels for verification passes (weight-first, oneDNN-packed): same products, chosen by
+measurement, switched only inside our own passes; greedy output unchanged whichever is used."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from promptlookup.backends import linear
-from promptlookup.backends.linear import LinearKernels, weight_first_linear
+from promptlookup.backends.linear import LinearKernels, packed_linear, weight_first_linear
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import PromptLookupDrafter
 
@@ -26,55 +26,84 @@ def test_weight_first_computes_the_linear_layer(shape, bias):
     assert torch.allclose(ours, module(x), atol=1e-6, rtol=1e-5)
 
 
-def _force(monkeypatch, weight_first: bool):
-    monkeypatch.setattr(LinearKernels, "_weight_first_wins", lambda self, modules, rows: weight_first)
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_computes_the_linear_layer(dtype, bias):
+    module = torch.nn.Linear(16, 24, bias=bias).to(dtype)
+    x = torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+    ours = packed_linear(module, x, packed)
+    assert ours.shape == (1, 5, 24) and ours.dtype == dtype
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert torch.allclose(ours.float(), module(x).float(), atol=tolerance, rtol=tolerance)
 
 
-def test_one_token_passes_and_prompts_keep_transformers_kernels(monkeypatch):
-    _force(monkeypatch, True)
+def _force(monkeypatch, kernel: str):
+    monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: kernel)
+
+
+def test_float32_one_token_passes_and_prompts_keep_nn_linear(monkeypatch):
+    _force(monkeypatch, "weight_first")
     kernels = LinearKernels(tiny_llama(seed=2))
-    assert kernels.weight_first_modules(1) == []  # plain steps: bit-identical to transformers
-    assert kernels.weight_first_modules(linear.MAX_ROWS + 1) == []  # prompt chunks
-    assert len(kernels.weight_first_modules(3)) == 2 * 7 + 1  # 7 per layer, plus the head
+    assert kernels.choose(1) == {}  # float32 plain steps: bit-identical to transformers
+    assert kernels.choose(0) == {} and kernels.choose(linear.MAX_ROWS + 1) == {}  # prompts
+    assert sum(len(kernels.groups[key]) for key in kernels.choose(3)) == 2 * 7 + 1  # + head
 
 
-def test_switch_lasts_only_for_our_verification_pass(monkeypatch):
-    _force(monkeypatch, True)
+def test_row_counts_share_the_choice_of_the_next_timed_count(monkeypatch):
+    timed = []
+    monkeypatch.setattr(LinearKernels, "_fastest",
+                        lambda self, modules, rows: timed.append(rows) or "weight_first")
+    kernels = LinearKernels(tiny_llama(seed=2))
+    groups = len(kernels.groups)
+    for rows in (5, 6, 17, 24, 2):
+        kernels.choose(rows)
+    assert timed == [6] * groups + [24] * groups + [2] * groups
+
+
+@pytest.mark.parametrize("kernel", ["weight_first", "packed"])
+def test_switch_lasts_only_for_our_verification_pass(monkeypatch, kernel):
+    if kernel == "packed" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    _force(monkeypatch, kernel)
     model = tiny_llama(seed=2)
     calls = []
-    real = linear.weight_first_linear
-    monkeypatch.setattr(linear, "weight_first_linear",
-                        lambda module, x: calls.append(x.shape[1]) or real(module, x))
+    for name in ("weight_first_linear", "packed_linear"):
+        real = getattr(linear, name)
+        monkeypatch.setattr(linear, name, lambda module, x, *args, real=real, name=name:
+                            calls.append((name, x.shape[1])) or real(module, x, *args))
     target = TransformersTarget(model)
     target.prefill([1, 2, 3, 4])  # a prompt: never switched
-    target.forward([5])  # one token: never switched
+    target.forward([5])  # one float32 token: never switched
     assert calls == []
     target.forward([6, 7, 8])
-    assert calls == [3] * 15
+    assert calls == [(f"{kernel}_linear", 3)] * 15
     assert not any("forward" in vars(m) for m in model.modules())  # restored afterwards
 
 
-def test_choice_is_measured_once_per_row_count(monkeypatch):
-    timed = []
-    monkeypatch.setattr(LinearKernels, "_weight_first_wins",
-                        lambda self, modules, rows: timed.append(rows) or rows == 2)
-    kernels = LinearKernels(tiny_llama(seed=2))
-    groups = len(kernels.groups)
-    assert len(kernels.weight_first_modules(2)) == 15 and kernels.weight_first_modules(4) == []
-    kernels.weight_first_modules(2)
-    assert timed == [2] * groups + [4] * groups
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_bfloat16_one_token_passes_may_switch(monkeypatch):
+    _force(monkeypatch, "packed")
+    kernels = LinearKernels(tiny_llama(seed=2).to(torch.bfloat16))
+    assert sum(len(kernels.groups[key]) for key in kernels.choose(1)) == 15
 
 
 def test_measured_choice_runs_on_real_timings():
     kernels = LinearKernels(tiny_llama(seed=2))
-    chosen = kernels.weight_first_modules(4)
-    assert set(map(id, chosen)) <= {id(m) for ms in kernels.groups.values() for m in ms}
+    assert set(kernels.choose(4).values()) <= {"weight_first", "packed"}
     assert 4 in kernels.choices
+    packed_groups = {key for key, kernel in kernels.choose(4).items() if kernel == "packed"}
+    # Reordered copies are kept only for the groups that use them.
+    assert set(kernels.packed) == {id(m) for key in packed_groups for m in kernels.groups[key]}
 
 
+@pytest.mark.parametrize("kernel", ["weight_first", "packed"])
 @pytest.mark.parametrize("seed", [3, 4, 6])
-def test_greedy_output_unchanged_with_every_weight_first(monkeypatch, seed):
-    _force(monkeypatch, True)
+def test_greedy_output_unchanged_whichever_kernel(monkeypatch, seed, kernel):
+    if kernel == "packed" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    _force(monkeypatch, kernel)
     model = tiny_llama(vocab_size=32, seed=seed)
     prompt = repeated_prompt(seed)
     tokens, stats = run(model, prompt, PromptLookupDrafter(num_tokens=6))
@@ -92,37 +121,39 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     monkeypatch.setattr(target, "forward", lambda ids: timed_before_forward.append(
         sorted(target.kernels.choices)) or real_forward(ids))
     CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
-    assert timed_before_forward[0] == [n for n in QUICK_CALIBRATION_SIZES if n >= 2]
+    assert timed_before_forward[0] == list(QUICK_CALIBRATION_SIZES)
     assert target.cache_length == 3
 
 
 def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
     path = tmp_path / "kernels.json"
-    monkeypatch.setattr(LinearKernels, "_weight_first_wins",
-                        lambda self, modules, rows: modules[0].out_features == 64)  # MLP up/gate
+    monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows:
+                        "weight_first" if modules[0].out_features == 64 else "linear")  # MLP up/gate
     first = LinearKernels(tiny_llama(seed=2))
     first.use_cache_file(path)
-    assert len(first.weight_first_modules(3)) == 2 * 2  # gate and up projections, two layers
+    assert [len(first.groups[key]) for key in first.choose(3)] == [2 * 2]  # two layers
 
     def never(self, modules, rows):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(LinearKernels, "_weight_first_wins", never)
+    monkeypatch.setattr(LinearKernels, "_fastest", never)
     model = tiny_llama(seed=5)  # another model of the same shapes
     second = LinearKernels(model)
     second.use_cache_file(path)
-    chosen = second.weight_first_modules(3)
-    assert {id(m) for m in chosen} == {id(layer.mlp.gate_proj) for layer in model.model.layers} | {
-        id(layer.mlp.up_proj) for layer in model.model.layers}
+    [(key, kernel)] = second.choose(3).items()
+    assert kernel == "weight_first"
+    assert {id(m) for m in second.groups[key]} == {
+        id(getattr(layer.mlp, name)) for layer in model.model.layers for name in ("gate_proj", "up_proj")}
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"3": ["999x1-float32-nobias"]}', "[1, 2]"])
+@pytest.mark.parametrize("content", ["{not json", '{"3": {"999x1-float32-nobias": "packed"}}',
+                                     '{"3": {"64x32-float32-nobias": "magic"}}', "[1, 2]"])
 def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, content):
     path = tmp_path / "kernels.json"
     path.write_text(content)
     timed = []
-    monkeypatch.setattr(LinearKernels, "_weight_first_wins",
-                        lambda self, modules, rows: timed.append(rows) or False)
+    monkeypatch.setattr(LinearKernels, "_fastest",
+                        lambda self, modules, rows: timed.append(rows) or "linear")
     kernels = LinearKernels(tiny_llama(seed=2))
     kernels.use_cache_file(path)
-    assert kernels.weight_first_modules(3) == [] and timed
+    assert kernels.choose(3) == {} and timed

@@ -1,40 +1,53 @@
-"""Matrix products for short verification passes, with the kernel chosen by measurement.
+"""Matrix products for verification passes, with the kernel chosen by measurement.
 
 A verification *forward pass* multiplies every weight matrix by a few rows (the last token and
-its draft). ``torch.nn.functional.linear`` computes ``x @ W.T``; for 2-4 rows on this project's
-CPUs (AMD EPYC, torch 2.13's MKL) that cost 1.6-1.9x one row, while the same product computed
-weight-first, ``(W @ x.T).T``, cost about one row (measured on SmolLM2-135M in float32 after a
-500-token prompt: passes over 2, 3, 4 tokens at 1.65/1.66/1.25x a one-token pass with
-``linear``, 0.98/0.98/0.88x weight-first). Which order is faster depends on the CPU, the BLAS,
-the dtype, the matrix shape and the number of rows, so :class:`LinearKernels` measures both for
-each weight shape the first time a pass has a given number of rows, and switches the model's
-``nn.Linear`` modules to the faster one for the duration of our own passes only (transformers'
-``model.generate`` on the same model object is untouched). The choices can be kept in a file
-(:meth:`LinearKernels.use_cache_file`; ``load_model`` keeps them beside the policy's cost
-curve), so only the first process on a machine pays for the timing.
+its draft). ``nn.Linear`` computes ``x @ W.T`` with whatever kernel the BLAS picks for that
+shape, and on this project's CPUs (AMD EPYC, torch 2.13) it picks badly for a few rows: in
+float32 2-4 rows cost 1.6-1.9x one row. Two other ways compute the same products:
 
-Both orders compute the same sums of products; only the rounding of the accumulation differs,
-as between any two passes of different lengths. One-token passes always keep ``linear``, so
-plain decoding steps stay bit-identical to transformers' own.
+- ``weight_first``: ``(W @ x.T).T``, which MKL runs at about the cost of one row for 2-4 rows;
+- ``packed``: oneDNN's linear over a copy of the weight reordered once into its blocked layout
+  (``torch.ops.mkldnn``): 1.3-2x faster than ``nn.Linear`` for 1-16 rows here, in float32 and
+  bfloat16 alike (in bfloat16 with bit-identical results). It costs a second copy of the
+  weights, so it is offered only while all copies stay under :data:`PACKING_MEMORY_SHARE` of
+  the machine's memory.
+
+Which is fastest depends on the CPU, the BLAS, the dtype, the matrix shape and the number of
+rows, so :class:`LinearKernels` times each for every weight shape the first time a pass has a
+given number of rows, and switches the model's ``nn.Linear`` modules to the fastest for the
+duration of our own passes only (transformers' ``model.generate`` on the same model object is
+untouched). The choices can be kept in a file (:meth:`LinearKernels.use_cache_file`;
+``load_model`` keeps them beside the policy's cost curve), so only the first process on a
+machine pays for the timing.
+
+All compute the same sums of products; only the rounding of the accumulation may differ, as
+between any two passes of different lengths. Float32 one-token passes always keep
+``nn.Linear``, so plain decoding steps stay bit-identical to transformers' own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import types
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-#: Passes with more rows than this keep ``linear`` (matrix-matrix kernels are efficient there).
-MAX_ROWS = 16
-#: Weight-first must beat ``linear`` by this factor to be used (timings are noisy).
+#: Row counts at which kernels are timed; a pass uses the choice of the next one up.
+TIMED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Passes with more rows than this keep ``nn.Linear``.
+MAX_ROWS = TIMED_ROWS[-1]
+#: A kernel must beat ``nn.Linear`` by this factor to be used (timings are noisy).
 MARGIN = 0.95
+#: Packed copies of the weights may take at most this share of the machine's memory.
+PACKING_MEMORY_SHARE = 0.25
+KERNELS = ("linear", "weight_first", "packed")
 
 
 def weight_first_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -47,11 +60,28 @@ def weight_first_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tenso
     return out.t().contiguous().reshape(*x.shape[:-1], module.out_features)
 
 
+def packed_linear(module: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` by oneDNN over ``packed``, the module's weight reordered once."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+
+
+def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size()
+                       for modules in groups.values() for m in modules)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return False
+    return weight_bytes <= PACKING_MEMORY_SHARE * memory
+
+
 class LinearKernels:
-    """Per number of rows, which of ``model``'s ``nn.Linear`` modules run weight-first.
+    """Per number of rows, which kernel each of ``model``'s ``nn.Linear`` modules uses.
 
     Modules are grouped by weight shape and dtype; a group's choice is timed over all its
-    modules in turn (as a forward pass streams them from memory), both orders interleaved,
+    modules in turn (as a forward pass streams them from memory), the kernels interleaved,
     median of three rounds. Only CPU models are switched.
     """
 
@@ -59,10 +89,11 @@ class LinearKernels:
         self.groups: dict[tuple, list[torch.nn.Linear]] = defaultdict(list)
         for module in model.modules():
             if type(module) is torch.nn.Linear and module.weight.device.type == "cpu":
-                key = (*module.weight.shape, module.weight.dtype, module.bias is not None)
-                self.groups[key].append(module)
-        #: rows -> the modules that run weight-first in a pass over that many rows.
-        self.choices: dict[int, list[torch.nn.Linear]] = {}
+                self.groups[self._key(module)].append(module)
+        self.kernels = KERNELS if _packing_possible(self.groups) else KERNELS[:2]
+        #: rows -> {group key: kernel name}, for the groups not on ``nn.Linear``.
+        self.choices: dict[int, dict[tuple, str]] = {}
+        self.packed: dict[int, torch.Tensor] = {}  # id(module) -> reordered weight
         self.cache_file: Path | None = None
 
     @staticmethod
@@ -76,19 +107,18 @@ class LinearKernels:
         self.cache_file = Path(path)
         try:
             stored = json.loads(self.cache_file.read_text())
-            groups = {self._name(key): modules for key, modules in self.groups.items()}
-            for rows, names in stored.items():
-                if set(names) <= set(groups):
-                    self.choices[int(rows)] = [m for name in names for m in groups[name]]
+            keys = {self._name(key): key for key in self.groups}
+            for rows, chosen in stored.items():
+                if set(chosen) <= set(keys) and set(chosen.values()) <= set(self.kernels):
+                    self.choices[int(rows)] = {keys[name]: kernel for name, kernel in chosen.items()}
         except (OSError, ValueError, TypeError, AttributeError):
             pass
 
     def _save(self) -> None:
         if self.cache_file is None:
             return
-        names = {id(m): self._name(key) for key, modules in self.groups.items() for m in modules}
-        stored = {str(rows): sorted({names[id(m)] for m in modules})
-                  for rows, modules in self.choices.items()}
+        stored = {str(rows): {self._name(key): kernel for key, kernel in chosen.items()}
+                  for rows, chosen in self.choices.items()}
         try:
             self.cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.cache_file.with_suffix(".tmp")
@@ -97,36 +127,71 @@ class LinearKernels:
         except OSError:
             pass  # a read-only cache only costs measuring again
 
-    def weight_first_modules(self, rows: int) -> list[torch.nn.Linear]:
-        """The modules to switch for a pass over ``rows`` rows (measured on first use)."""
-        if rows < 2 or rows > MAX_ROWS or not self.groups:
-            return []
+    def choose(self, rows: int) -> dict[tuple, str]:
+        """The groups switched away from ``nn.Linear`` in a pass over ``rows`` rows, and their
+        kernels (measured on first use, at the next row count up in :data:`TIMED_ROWS`)."""
+        if rows < 1 or rows > MAX_ROWS or not self.groups:
+            return {}
+        rows = next(timed for timed in TIMED_ROWS if timed >= rows)
         if rows not in self.choices:
-            self.choices[rows] = [module for key, modules in self.groups.items()
-                                  if self._weight_first_wins(modules, rows) for module in modules]
+            self.choices[rows] = {}
+            for key, modules in self.groups.items():
+                if rows == 1 and key[2] == torch.float32:
+                    continue  # plain steps stay bit-identical to transformers'
+                kernel = self._fastest(modules, rows)
+                if kernel != "linear":
+                    self.choices[rows][key] = kernel
+            self._drop_unused_packing()
             self._save()
         return self.choices[rows]
 
+    def _forward(self, kernel: str, module: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+        if kernel == "weight_first":
+            return types.MethodType(weight_first_linear, module)
+        if kernel == "packed":
+            if id(module) not in self.packed:
+                self.packed[id(module)] = torch.ops.mkldnn._reorder_linear_weight(
+                    module.weight.detach(), None)
+            packed = self.packed[id(module)]
+            return lambda x: packed_linear(module, x, packed)
+        return module.forward
+
     @torch.inference_mode()
-    def _weight_first_wins(self, modules: list[torch.nn.Linear], rows: int) -> bool:
+    def _fastest(self, modules: list[torch.nn.Linear], rows: int) -> str:
         weight = modules[0].weight
-        x = torch.randn(rows, weight.shape[1], generator=torch.Generator().manual_seed(rows))
+        x = torch.randn(1, rows, weight.shape[1], generator=torch.Generator().manual_seed(rows))
         x = x.to(weight.dtype)
-        timings: dict[bool, list[float]] = {False: [], True: []}
+        forwards = {kernel: [self._forward(kernel, m) for m in modules] for kernel in self.kernels}
+        timings: dict[str, list[float]] = {kernel: [] for kernel in self.kernels}
         for _ in range(3):
-            for weight_first in (False, True):
+            for kernel, functions in forwards.items():
                 start = time.perf_counter()
-                for module in modules:
-                    weight_first_linear(module, x) if weight_first else module(x)
-                timings[weight_first].append(time.perf_counter() - start)
-        return statistics.median(timings[True]) < MARGIN * statistics.median(timings[False])
+                for function in functions:
+                    function(x)
+                timings[kernel].append(time.perf_counter() - start)
+        medians = {kernel: statistics.median(t) for kernel, t in timings.items()}
+        best = min(medians, key=medians.get)
+        return best if medians[best] < MARGIN * medians["linear"] else "linear"
+
+    def _drop_unused_packing(self) -> None:
+        """Free the reordered copies of groups that no row count uses."""
+        used = {id(m) for chosen in self.choices.values() for key, kernel in chosen.items()
+                if kernel == "packed" for m in self.groups[key]}
+        for module_id in set(self.packed) - used:
+            del self.packed[module_id]
+
+    @staticmethod
+    def _key(module: torch.nn.Linear) -> tuple:
+        return (*module.weight.shape, module.weight.dtype, module.bias is not None)
 
     @contextmanager
     def use(self, rows: int) -> Iterator[None]:
-        """Run the enclosed pass over ``rows`` rows with the faster kernel per module."""
-        switched = self.weight_first_modules(rows)
-        for module in switched:
-            module.forward = types.MethodType(weight_first_linear, module)
+        """Run the enclosed pass over ``rows`` rows with the fastest kernel per module."""
+        switched = []
+        for key, kernel in self.choose(rows).items():
+            for module in self.groups[key]:
+                module.forward = self._forward(kernel, module)
+                switched.append(module)
         try:
             yield
         finally:

@@ -26,7 +26,7 @@ class TransformersTarget:
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
-        #: Which matrix-product order each weight uses in a pass over a few tokens (measured).
+        #: Which kernel each weight's products use in a verification pass (measured).
         self.kernels = LinearKernels(model)
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
@@ -43,7 +43,7 @@ class TransformersTarget:
     def _run(self, token_ids: Sequence[int], logits_to_keep: int,
              verifying: bool = False) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        rows = len(token_ids) if verifying else 0  # prompt chunks keep transformers' kernels
+        rows = len(token_ids) if verifying else 0  # prompt chunks keep nn.Linear
         with verification_attention(self.config), self.kernels.use(rows):
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
@@ -68,10 +68,10 @@ class TransformersTarget:
         return logits
 
     def prepare(self, sizes: Sequence[int]) -> None:
-        """Choose the matrix-product order for verification passes of these sizes now (it is
+        """Choose the kernels for verification passes of these sizes now (they are
         timed on first use), so that the policy's calibration times the passes themselves."""
         for size in sizes:
-            self.kernels.weight_first_modules(size)
+            self.kernels.choose(size)
 
     def crop(self, length: int) -> None:
         drop = self.cache_length - length
