@@ -1,6 +1,6 @@
 """What one target forward pass over n tokens costs, with transformers' stock attention and cache
 and with promptlookup's (folded grouped-query attention, a cache that appends in place, matrix
-products in the order measured faster for a few rows).
+products by the kernel measured fastest for the pass size).
 
 Both run the same loaded model on the same random context; sizes and modes are interleaved
 round by round and each cell is the median over rounds. Prints a markdown table.
@@ -72,7 +72,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("## Forward-pass cost: stock transformers vs promptlookup's target\n")
+    from promptlookup import __version__
+
+    print(f"## Forward-pass cost (version {__version__}): stock transformers vs promptlookup's "
+          "target\n")
     print(f"`python benchmarks/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
           f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
           "tokens after a context of the given length; in brackets, the ratio to the stock "

@@ -157,3 +157,25 @@ def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, c
     kernels = LinearKernels(tiny_llama(seed=2))
     kernels.use_cache_file(path)
     assert kernels.choose(3) == {} and timed
+
+
+def test_the_loop_lets_the_target_set_up_each_pass_size_before_timing_it(monkeypatch):
+    from promptlookup.loop import speculative_generate
+    from promptlookup.policy import SpeculationPolicy
+
+    target = TransformersTarget(tiny_llama(seed=3))
+    calls = []
+    real_prepare, real_forward = target.prepare, target.forward
+    monkeypatch.setattr(target, "prepare", lambda sizes: calls.append(("prepare", sizes))
+                        or real_prepare(sizes))
+    monkeypatch.setattr(target, "forward", lambda ids: calls.append(("forward", len(ids)))
+                        or real_forward(ids))
+    prompt = repeated_prompt(3)
+    list(speculative_generate(target, prompt, max_new_tokens=24, drafter=PromptLookupDrafter(),
+                              policy=SpeculationPolicy(exploration=2.0)))
+    calibration = max(i for i, call in enumerate(calls) if call[0] == "prepare" and len(call[1]) > 1)
+    steps = calls[calibration + 1:]
+    forwards = [i for i, call in enumerate(steps) if call[0] == "forward"]
+    assert len(forwards) >= 2
+    for i in forwards:
+        assert steps[i - 1] == ("prepare", [steps[i][1]])

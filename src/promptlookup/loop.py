@@ -102,6 +102,7 @@ def speculative_generate(
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
     bind_policy(drafter, policy)  # a draft model sizes its drafts by their cost too
+    prepare = getattr(target, "prepare", None)  # optional Target method
     while stats.new_tokens < max_new_tokens:
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
@@ -114,7 +115,10 @@ def speculative_generate(
         if draft_probs is not None:
             draft_probs = draft_probs[: len(draft)]
         stats.drafted_tokens += len(draft)
-        # 3. One target forward pass over the last token and the draft.
+        # 3. One target forward pass over the last token and the draft (a target's one-off
+        #    set-up for a new pass size is done first, so the policy times the pass alone).
+        if prepare is not None:
+            prepare([len(draft) + 1])
         forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         stats.forward_passes += 1
