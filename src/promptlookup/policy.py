@@ -9,10 +9,10 @@ on average ``1 + E[accepted | k]`` tokens, so the policy picks
 
     k* = argmax_k (1 + E[accepted | k]) / cost(k + 1),    k = 0 .. len(draft)
 
-and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. Where a pass over 8
-tokens costs about twice one but 2-4 tokens about one (float32 on this project's CPUs), that
-means short drafts on any match and long ones only on long, trusted matches; with bfloat16 or a
-GPU, where 8 tokens cost about one, it means drafting long drafts freely.
+and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. Where wide passes are
+dear (llama.cpp on this project's CPUs: 2 tokens cost 1.7x one), that means drafting only on
+long, trusted matches; where 8 tokens cost about one (the transformers target on CPU, GPUs), it
+means drafting long drafts freely.
 
     E[accepted | k] = sum_{i=1..k} prod_{j=1..i} a(bucket, j)
 
@@ -75,21 +75,27 @@ def position_bucket(position: int) -> int:
 class CostModel:
     """Seconds per forward pass as a function of the number of tokens it checks.
 
-    The curve is the median of recent passes at each measured size (a window per size, so
-    sizes the policy stops using keep their calibration), joined by straight lines; beyond the
-    largest measured size it continues with the slope of a least-squares line through the
-    sizes >= 2. It need not be monotone: a pass over a few tokens can cost *less* than over one
-    (float32 on this project's CPUs: 2 tokens 0.8x one, with matrix products computed
-    weight-first, see :mod:`promptlookup.backends.linear`), and the policy should know it.
-    Estimates are kept within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate
-    passes; anything more than twice cheaper than one token is noise), which keeps a noisy
-    machine from producing absurd curves.
+    Each measured size keeps the median of its recent passes (a window per size, so sizes the
+    policy stops using keep their calibration). A size's median is trusted in proportion to its
+    number of samples: it is shrunk towards a least-squares line through all sizes >= 2
+    (weighted by their samples) as ``(count * median + SHRINK * line) / (count + SHRINK)``, so a
+    single noisy pass (a machine hiccup) cannot bend the curve into a shape that keeps the
+    policy away from a size for good. The points are joined by straight lines, and beyond the
+    largest measured size the curve follows the line's slope. It need not be monotone: a pass
+    over a few tokens can cost *less* than over one (float32 on this project's CPUs, see
+    :mod:`promptlookup.backends.linear`), and the policy should know it. Estimates are kept
+    within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate passes; anything more
+    than twice cheaper than one token is noise).
     """
+
+    #: Samples at which a size's own median weighs as much as the line through all sizes.
+    SHRINK = 3.0
 
     def __init__(self, window: int = 32) -> None:
         self.window = window
         self.samples: dict[int, deque[float]] = {}  # tokens -> recent seconds
-        self._curve: list[tuple[int, float]] | None = None  # (tokens, median seconds), cached
+        self._curve: list[tuple[int, float]] | None = None  # (tokens, seconds), cached
+        self._line: tuple[float, float] = (0.0, 0.0)
 
     @property
     def calibrated(self) -> bool:
@@ -104,22 +110,26 @@ class CostModel:
         self._curve = None
 
     def curve(self) -> list[tuple[int, float]]:
-        """The measured points: (tokens, median seconds), by tokens."""
+        """The points joined by the curve: (tokens, seconds), by tokens (see the class doc)."""
         if self._curve is None:
-            self._curve = [(n, statistics.median(v)) for n, v in sorted(self.samples.items())]
+            medians = {n: (statistics.median(v), len(v)) for n, v in sorted(self.samples.items())}
+            self._line = a, b = self._fit([(n, m, c) for n, (m, c) in medians.items() if n >= 2])
+            self._curve = [(n, m if n == 1 else (c * m + self.SHRINK * (a + b * n)) / (c + self.SHRINK))
+                           for n, (m, c) in medians.items()]
         return self._curve
 
-    def slope(self) -> float:
-        """Seconds per extra token beyond the measured sizes: a least-squares line through the
-        points of 2 or more tokens (0 when there are fewer than two such points)."""
-        points = [(n, s) for n, s in self.curve() if n >= 2]
-        if len(points) < 2:
-            return 0.0
-        mean_n = sum(n for n, _ in points) / len(points)
-        mean_s = sum(s for _, s in points) / len(points)
-        var = sum((n - mean_n) ** 2 for n, _ in points)
-        cov = sum((n - mean_n) * (s - mean_s) for n, s in points)
-        return max(cov / var, 0.0)
+    @staticmethod
+    def _fit(points: list[tuple[int, float, int]]) -> tuple[float, float]:
+        """``(a, b)`` of the weighted least-squares line ``a + b * n`` (``b >= 0``) through
+        ``(n, seconds, weight)`` points; a flat line through a single point."""
+        if not points:
+            return 0.0, 0.0
+        total = sum(w for _, _, w in points)
+        mean_n = sum(n * w for n, _, w in points) / total
+        mean_s = sum(s * w for _, s, w in points) / total
+        var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+        slope = max(sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points) / var, 0.0) if var else 0.0
+        return mean_s - slope * mean_n, slope
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds for one forward pass over ``num_tokens`` tokens."""
@@ -136,7 +146,7 @@ class CostModel:
             estimate = s0 + (s1 - s0) * (n - n0) / (n1 - n0)
         else:  # beyond the largest measured size
             last_n, last_s = points[-1]
-            estimate = last_s + self.slope() * (n - last_n)
+            estimate = last_s + self._line[1] * (n - last_n)
         return min(max(estimate, one / 2), one * n)
 
     def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
