@@ -180,3 +180,19 @@ def test_the_loop_lets_the_target_set_up_each_pass_size_before_timing_it(monkeyp
     assert len(forwards) >= 2
     for i in forwards:
         assert steps[i - 1] == ("prepare", [steps[i][1]])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+def test_packed_copies_follow_changes_to_the_weights(monkeypatch):
+    _force(monkeypatch, "packed")
+    model = tiny_llama(seed=2)
+    target = TransformersTarget(model)
+    target.prefill([1, 2, 3])
+    target.forward([4, 5])
+    target.crop(3)
+    with torch.no_grad():  # e.g. a merged adapter: the weights change in place
+        model.lm_head.weight.mul_(-1.0)
+    flipped = target.forward([4, 5])
+    target.crop(3)
+    monkeypatch.setattr(LinearKernels, "choose", lambda self, rows: {})  # nn.Linear throughout
+    assert torch.allclose(flipped, target.forward([4, 5]), atol=1e-4, rtol=1e-4)

@@ -93,7 +93,8 @@ class LinearKernels:
         self.kernels = KERNELS if _packing_possible(self.groups) else KERNELS[:2]
         #: rows -> {group key: kernel name}, for the groups not on ``nn.Linear``.
         self.choices: dict[int, dict[tuple, str]] = {}
-        self.packed: dict[int, torch.Tensor] = {}  # id(module) -> reordered weight
+        #: id(module) -> (reordered weight, (data pointer, version) of the weight it copies)
+        self.packed: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}
         self.cache_file: Path | None = None
 
     @staticmethod
@@ -149,10 +150,13 @@ class LinearKernels:
         if kernel == "weight_first":
             return types.MethodType(weight_first_linear, module)
         if kernel == "packed":
-            if id(module) not in self.packed:
-                self.packed[id(module)] = torch.ops.mkldnn._reorder_linear_weight(
-                    module.weight.detach(), None)
-            packed = self.packed[id(module)]
+            # Reordered again whenever the weight was changed or replaced since.
+            weight = module.weight
+            stamp = (weight.data_ptr(), weight._version)
+            if self.packed.get(id(module), (None, None))[1] != stamp:
+                self.packed[id(module)] = (
+                    torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), stamp)
+            packed = self.packed[id(module)][0]
             return lambda x: packed_linear(module, x, packed)
         return module.forward
 
