@@ -79,6 +79,20 @@ def cache_root() -> Path:
     return Path(base) / "promptlookup"
 
 
+def save_cache_json(path: Path, data) -> None:
+    """Write ``data`` as JSON to ``path`` in the cache, atomically (a temporary file moved into
+    place); a read-only cache is not an error: it only means measuring again next time."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 def _converted_folder(source: ModelSource) -> Path:
     gguf = Path(source.location) / source.gguf_file
     stat = gguf.stat()

@@ -171,15 +171,10 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         """Store the recent timings so the next process skips calibration."""
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            timings = {"plain": list(self.samples.get(1, ())),
-                       "verify": [(n, t) for n, v in self.samples.items() if n > 1 for t in v]}
-            tmp.write_text(json.dumps(timings))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only cache only costs a calibration next time
+        from .models import save_cache_json
+
+        save_cache_json(path, {"plain": list(self.samples.get(1, ())),
+                               "verify": [(n, t) for n, v in self.samples.items() if n > 1 for t in v]})
 
     def load(self, path: Path) -> None:
         try:

@@ -118,15 +118,11 @@ class LinearKernels:
     def _save(self) -> None:
         if self.cache_file is None:
             return
-        stored = {str(rows): {self._name(key): kernel for key, kernel in chosen.items()}
-                  for rows, chosen in self.choices.items()}
-        try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(stored))
-            tmp.replace(self.cache_file)
-        except OSError:
-            pass  # a read-only cache only costs measuring again
+        from ..models import save_cache_json
+
+        save_cache_json(self.cache_file, {
+            str(rows): {self._name(key): kernel for key, kernel in chosen.items()}
+            for rows, chosen in self.choices.items()})
 
     def choose(self, rows: int) -> dict[tuple, str]:
         """The groups switched away from ``nn.Linear`` in a pass over ``rows`` rows, and their
