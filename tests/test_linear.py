@@ -43,12 +43,22 @@ def _force(monkeypatch, kernel: str):
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: kernel)
 
 
-def test_float32_one_token_passes_and_prompts_keep_nn_linear(monkeypatch):
+def test_float32_one_token_passes_keep_nn_linear(monkeypatch):
     _force(monkeypatch, "weight_first")
     kernels = LinearKernels(tiny_llama(seed=2))
     assert kernels.choose(1) == {}  # float32 plain steps: bit-identical to transformers
-    assert kernels.choose(0) == {} and kernels.choose(linear.MAX_ROWS + 1) == {}  # prompts
+    assert kernels.choose(0) == {}
     assert sum(len(kernels.groups[key]) for key in kernels.choose(3)) == 2 * 7 + 1  # + head
+
+
+def test_prompt_chunks_use_the_choice_of_the_longest_timed_count(monkeypatch):
+    timed = []
+    monkeypatch.setattr(LinearKernels, "_fastest",
+                        lambda self, modules, rows: timed.append(rows) or "packed")
+    kernels = LinearKernels(tiny_llama(seed=2))
+    longest = linear.TIMED_ROWS[-1]
+    assert kernels.choose(longest + 1) == kernels.choose(2048) == kernels.choose(longest)
+    assert set(timed) == {longest}
 
 
 def test_row_counts_share_the_choice_of_the_next_timed_count(monkeypatch):
@@ -74,12 +84,15 @@ def test_switch_lasts_only_for_our_verification_pass(monkeypatch, kernel):
         monkeypatch.setattr(linear, name, lambda module, x, *args, real=real, name=name:
                             calls.append((name, x.shape[1])) or real(module, x, *args))
     target = TransformersTarget(model)
-    target.prefill([1, 2, 3, 4])  # a prompt: never switched
     target.forward([5])  # one float32 token: never switched
     assert calls == []
     target.forward([6, 7, 8])
     assert calls == [(f"{kernel}_linear", 3)] * 15
+    target.prefill([1, 2, 3, 4, 5])  # a prompt chunk: switched like a pass of its length
+    assert calls[15:] == [(f"{kernel}_linear", 5)] * 14 + [(f"{kernel}_linear", 1)]  # head: last
     assert not any("forward" in vars(m) for m in model.modules())  # restored afterwards
+    model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)
+    assert len(calls) == 30  # transformers' own generate is untouched
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
@@ -115,13 +128,14 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     from promptlookup.policy import QUICK_CALIBRATION_SIZES, CostModel
 
     target = TransformersTarget(tiny_llama(seed=2))
-    target.prefill([1, 2, 3])
+    target.prefill([1, 2, 3])  # (chooses for 3 rows)
     timed_before_forward = []
     real_forward = target.forward
     monkeypatch.setattr(target, "forward", lambda ids: timed_before_forward.append(
         sorted(target.kernels.choices)) or real_forward(ids))
     CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
-    assert timed_before_forward[0] == list(QUICK_CALIBRATION_SIZES)
+    longest = max(QUICK_CALIBRATION_SIZES)  # and every timed count below it
+    assert timed_before_forward[0] == [rows for rows in linear.TIMED_ROWS if rows <= longest]
     assert target.cache_length == 3
 
 

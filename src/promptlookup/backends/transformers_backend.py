@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from ..errors import UnsupportedModelError
 from .attention import verification_attention
 from .cache import GrowingLayer, growing_cache
-from .linear import LinearKernels
+from .linear import TIMED_ROWS, LinearKernels
 
 #: Prompts are fed in chunks of this many tokens, bounding activation memory.
 PREFILL_CHUNK = 2048
@@ -40,11 +40,9 @@ class TransformersTarget:
         return self.cache.get_seq_length()
 
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int,
-             verifying: bool = False) -> torch.Tensor:
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        rows = len(token_ids) if verifying else 0  # prompt chunks keep nn.Linear
-        with verification_attention(self.config), self.kernels.use(rows):
+        with verification_attention(self.config), self.kernels.use(len(token_ids)):
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
         return out.logits[0]
@@ -62,16 +60,18 @@ class TransformersTarget:
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         # logits_to_keep=0 keeps every position.
-        logits = self._run(token_ids, logits_to_keep=0, verifying=True).float()  # (len(token_ids), vocab)
+        logits = self._run(token_ids, logits_to_keep=0).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
 
     def prepare(self, sizes: Sequence[int]) -> None:
-        """Choose the kernels for verification passes of these sizes now (they are
-        timed on first use), so that the policy's calibration times the passes themselves."""
-        for size in sizes:
-            self.kernels.choose(size)
+        """Choose the kernels for verification passes of these sizes, and of every shorter
+        one, now (they are timed on first use), so that the policy's calibration times the
+        passes themselves and later passes find their choice made."""
+        longest = max(sizes, default=0)
+        for rows in sorted({*sizes, *(rows for rows in TIMED_ROWS if rows <= longest)}):
+            self.kernels.choose(rows)
 
     def crop(self, length: int) -> None:
         drop = self.cache_length - length
