@@ -73,7 +73,7 @@ def test_row_counts_share_the_choice_of_the_next_timed_count(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", ["weight_first", "packed"])
-def test_switch_lasts_only_for_our_verification_pass(monkeypatch, kernel):
+def test_switch_lasts_only_for_our_own_passes(monkeypatch, kernel):
     if kernel == "packed" and not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN")
     _force(monkeypatch, kernel)

@@ -1,4 +1,4 @@
-"""Matrix products for verification passes, with the kernel chosen by measurement.
+"""Matrix products for our forward passes (verification passes, prompt chunks), kernel by measurement.
 
 A verification *forward pass* multiplies every weight matrix by a few rows (the last token and
 its draft). ``nn.Linear`` computes ``x @ W.T`` with whatever kernel the BLAS picks for that
