@@ -77,3 +77,59 @@ def test_other_attention_implementations_are_left_alone():
     with verification_attention(model.config):
         assert model.config._attn_implementation == "eager"
     assert model.config._attn_implementation == "eager"
+
+
+def _reference_attention(query, key, value, mask):
+    """float64 attention with repeated key/value heads: (1, q_len, heads, head_dim)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.double().repeat_interleave(groups, dim=1) for t in (key, value))
+    scores = query.double() @ key.transpose(-1, -2) * query.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize("q_len, kv_len, layout", [
+    (150, 150, "causal"),          # a prompt: no mask, not a multiple of the block
+    (130, 200, "causal-mask"),     # a later chunk after 70 cached tokens, causal mask given
+    (100, 120, "sees-ahead"),      # a mask that lets early queries see later keys
+])
+def test_blocked_attention_matches_reference(q_len, kv_len, layout):
+    from promptlookup.backends.attention import blocked_attention
+
+    generator = torch.Generator().manual_seed(q_len)
+    query = torch.randn(1, 6, q_len, 16, generator=generator)
+    key, value = (torch.randn(1, 2, kv_len, 16, generator=generator) for _ in range(2))
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)[None, None]
+    mask = causal.clone()
+    if layout == "sees-ahead":
+        mask[..., :5, -3:] = True  # the first queries also see the last keys
+    given = None if layout == "causal" else mask
+    expected = _reference_attention(query, key, value, mask)
+    ours = blocked_attention(query, key, value, given, None)
+    assert ours.shape == (1, q_len, 6, 16)
+    assert torch.allclose(ours.double(), expected, atol=1e-5, rtol=0)
+    in_bf16 = blocked_attention(query.bfloat16(), key.bfloat16(), value.bfloat16(), given, None)
+    assert torch.allclose(in_bf16.double(), expected, atol=3e-2, rtol=0)
+
+
+def test_bfloat16_prompt_chunks_use_blocked_attention_and_float32_keeps_sdpa(monkeypatch):
+    import promptlookup.backends.attention as attention
+
+    calls = []
+    blocked = attention.blocked_attention
+
+    def spy(query, *args):
+        calls.append((query.dtype, query.shape[2]))
+        return blocked(query, *args)
+
+    monkeypatch.setattr(attention, "blocked_attention", spy)
+    prompt = [(7 * i) % 61 + 1 for i in range(90)]
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_llama(vocab_size=64, seed=6).to(dtype)
+        target = TransformersTarget(model)
+        target.prefill(prompt)
+        logits[dtype] = target.forward([3, 4]).float()  # a draft: sdpa folded, not blocked
+    layers = model.config.num_hidden_layers
+    assert calls == [(torch.bfloat16, len(prompt))] * layers
+    assert torch.allclose(logits[torch.bfloat16], logits[torch.float32], atol=0.1, rtol=0)
