@@ -133,3 +133,27 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_float32_keeps_sdpa(mon
     layers = model.config.num_hidden_layers
     assert calls == [(torch.bfloat16, len(prompt))] * layers
     assert torch.allclose(logits[torch.bfloat16], logits[torch.float32], atol=0.1, rtol=0)
+
+
+def test_a_pass_tiles_its_mask_once_and_a_new_mask_is_tiled_afresh(monkeypatch):
+    import promptlookup.backends.attention as attention
+
+    tilings = []
+    tiled_mask = attention._tiled_mask
+
+    def spy(mask, groups):
+        tiled = tiled_mask(mask, groups)
+        tilings.append(tiled)
+        return tiled
+
+    monkeypatch.setattr(attention, "_tiled_mask", spy)
+    model = tiny_llama(vocab_size=48, seed=8)  # 2 layers
+    target = TransformersTarget(model)
+    target.prefill(list(range(1, 20)))
+    target.forward([3, 4, 5])
+    assert len(tilings) == 2 and tilings[0] is tilings[1]
+    mask = torch.ones(1, 1, 3, 6, dtype=torch.bool).tril(3)
+    other = mask.clone()
+    other[..., 0] = False
+    assert torch.equal(tiled_mask(other, 2), other.repeat(1, 1, 2, 1))
+    assert torch.equal(tiled_mask(mask, 2), mask.repeat(1, 1, 2, 1))

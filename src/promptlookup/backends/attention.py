@@ -33,6 +33,7 @@ masks) goes to transformers' ``sdpa`` unchanged.
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -78,12 +79,25 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     # Rows ordered (query head within its group, position), matching the tiled mask.
     folded_query = query.reshape(batch, kv_heads, groups * q_len, head_dim)
-    folded_mask = None if attention_mask is None else attention_mask.repeat(1, 1, groups, 1)
+    folded_mask = None if attention_mask is None else _tiled_mask(attention_mask, groups)
     attn_output = torch.nn.functional.scaled_dot_product_attention(
         folded_query, key, value, attn_mask=folded_mask, dropout_p=dropout, scale=scaling,
     )  # (batch, kv_heads, groups * q_len, head_dim)
     attn_output = attn_output.reshape(batch, heads, q_len, head_dim)
     return attn_output.transpose(1, 2).contiguous(), None
+
+
+_last_tiled: list = [None, 0, None]  # [weak reference to a mask, groups, its tiling]
+
+
+def _tiled_mask(attention_mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """``attention_mask`` (batch, 1, q_len, kv_len) repeated ``groups`` times along the query
+    axis. Every layer of a pass gets the same mask object, so the tiling is made once a pass."""
+    reference, tiled_groups, tiled = _last_tiled
+    if reference is None or reference() is not attention_mask or tiled_groups != groups:
+        tiled = attention_mask.repeat(1, 1, groups, 1)
+        _last_tiled[:] = [weakref.ref(attention_mask), groups, tiled]
+    return tiled
 
 
 def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
