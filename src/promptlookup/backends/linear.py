@@ -98,6 +98,8 @@ class LinearKernels:
         #: id(module) -> (reordered weight, (data pointer, version) of the weight it copies)
         self.packed: dict[int, tuple[torch.Tensor, tuple[int, int]]] = {}
         self.cache_file: Path | None = None
+        #: timed rows -> [(module, the forward it runs)]: the switch :meth:`use` makes.
+        self.switches: dict[int, list[tuple[torch.nn.Linear, Callable]]] = {}
 
     @staticmethod
     def _name(key: tuple) -> str:
@@ -108,6 +110,7 @@ class LinearKernels:
         """Keep the choices in ``path`` (JSON); choices already stored there are used as they
         are. A missing, unreadable or foreign file only means measuring again."""
         self.cache_file = Path(path)
+        self.switches.clear()
         try:
             stored = json.loads(self.cache_file.read_text())
             keys = {self._name(key): key for key in self.groups}
@@ -132,7 +135,7 @@ class LinearKernels:
         its last for longer passes)."""
         if rows < 1 or not self.groups:
             return {}
-        rows = next((timed for timed in TIMED_ROWS if timed >= rows), TIMED_ROWS[-1])
+        rows = _timed_rows(rows)
         if rows not in self.choices:
             self.choices[rows] = {}
             for key, modules in self.groups.items():
@@ -149,14 +152,16 @@ class LinearKernels:
         if kernel == "weight_first":
             return types.MethodType(weight_first_linear, module)
         if kernel == "packed":
-            # Reordered again whenever the weight was changed or replaced since.
-            weight = module.weight
-            stamp = (weight.data_ptr(), weight._version)
-            if self.packed.get(id(module), (None, None))[1] != stamp:
-                self.packed[id(module)] = (
-                    torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), stamp)
-            packed = self.packed[id(module)][0]
-            return lambda x: packed_linear(module, x, packed)
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                # Reordered again whenever the weight was changed or replaced since.
+                weight = module.weight
+                stamp = (weight.data_ptr(), weight._version)
+                packed, packed_stamp = self.packed.get(id(module), (None, None))
+                if packed_stamp != stamp:
+                    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+                    self.packed[id(module)] = (packed, stamp)
+                return packed_linear(module, x, packed)
+            return forward
         return module.forward
 
     @torch.inference_mode()
@@ -193,13 +198,22 @@ class LinearKernels:
     @contextmanager
     def use(self, rows: int) -> Iterator[None]:
         """Run the enclosed pass over ``rows`` rows with the fastest kernel per module."""
-        switched = []
-        for key, kernel in self.choose(rows).items():
-            for module in self.groups[key]:
-                module.forward = self._forward(kernel, module)
-                switched.append(module)
+        switch = self.switches.get(_timed_rows(rows)) if rows >= 1 else []
+        if switch is None:
+            switch = self.switches[_timed_rows(rows)] = [
+                (module, self._forward(kernel, module))
+                for key, kernel in self.choose(rows).items() for module in self.groups[key]]
+        # An instance attribute shadows nn.Linear.forward; set in the instance's __dict__
+        # directly (what nn.Module.__setattr__ ends with for a function, minus its checks).
+        for module, forward in switch:
+            module.__dict__["forward"] = forward
         try:
             yield
         finally:
-            for module in switched:
-                del module.forward
+            for module, _ in switch:
+                module.__dict__.pop("forward", None)
+
+
+def _timed_rows(rows: int) -> int:
+    """The row count in :data:`TIMED_ROWS` whose kernel choice a pass over ``rows`` uses."""
+    return next((timed for timed in TIMED_ROWS if timed >= rows), TIMED_ROWS[-1])
