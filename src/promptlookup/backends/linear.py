@@ -198,9 +198,10 @@ class LinearKernels:
     @contextmanager
     def use(self, rows: int) -> Iterator[None]:
         """Run the enclosed pass over ``rows`` rows with the fastest kernel per module."""
-        switch = self.switches.get(_timed_rows(rows)) if rows >= 1 else []
+        timed = _timed_rows(rows)
+        switch = self.switches.get(timed) if rows >= 1 else []
         if switch is None:
-            switch = self.switches[_timed_rows(rows)] = [
+            switch = self.switches[timed] = [
                 (module, self._forward(kernel, module))
                 for key, kernel in self.choose(rows).items() for module in self.groups[key]]
         # An instance attribute shadows nn.Linear.forward; set in the instance's __dict__
