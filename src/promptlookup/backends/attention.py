@@ -22,7 +22,8 @@ A third case is a bfloat16 *prompt chunk*: causal attention over hundreds of tok
 around it (a third of an 824-token prefill). :func:`blocked_attention` computes it as eager
 attention does in bfloat16 (scores by a bfloat16 product, a softmax, a product with the
 values), one block of :data:`BLOCK` query rows at a time against only the keys the block can
-see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49 instead of 73 for 2,000. Float32 keeps
+see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49 instead of 73 for 2,000 (a one-off
+timing of the attention alone, one thread). Float32 keeps
 ``sdpa`` (there the blocks win only on short prompts, and plain decoding's rounding is kept).
 
 :func:`verification_attention` switches a model to :func:`grouped_sdpa` for the duration of
