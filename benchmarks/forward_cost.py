@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.models import load_pretrained
 
-SIZES = (1, 2, 4, 8, 16)
+SIZES = (1, 2, 4, 8, 16, 32)
 
 
 class StockTarget(TransformersTarget):

@@ -112,15 +112,15 @@ def test_blocked_attention_matches_reference(q_len, kv_len, layout):
     assert torch.allclose(in_bf16.double(), expected, atol=3e-2, rtol=0)
 
 
-def test_bfloat16_prompt_chunks_use_blocked_attention_and_float32_keeps_sdpa(monkeypatch):
+def test_bfloat16_prompt_chunks_and_long_drafts_use_blocked_attention_float32_keeps_sdpa(monkeypatch):
     import promptlookup.backends.attention as attention
 
     calls = []
     blocked = attention.blocked_attention
 
-    def spy(query, *args):
-        calls.append((query.dtype, query.shape[2]))
-        return blocked(query, *args)
+    def spy(query, key, value, mask, *args):
+        calls.append((query.dtype, query.shape[2], mask is None))
+        return blocked(query, key, value, mask, *args)
 
     monkeypatch.setattr(attention, "blocked_attention", spy)
     prompt = [(7 * i) % 61 + 1 for i in range(90)]
@@ -129,10 +129,26 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_float32_keeps_sdpa(mon
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
         target = TransformersTarget(model)
         target.prefill(prompt)
-        logits[dtype] = target.forward([3, 4]).float()  # a draft: sdpa folded, not blocked
+        logits[dtype] = target.forward([3, 4]).float()  # a short draft: sdpa folded
+        logits[dtype, "long"] = target.forward(list(range(5, 25))).float()  # 20 tokens: blocked
     layers = model.config.num_hidden_layers
-    assert calls == [(torch.bfloat16, len(prompt))] * layers
-    assert torch.allclose(logits[torch.bfloat16], logits[torch.float32], atol=0.1, rtol=0)
+    # The long draft's causal mask is recognised, so its blocks skip it (mask None).
+    assert calls == [(torch.bfloat16, len(prompt), True)] * layers + [(torch.bfloat16, 20, True)] * layers
+    for key in (torch.bfloat16, (torch.bfloat16, "long")):
+        expected = logits[torch.float32] if key is torch.bfloat16 else logits[torch.float32, "long"]
+        assert torch.allclose(logits[key], expected, atol=0.1, rtol=0)
+
+
+def test_causal_masks_are_recognised_and_others_kept():
+    from promptlookup.backends.attention import _is_causal
+
+    causal = torch.ones(1, 1, 4, 10, dtype=torch.bool).tril(6)  # 4 queries after 6 cached tokens
+    assert _is_causal(causal)
+    sees_ahead, hides_cached = causal.clone(), causal.clone()
+    sees_ahead[..., 0, 7] = True
+    hides_cached[..., 2, 0] = False  # e.g. padding
+    assert not _is_causal(sees_ahead) and not _is_causal(hides_cached)
+    assert not _is_causal(torch.ones(1, 1, 4, 10, dtype=torch.bool).tril(5))
 
 
 def test_a_pass_tiles_its_mask_once_and_a_new_mask_is_tiled_afresh(monkeypatch):
