@@ -129,14 +129,15 @@ def test_bfloat16_prompt_chunks_and_long_drafts_use_blocked_attention_float32_ke
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
         target = TransformersTarget(model)
         target.prefill(prompt)
-        logits[dtype] = target.forward([3, 4]).float()  # a short draft: sdpa folded
+        logits[dtype, "short"] = target.forward([3, 4]).float()  # a short draft: sdpa folded
         logits[dtype, "long"] = target.forward(list(range(5, 25))).float()  # 20 tokens: blocked
     layers = model.config.num_hidden_layers
     # The long draft's causal mask is recognised, so its blocks skip it (mask None).
-    assert calls == [(torch.bfloat16, len(prompt), True)] * layers + [(torch.bfloat16, 20, True)] * layers
-    for key in (torch.bfloat16, (torch.bfloat16, "long")):
-        expected = logits[torch.float32] if key is torch.bfloat16 else logits[torch.float32, "long"]
-        assert torch.allclose(logits[key], expected, atol=0.1, rtol=0)
+    prompt_chunk, long_draft = (torch.bfloat16, len(prompt), True), (torch.bfloat16, 20, True)
+    assert calls == [prompt_chunk] * layers + [long_draft] * layers
+    for draft in ("short", "long"):
+        assert torch.allclose(logits[torch.bfloat16, draft], logits[torch.float32, draft],
+                              atol=0.1, rtol=0)
 
 
 def test_causal_masks_are_recognised_and_others_kept():

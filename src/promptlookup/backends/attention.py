@@ -24,7 +24,7 @@ for the matrix products around it (a third of an 824-token prefill), or a long d
 product, a softmax, a product with the values), one block of :data:`BLOCK` query rows at a time
 against only the keys the block can see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49
 instead of 73 for 2,000 (a one-off timing of the attention alone, one thread). For drafts it
-pays from 17 tokens on (:data:`VERIFY_ROWS`): whole passes of SmolLM2-135M over 32 and 64
+pays from 17 tokens on (:data:`SDPA_MAX_ROWS`): whole passes of SmolLM2-135M over 32 and 64
 tokens took 0.83-0.91x the folded ``sdpa`` pass after 1,000-2,000 cached tokens and 0.98-1.00x
 after 500, while 12-16 tokens took 0.89-1.15x (a one-off interleaved timing, one thread). A
 draft's causal mask is recognised once per pass and not applied element by element. Float32
@@ -49,9 +49,9 @@ NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
 #: 300-2,000 tokens, bfloat16, one thread).
 BLOCK = 64
-#: bfloat16 passes over more query tokens than this use :func:`blocked_attention` (at 16 and
-#: fewer, folded ``sdpa`` is as fast or faster; see the module doc).
-VERIFY_ROWS = 16
+#: bfloat16 passes over at most this many query tokens keep folded ``sdpa``; longer ones use
+#: :func:`blocked_attention` (see the module doc).
+SDPA_MAX_ROWS = 16
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -73,7 +73,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         and kwargs.get("position_bias") is None
         and not kwargs.get("output_attentions", False)
     )
-    if (plain_case and q_len > VERIFY_ROWS and query.dtype == torch.bfloat16 and batch == 1
+    if (plain_case and q_len > SDPA_MAX_ROWS and query.dtype == torch.bfloat16 and batch == 1
             and not dropout):
         if attention_mask is not None and _mask_derived(attention_mask, "causal", _is_causal):
             attention_mask = None  # the blocks then skip the mask and the keys it hides
