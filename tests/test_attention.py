@@ -112,7 +112,7 @@ def test_blocked_attention_matches_reference(q_len, kv_len, layout):
     assert torch.allclose(in_bf16.double(), expected, atol=3e-2, rtol=0)
 
 
-def test_bfloat16_prompt_chunks_and_long_drafts_use_blocked_attention_float32_keeps_sdpa(monkeypatch):
+def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_keep_sdpa(monkeypatch):
     import promptlookup.backends.attention as attention
 
     calls = []
@@ -129,14 +129,14 @@ def test_bfloat16_prompt_chunks_and_long_drafts_use_blocked_attention_float32_ke
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
         target = TransformersTarget(model)
         target.prefill(prompt)
-        logits[dtype, "short"] = target.forward([3, 4]).float()  # a short draft: sdpa folded
-        logits[dtype, "long"] = target.forward(list(range(5, 25))).float()  # 20 tokens: blocked
+        logits[dtype, "draft"] = target.forward(list(range(5, 25))).float()  # 20 tokens: sdpa
+        logits[dtype, "chunk"] = target.extend(prompt[:70]).float()  # a chunk after a cache
     layers = model.config.num_hidden_layers
-    # The long draft's causal mask is recognised, so its blocks skip it (mask None).
-    prompt_chunk, long_draft = (torch.bfloat16, len(prompt), True), (torch.bfloat16, 20, True)
-    assert calls == [prompt_chunk] * layers + [long_draft] * layers
-    for draft in ("short", "long"):
-        assert torch.allclose(logits[torch.bfloat16, draft], logits[torch.float32, draft],
+    # The later chunk's causal mask is recognised, so its blocks skip it (mask None).
+    prompt_chunk, later_chunk = (torch.bfloat16, len(prompt), True), (torch.bfloat16, 70, True)
+    assert calls == [prompt_chunk] * layers + [later_chunk] * layers
+    for name in ("draft", "chunk"):
+        assert torch.allclose(logits[torch.bfloat16, name], logits[torch.float32, name],
                               atol=0.1, rtol=0)
 
 

@@ -17,19 +17,23 @@ tiled to match, and runs plain SDPA on the unrepeated cache: the same attention,
 Float32 one-token passes keep transformers' own path, so plain steps stay bit-identical to
 plain decoding.
 
-A third case is a bfloat16 pass over many tokens: a *prompt chunk* (causal attention over
-hundreds of tokens), where ``sdpa``'s CPU flash kernel reached about 50 GFLOP/s against about 200
-for the matrix products around it (a third of an 824-token prefill), or a long draft.
-:func:`blocked_attention` computes it as eager attention does in bfloat16 (scores by a bfloat16
-product, a softmax, a product with the values), one block of :data:`BLOCK` query rows at a time
-against only the keys the block can see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49
-instead of 73 for 2,000 (a one-off timing of the attention alone, one thread). For drafts it
-pays from 17 tokens on (:data:`SDPA_MAX_ROWS`): whole passes of SmolLM2-135M over 32 and 64
-tokens took 0.83-0.91x the folded ``sdpa`` pass after 1,000-2,000 cached tokens and 0.98-1.00x
-after 500, while 12-16 tokens took 0.89-1.15x (a one-off interleaved timing, one thread). A
-draft's causal mask is recognised once per pass and not applied element by element. Float32
-keeps ``sdpa`` (there the blocks win only on short prompts, and plain decoding's rounding is
-kept).
+A third case is a bfloat16 *prompt chunk*: causal attention over hundreds of tokens, where
+``sdpa``'s CPU flash kernel reached about 50 GFLOP/s against about 200 for the matrix products
+around it (a third of an 824-token prefill). :func:`blocked_attention` computes it as eager
+attention does in bfloat16 (scores by a bfloat16 product, a softmax, a product with the
+values), one block of :data:`BLOCK` query rows at a time against only the keys the block can
+see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49 instead of 73 for 2,000 (a one-off
+timing of the attention alone, one thread). A chunk's causal mask (a chunk after a cache) is
+recognised once per pass and then not applied element by element. Float32 keeps ``sdpa``
+(there the blocks win only on short prompts, and plain decoding's rounding is kept).
+
+Drafts keep folded ``sdpa`` (:data:`SDPA_MAX_ROWS`). Version 0.6.1 sent bfloat16 drafts of more
+than 16 tokens through the blocks too: whole passes over 32-64 tokens took 0.83-0.91x the
+``sdpa`` pass after 1,000-2,000 cached tokens, but two 12-prompt bench runs
+(``benchmarks/runs/bfloat16-greedy-0.6.1*``) were within a few percent of 0.6.0's on code_edit,
+summarization and open-ended prompts and slower on qa and chat, where some answers parted from
+plain decoding's in other places (the blocks round scores to bfloat16 before the softmax, flash
+attention does not), so 0.6.2 went back.
 
 :func:`verification_attention` switches a model to :func:`grouped_sdpa` for the duration of
 our own forward passes only; every other case (CUDA, soft-capping, position biases, float
@@ -49,9 +53,9 @@ NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
 #: 300-2,000 tokens, bfloat16, one thread).
 BLOCK = 64
-#: bfloat16 passes over at most this many query tokens keep folded ``sdpa``; longer ones use
-#: :func:`blocked_attention` (see the module doc).
-SDPA_MAX_ROWS = 16
+#: bfloat16 passes over at most this many query tokens keep folded ``sdpa``; longer ones (prompt
+#: chunks: drafts are at most 64 tokens) use :func:`blocked_attention` (see the module doc).
+SDPA_MAX_ROWS = 64
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
