@@ -124,7 +124,7 @@ def _tiled_mask(attention_mask: torch.Tensor, groups: int) -> torch.Tensor:
 
 def _is_causal(attention_mask: torch.Tensor) -> bool:
     """Whether a (1, 1, q_len, kv_len) mask lets each query see exactly the keys up to its own
-    position, the last ``q_len`` of ``kv_len`` (a chain of draft tokens after a cache)."""
+    position, the last ``q_len`` of ``kv_len`` (a prompt chunk fed after a cache)."""
     q_len, kv_len = attention_mask.shape[-2:]
     causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=attention_mask.device)
     return bool(torch.equal(attention_mask[0, 0], causal.tril(kv_len - q_len)))
