@@ -49,15 +49,27 @@ def losses(run: Path, method: str = "promptlookup") -> list[str]:
     return lines + [""]
 
 
+def _versus_anchor(by_key: dict, task: str) -> str:
+    """promptlookup's tokens/s over the anchor's, formatted ("–" when either is missing)."""
+    mine = by_key.get((task, "promptlookup"))
+    anchor = by_key.get((task, "hf-pld")) or by_key.get((task, "llamacpp-pld"))
+    if not mine or not anchor or not anchor["tokens_per_second"]:
+        return "–"
+    return f"{mine['tokens_per_second'] / anchor['tokens_per_second']:.2f}"
+
+
 def headline(runs: list[Path]) -> str:
     """One table over all runs: promptlookup's tokens/s against plain and against the
     backend's own prompt lookup, per task (ratios within each run)."""
     lines = ["## At a glance", "",
              "promptlookup's tokens/s divided by plain decoding's and by the anchor's (transformers' "
              "`hf-pld` or llama.cpp's `llamacpp-pld`), each within its own run; `identical`: share "
-             "of promptlookup's outputs token-identical to plain's (– when sampling).", "",
-             "| run | backend, dtype, decoding | task | prompts | vs plain | vs anchor | identical |",
-             "|---|---|---|---:|---:|---:|---:|"]
+             "of promptlookup's outputs token-identical to plain's (– when sampling); *agreed*: "
+             "the same two ratios on the tokens every method wrote first (runs from 0.6.3 on whose "
+             "outputs part, see each run's \"Speed on agreed prefixes\").", "",
+             "| run | backend, dtype, decoding | task | prompts | vs plain | vs anchor | identical "
+             "| agreed share | vs plain, agreed | vs anchor, agreed |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         meta = json.loads((run / "meta.json").read_text())
@@ -65,17 +77,22 @@ def headline(runs: list[Path]) -> str:
         backend = meta["backend"]
         kind = (f"{backend}, {'Q4_1' if backend == 'llama.cpp' else meta['dtype']}, "
                 + (f"sampling T={temperature}" if temperature else "greedy"))
+        agreed_path = run / "agreed_summary.json"
+        agreed = json.loads(agreed_path.read_text()) if agreed_path.is_file() else []
+        agreed_by_key = {(row["task"], row["method"]): row for row in agreed}
         by_key = {(row["task"], row["method"]): row for row in summary}
         for (task, method), row in by_key.items():
             if method != "promptlookup":
                 continue
-            anchor = by_key.get((task, "hf-pld")) or by_key.get((task, "llamacpp-pld"))
-            versus = (f"{row['tokens_per_second'] / anchor['tokens_per_second']:.2f}"
-                      if anchor and anchor["tokens_per_second"] else "–")
             identical = row["identical_fraction"]
+            mine = agreed_by_key.get((task, method))
+            share, speedup = ((f"{mine['agreed_share']:.2f}", f"{mine['speedup']:.2f}")
+                              if mine else ("–", "–"))
             lines.append(f"| `{run.name}` | {kind} | {task} | {row['prompts']} | "
-                         f"{row['speedup']:.2f} | {versus} | "
-                         f"{'–' if identical is None else f'{identical:.2f}'} |")
+                         f"{row['speedup']:.2f} | {_versus_anchor(by_key, task)} | "
+                         f"{'–' if identical is None else f'{identical:.2f}'} | {share} | "
+                         f"{speedup} | "
+                         f"{_versus_anchor(agreed_by_key, task)} |")
     return "\n".join(lines)
 
 
@@ -85,7 +102,7 @@ def section(run: Path, root: Path) -> str:
     # Figures live beside the run's report: point at them from RESULTS.md's folder.
     report = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", rf"![\1]({relative}/\2)", report)
     report = report.replace("# promptlookup benchmark", f"## Run `{relative}`", 1)
-    report = re.sub(r"^## (Summary|Figures|Best)", r"### \1", report, flags=re.M)
+    report = re.sub(r"^## (Summary|Figures|Best|Speed)", r"### \1", report, flags=re.M)
     summary = json.loads((run / "summary.json").read_text())
     methods = {row["method"] for row in summary}
     lines = [report.rstrip(), ""]

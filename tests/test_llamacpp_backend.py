@@ -269,3 +269,14 @@ def test_cli_reports_a_missing_gguf_in_one_line(tmp_path):
                                        str(tmp_path / "nope.gguf"), "hi"])
     assert result.exit_code == 1
     assert "nope.gguf" in result.output and "Traceback" not in result.output
+
+
+def test_bench_methods_record_when_each_token_arrived(llama_lm):
+    from promptlookup.bench import Settings
+    from promptlookup.bench.methods import make_method
+
+    prompt_ids = llama_lm.encode([{"role": "user", "content": PROMPTS[0]}])
+    for spec in ("plain", "promptlookup"):
+        out = make_method("llama.cpp", spec, llama_lm).run(prompt_ids, Settings(max_new_tokens=8))
+        assert len(out.token_seconds) == len(out.token_ids) > 0, spec
+        assert out.token_seconds == sorted(out.token_seconds) <= [out.seconds] * 8

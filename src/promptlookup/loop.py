@@ -19,7 +19,7 @@ in the same order as plain decoding.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
@@ -34,7 +34,8 @@ from .sampling import TokenChooser
 @dataclass
 class GenerationStats:
     """Counters of one generation. ``forward_passes`` counts the target passes that produced
-    tokens (plain decoding: one per new token); the prompt's prefill is not counted."""
+    tokens (plain decoding: one per new token); the prompt's prefill is not counted.
+    ``token_seconds[i]``: seconds from the start (prefill included) to new token ``i``'s yield."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -42,6 +43,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     seconds: float = 0.0
+    token_seconds: list[float] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_second(self) -> float:
@@ -134,6 +136,7 @@ def speculative_generate(
             num_accepted += is_accepted
             stats.accepted_tokens += is_accepted
             stats.seconds = time.perf_counter() - start
+            stats.token_seconds.append(stats.seconds)
             yield token
             if token in eos:
                 return

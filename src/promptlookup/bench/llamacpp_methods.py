@@ -64,12 +64,14 @@ class LlamaGenerate:
 
         llama.eval = counting_eval  # instance attribute: seen by Llama.generate only here
         new: list[int] = []
+        token_seconds: list[float] = []
         try:
             llama.reset()
             with Timer() as timer:
                 for token in llama.generate(list(prompt_ids), min_p=0.0, typical_p=1.0,
                                             repeat_penalty=1.0, reset=True, **options):
                     new.append(int(token))
+                    token_seconds.append(timer.elapsed())
                     if (self._is_eog(self._vocab, token) or token in self.lm.eos_token_ids
                             or len(new) >= settings.max_new_tokens):
                         break
@@ -79,7 +81,8 @@ class LlamaGenerate:
         new = cut_after_eos(new, self.lm.eos_token_ids)
         passes = len(fed)
         drafted = sum(n - 1 for n in fed[1:])
-        return MethodOutput(new, timer.seconds, passes, drafted, len(new) - passes)
+        return MethodOutput(new, timer.seconds, passes, drafted, len(new) - passes,
+                            token_seconds[: len(new)])
 
 
 def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:

@@ -42,6 +42,8 @@ BACKEND_MODULES = {"transformers": "promptlookup.bench.transformers_methods",
 
 #: The baseline every speed-up and identity check is measured against.
 BASELINE = "plain"
+#: The summaries' row of every task together.
+ALL_TASKS = "all"
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,16 @@ class Settings:
 @dataclass
 class MethodOutput:
     """One generation. ``token_ids``: the new tokens (ending with EOS if one was produced);
-    ``seconds``: wall time of the generation call alone; counters are None when unknown."""
+    ``seconds``: wall time of the generation call alone; ``token_seconds[i]``: time from the
+    call's start until new token ``i`` was available (None when unknown); counters are None
+    when unknown."""
 
     token_ids: list[int]
     seconds: float
     forward_passes: int | None = None
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
+    token_seconds: list[float] | None = None
 
 
 class Method(Protocol):
@@ -209,6 +214,10 @@ class Timer:
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self._start
 
+    def elapsed(self) -> float:
+        """Seconds since the block was entered (inside it)."""
+        return time.perf_counter() - self._start
+
 
 def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> list[int]:
     """New tokens up to and including the first EOS (how every method's output is compared)."""
@@ -259,5 +268,9 @@ class PromptLookupMethod:
                                       drafter=self.drafter, **sampling, **self.generate_options,
                                       **self.options)
         stats = result.stats
-        return MethodOutput(cut_after_eos(result.token_ids, self.lm.eos_token_ids), timer.seconds,
-                            stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens)
+        new = cut_after_eos(result.token_ids, self.lm.eos_token_ids)
+        # The loop times its tokens from its own start; the call's set-up came before it.
+        set_up = timer.seconds - stats.seconds
+        token_seconds = [set_up + t for t in stats.token_seconds[: len(new)]]
+        return MethodOutput(new, timer.seconds, stats.forward_passes, stats.drafted_tokens,
+                            stats.accepted_tokens, token_seconds)

@@ -8,6 +8,10 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``tokens_per_forward``: sum of new tokens / sum of forward passes (null if any is unknown).
 - ``acceptance_rate``: sum of accepted / sum of drafted tokens (null if none drafted or unknown).
 - ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
+
+When greedy outputs differ from ``plain``'s (bfloat16), ``agreed_summary.json`` and the report
+also give the speeds on *agreed prefixes*, the tokens every method produced (see
+:mod:`promptlookup.bench.agreed`), with ``agreed_share`` = agreed / plain's new tokens.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from .agreed import agreed_records, agreed_share
 from .data import BenchDataError
-from .methods import BASELINE
+from .methods import ALL_TASKS, BASELINE
 
 SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
                 "tokens_per_forward", "acceptance_rate", "identical_fraction")
-ALL_TASKS = "all"
 _SWEEP = re.compile(r"^promptlookup:k=(\d+),min=(\d+)$")
 
 
@@ -269,6 +273,56 @@ def _meta_lines(meta: dict) -> list[str]:
     ]
 
 
+def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = "") -> list[str]:
+    """The report's table of the best fixed setting per task against the default (a sweep)."""
+    best = best_promptlookup(summary)
+    if not best:
+        return []
+    lines = ["", f"## Best promptlookup setting per task{where}", "",
+             "The fastest fixed setting measured, and the default (adaptive) against it. "
+             "*Held out*: the default against the best fixed setting chosen on the other "
+             "half of the task's prompts (odd vs even), which removes the luck of taking a "
+             "maximum on the very prompts it is reported on.", "",
+             "| task | best fixed setting | its speed-up | tokens/forward | default speed-up "
+             "| default / best | default / best, held out |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    return lines + [f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
+                    f"{_cell(r['tokens_per_forward'])} | {_cell(r['default_speedup'])} | "
+                    f"{_cell(r['default_speedup'] / r['speedup'] if r['default_speedup'] else None)}"
+                    f" | {_cell(held_out_ratio(records, r['task']))} |" for r in best]
+
+
+def agreed_summary(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
+    """``(rows, agreed records)``: the summary of the rows cut to agreed prefixes, each row
+    with its ``agreed_share``; empty when every greedy output equals plain's (nothing to add)
+    or no method recorded token times."""
+    greedy = [r for r in records if r.get("identical_to_plain") is not None]
+    if all(r["identical_to_plain"] for r in greedy):
+        return [], []
+    agreed = agreed_records(records)
+    rows = summarize(agreed)
+    for row in rows:
+        row["agreed_share"] = _round(agreed_share(records, agreed, row["task"]))
+    return rows, agreed
+
+
+def agreed_lines(records: Sequence[dict]) -> list[str]:
+    rows, agreed = agreed_summary(records)
+    if not rows:
+        return []
+    lines = ["", "## Speed on agreed prefixes", "",
+             "Greedy outputs that differ from plain's (bfloat16 rounding) make tokens/s compare "
+             "different texts. Here every method is timed until it had produced the tokens that "
+             "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
+             "agreed tokens / plain's new tokens.", "",
+             "| task | method | prompts | share | tokens/s | speed-up | median speed-up |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['task']} | {r['method']} | {r['prompts']} | {_cell(r['agreed_share'])} | "
+              f"{_cell(r['tokens_per_second'])} | {_cell(r['speedup'])} | "
+              f"{_cell(r['median_speedup'])} |" for r in rows]
+    return lines + best_lines(rows, agreed, ", on agreed prefixes")
+
+
 def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
                     records: Sequence[dict] = ()) -> str:
     parts = ["# promptlookup benchmark", "", *_meta_lines(meta), "", "## Summary", "",
@@ -277,21 +331,8 @@ def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
              "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
              "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
              "of outputs token-identical to `plain` (– when sampling)."]
-    best = best_promptlookup(summary)
-    if best:
-        parts += ["", "## Best promptlookup setting per task", "",
-                  "The fastest fixed setting measured, and the default (adaptive) against it. "
-                  "*Held out*: the default against the best fixed setting chosen on the other "
-                  "half of the task's prompts (odd vs even), which removes the luck of taking a "
-                  "maximum on the very prompts it is reported on.", "",
-                  "| task | best fixed setting | its speed-up | tokens/forward | default speed-up "
-                  "| default / best | default / best, held out |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        parts += [f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
-                  f"{_cell(r['tokens_per_forward'])} | {_cell(r['default_speedup'])} | "
-                  f"{_cell(r['default_speedup'] / r['speedup'] if r['default_speedup'] else None)} | "
-                  f"{_cell(held_out_ratio(records, r['task']))} |"
-                  for r in best]
+    parts += best_lines(summary, records)
+    parts += agreed_lines(records)
     if figures:
         parts += ["", "## Figures", ""] + [f"![{name}]({name})" for name in figures]
     return "\n".join(parts) + "\n"
@@ -302,6 +343,12 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
     out = Path(out_dir)
     summary = summarize(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    agreed, _ = agreed_summary(records)
+    if agreed:
+        (out / "agreed_summary.json").write_text(json.dumps(agreed, indent=2) + "\n",
+                                                 encoding="utf-8")
+    else:
+        (out / "agreed_summary.json").unlink(missing_ok=True)  # from an earlier run here
     figures = []
     if summary:
         _bar_figure(summary, "speedup", "speed-up vs plain (tokens/s ratio)",

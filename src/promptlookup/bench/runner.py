@@ -32,7 +32,8 @@ from .data import BenchRow
 from .methods import BASELINE, Method, Settings, make_method
 
 RESULT_KEYS = ("task", "id", "method", "prompt_tokens", "new_tokens", "seconds", "forward_passes",
-               "drafted_tokens", "accepted_tokens", "identical_to_plain", "text")
+               "drafted_tokens", "accepted_tokens", "identical_to_plain", "text", "token_ids",
+               "token_seconds")
 WARMUP_TOKENS = 32
 
 
@@ -60,6 +61,10 @@ def _decode(model, token_ids: list[int]) -> str:
     if hasattr(model, "decode"):
         return model.decode(token_ids)
     return model.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _rounded(token_seconds: Sequence[float] | None) -> list[float] | None:
+    return None if token_seconds is None else [round(t, 5) for t in token_seconds]
 
 
 def _max_context(model) -> int | None:
@@ -186,7 +191,8 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                     record = dict(zip(RESULT_KEYS, (
                         row.task, row.id, method.name, len(prompt_ids), len(output.token_ids),
                         round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
-                        output.accepted_tokens, identical, _decode(model, output.token_ids))))
+                        output.accepted_tokens, identical, _decode(model, output.token_ids),
+                        list(output.token_ids), _rounded(output.token_seconds))))
                     records.append(record)
                     if handle is not None:
                         handle.write(json.dumps(record) + "\n")

@@ -25,6 +25,7 @@ the new tokens up to and including the first EOS. Only the ``generate`` call is 
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -73,6 +74,28 @@ class ForwardTrace:
         return passes, drafted, new_tokens - passes
 
 
+class TokenClock:
+    """A ``generate`` streamer that only notes when each new token arrived (seconds since
+    ``start``); ``generate`` hands it the prompt first, which is skipped."""
+
+    def __init__(self) -> None:
+        self.token_seconds: list[float] = []
+        self._prompt_seen = False
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        now = time.perf_counter() - self._start
+        self.token_seconds.extend([now] * value.numel())
+
+    def end(self) -> None:
+        pass
+
+
 def generation_config(lm, settings: Settings, **extra):
     """An explicit config, so neither the model's defaults nor transformers' global ones
     (top_k=50) change what is compared."""
@@ -104,16 +127,20 @@ class HFGenerate:
         device = next(model.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, n)
         config = generation_config(self.lm, settings, **self.extra)
+        clock = TokenClock()
         with ForwardTrace(model) as trace:
             if settings.sampling and settings.seed is not None:
                 torch.manual_seed(settings.seed)
             with Timer() as timer:
+                clock.start()
                 out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                     generation_config=config, **self.kwargs)
+                                     generation_config=config, streamer=clock, **self.kwargs)
         sequences = out.sequences if hasattr(out, "sequences") else out  # (1, n + new)
         new = cut_after_eos(sequences[0, len(prompt_ids):].tolist(), self.lm.eos_token_ids)
         passes, drafted, accepted = self._counts(trace, len(prompt_ids), len(new))
-        return MethodOutput(new, timer.seconds, passes, drafted, accepted)
+        token_seconds = clock.token_seconds[: len(new)]
+        return MethodOutput(new, timer.seconds, passes, drafted, accepted,
+                            token_seconds if len(token_seconds) == len(new) else None)
 
     def _counts(self, trace: ForwardTrace, prompt_tokens: int, new_tokens: int):
         return trace.counts(prompt_tokens, new_tokens)
