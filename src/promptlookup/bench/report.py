@@ -317,9 +317,10 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
              "agreed tokens / plain's new tokens.", "",
              "| task | method | prompts | share | tokens/s | speed-up | median speed-up |",
              "|---|---|---:|---:|---:|---:|---:|"]
+    shown = set(_figure_methods(rows))  # a sweep's grid only in the best-setting table below
     lines += [f"| {r['task']} | {r['method']} | {r['prompts']} | {_cell(r['agreed_share'])} | "
               f"{_cell(r['tokens_per_second'])} | {_cell(r['speedup'])} | "
-              f"{_cell(r['median_speedup'])} |" for r in rows]
+              f"{_cell(r['median_speedup'])} |" for r in rows if r["method"] in shown]
     return lines + best_lines(rows, agreed, ", on agreed prefixes")
 
 
