@@ -10,6 +10,7 @@ import pytest
 from promptlookup.bench import BenchRow, MethodOutput, Settings, read_results, run_bench
 from promptlookup.bench.agreed import agreed_length, agreed_records
 from promptlookup.bench.methods import make_method
+from promptlookup.bench.report import console_tables, summarize
 
 TEXTS = ["abcabcabd abcabcabd abcab", "xyzxyz qxyz xyzx"]
 
@@ -86,6 +87,8 @@ def test_report_adds_agreed_prefix_speeds_only_when_outputs_part(tiny_lm, tmp_pa
               out_dir=same, warmup=False)
     assert "agreed prefixes" not in (same / "report.md").read_text()
     assert not (same / "agreed_summary.json").exists()
+    same_records = read_results(same / "results.jsonl")
+    assert "agreed prefixes" not in console_tables(same_records, summarize(same_records))
 
     parted = tmp_path / "parted"
     changed = ChangedLastToken(make_method("transformers", "promptlookup", tiny_lm))
@@ -93,6 +96,8 @@ def test_report_adds_agreed_prefix_speeds_only_when_outputs_part(tiny_lm, tmp_pa
               warmup=False)
     records = read_results(parted / "results.jsonl")
     assert "## Speed on agreed prefixes" in (parted / "report.md").read_text()
+    printed = console_tables(records, summarize(records))
+    assert "On agreed prefixes" in printed and "share" in printed.split("agreed prefixes")[1]
     agreed = {(r["task"], r["method"]): r
               for r in json.loads((parted / "agreed_summary.json").read_text())}
     plain = [r for r in records if r["method"] == "plain"]

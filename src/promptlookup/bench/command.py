@@ -95,7 +95,9 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sa
     \b
     Output in OUT: results.jsonl (one row per prompt x method, written as it goes),
     summary.json (per task x method), meta.json, report.md, speedup.png,
-    tokens_per_forward.png (and sweep.png with --sweep).
+    tokens_per_forward.png (and sweep.png with --sweep). Where greedy outputs
+    part from plain's (bfloat16), agreed_summary.json and the report also give
+    each method's speed on the tokens that every method wrote first.
 
     \b
     Example:
@@ -103,11 +105,13 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sa
           --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
     """
     from .methods import Settings, get_backend, split_methods, sweep_specs
-    from .report import report_from_dir, text_table
+    from .report import console_tables, read_results, report_from_dir
 
     if report_only:
         summary = report_from_dir(out_dir)
-        click.echo(text_table(summary))
+        records = read_results(os.path.join(out_dir, "results.jsonl"),
+                               tolerate_partial_last_line=True)
+        click.echo(console_tables(records, summary))
         click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
         return
     if not data_files:
@@ -149,5 +153,5 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sa
                        meta={"command": "promptlookup " + shlex.join(sys.argv[1:]),
                              "model": getattr(lm, "name", model), "dtype": dtype,
                              "device": device})
-    click.echo(text_table(result.summary))
+    click.echo(console_tables(result.records, result.summary))
     click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)

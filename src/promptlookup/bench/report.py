@@ -171,21 +171,40 @@ def _cell(value) -> str:
 
 TABLE_HEADERS = ("task", "method", "prompts", "tokens/s", "speed-up", "median speed-up",
                  "tokens/forward", "acceptance", "identical")
+#: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
+AGREED_KEYS = ("task", "method", "prompts", "agreed_share", "tokens_per_second", "speedup",
+               "median_speedup")
+AGREED_HEADERS = ("task", "method", "prompts", "share", "tokens/s", "speed-up", "median speed-up")
 
 
-def markdown_table(summary: Sequence[dict]) -> str:
-    lines = ["| " + " | ".join(TABLE_HEADERS) + " |",
-             "|" + "|".join(["---"] * 2 + ["---:"] * (len(TABLE_HEADERS) - 2)) + "|"]
-    lines += ["| " + " | ".join(_cell(row[k]) for k in SUMMARY_KEYS) + " |" for row in summary]
+def markdown_table(rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS,
+                   headers: Sequence[str] = TABLE_HEADERS) -> str:
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|"]
+    lines += ["| " + " | ".join(_cell(row[k]) for k in keys) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def text_table(summary: Sequence[dict]) -> str:
-    """The summary as aligned plain text (printed at the end of a run)."""
-    cells = [list(TABLE_HEADERS)] + [[_cell(row[k]) for k in SUMMARY_KEYS] for row in summary]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_HEADERS))]
+def text_table(rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS,
+               headers: Sequence[str] = TABLE_HEADERS) -> str:
+    """Summary rows as aligned plain text (printed at the end of a run)."""
+    cells = [list(headers)] + [[_cell(row[k]) for k in keys] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(row, widths))) for row in cells)
+
+
+def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
+    """What a finished run prints: the summary, and speeds on agreed prefixes where greedy
+    outputs parted from plain's (a sweep's grid left to the report)."""
+    text = text_table(summary)
+    agreed, _ = agreed_summary(records)
+    if agreed:
+        shown = set(_figure_methods(agreed))
+        text += ("\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
+                 "plain's tokens):\n" + text_table([r for r in agreed if r["method"] in shown],
+                                                    AGREED_KEYS, AGREED_HEADERS))
+    return text
 
 
 def _figure_methods(summary: Sequence[dict]) -> list[str]:
@@ -310,17 +329,14 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
     rows, agreed = agreed_summary(records)
     if not rows:
         return []
+    shown = set(_figure_methods(rows))  # a sweep's grid only in the best-setting table below
     lines = ["", "## Speed on agreed prefixes", "",
              "Greedy outputs that differ from plain's (bfloat16 rounding) make tokens/s compare "
              "different texts. Here every method is timed until it had produced the tokens that "
              "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
              "agreed tokens / plain's new tokens.", "",
-             "| task | method | prompts | share | tokens/s | speed-up | median speed-up |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    shown = set(_figure_methods(rows))  # a sweep's grid only in the best-setting table below
-    lines += [f"| {r['task']} | {r['method']} | {r['prompts']} | {_cell(r['agreed_share'])} | "
-              f"{_cell(r['tokens_per_second'])} | {_cell(r['speedup'])} | "
-              f"{_cell(r['median_speedup'])} |" for r in rows if r["method"] in shown]
+             markdown_table([r for r in rows if r["method"] in shown], AGREED_KEYS,
+                            AGREED_HEADERS)]
     return lines + best_lines(rows, agreed, ", on agreed prefixes")
 
 
