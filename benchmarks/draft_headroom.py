@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 from pathlib import Path
 
 from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
@@ -99,28 +98,17 @@ def main() -> None:
     parser.add_argument("--nodes", default="4,8,16,32")
     args = parser.parse_args()
 
-    from promptlookup.models import load_pretrained  # heavy imports only when run
+    from replay_data import plain_outputs  # beside this script
 
-    _, tokenizer, _ = load_pretrained(None)  # the default model's tokenizer
-    rows = {}
-    for path in args.data:
-        for line in open(path):
-            row = json.loads(line)
-            rows[row["id"]] = row
-    results = [json.loads(line) for line in open(args.run / "results.jsonl")]
-    results = [r for r in results if r["method"] == "plain"][:: args.every]
+    _, outputs = plain_outputs(args.run, args.data, args.every)
     settings = [(n, b) for n in map(int, args.nodes.split(",")) for b in (1, 2, 4)]
     totals = collections.defaultdict(lambda: [0, 0])  # (task, nodes, branches) -> tokens, passes
-    for result in results:
-        messages = rows[result["id"]]["messages"]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        output = tokenizer(result["text"], add_special_tokens=False)["input_ids"]
+    for task, prompt, output in outputs:
         for nodes, branches in settings:
-            total = totals[(result["task"], nodes, branches)]
+            total = totals[(task, nodes, branches)]
             total[0] += len(output)
             total[1] += replay(prompt, output, nodes, branches)
-    tasks = list(dict.fromkeys(r["task"] for r in results))
+    tasks = list(dict.fromkeys(task for task, _, _ in outputs))
     print("| task | nodes | chain | tree, 2 branches | tree, 4 branches |")
     print("|---|---|---|---|---|")
     for task in tasks:

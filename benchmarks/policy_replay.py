@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -73,17 +72,10 @@ def main() -> None:
     parser.add_argument("--fixed", action="store_true", help="also every fixed --sweep setting")
     args = parser.parse_args()
 
-    from promptlookup.models import load_pretrained  # heavy imports only when run
+    from replay_data import plain_outputs  # beside this script
 
-    _, tokenizer, _ = load_pretrained(None)  # the default model's tokenizer
+    tokenizer, outputs = plain_outputs(args.run, args.data)
     eos = [tokenizer.eos_token_id]
-    rows = {}
-    for path in args.data:
-        for line in open(path):
-            row = json.loads(line)
-            rows[row["id"]] = row
-    results = [json.loads(line) for line in open(args.run / "results.jsonl")]
-    results = [r for r in results if r["method"] == "plain" and r["id"] in rows]
     costs = CostModel()
     costs.load(args.costs)
     scratch = Path(tempfile.mkdtemp())
@@ -97,24 +89,17 @@ def main() -> None:
                     lambda k=k, m=m: PromptLookupDrafter(num_tokens=k, min_match=m,
                                                          eos_token_ids=eos), None)
     totals = collections.defaultdict(lambda: [0.0, 0.0])  # (task, variant) -> plain s, s
-    for result in results:
-        prompt = tokenizer.apply_chat_template(rows[result["id"]]["messages"],
-                                               add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        output = result.get("token_ids") or tokenizer(result["text"],
-                                                      add_special_tokens=False)["input_ids"]
+    for task, prompt, output in outputs:
         if not output:
             continue
         for name, (make_drafter, policy) in variants.items():
-            for task in (result["task"], "all"):
-                total = totals[(task, name)]
-                total[0] += len(output) * costs.cost(1)
             seconds = replay(prompt, output, make_drafter(), policy, costs)
-            totals[(result["task"], name)][1] += seconds
-            totals[("all", name)][1] += seconds
+            for key in (task, "all"):
+                totals[(key, name)][0] += len(output) * costs.cost(1)
+                totals[(key, name)][1] += seconds
     print(f"Cost curve: {args.costs.name}: " + ", ".join(
         f"{n}: {costs.cost(n) * 1e3:.1f} ms" for n in (1, 2, 4, 8, 16, 32, 64)))
-    tasks = [t for t in dict.fromkeys(task for task, _ in totals) if t != "all"] + ["all"]
+    tasks = [t for t in dict.fromkeys(key for key, _ in totals) if t != "all"] + ["all"]
     speedup = {key: plain / seconds for key, (plain, seconds) in totals.items()}
     print("| policy | " + " | ".join(tasks) + " |")
     print("|---|" + "---:|" * len(tasks))
