@@ -17,18 +17,17 @@ also give the speeds on *agreed prefixes*, the tokens every method produced (see
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from .agreed import agreed_records, agreed_share
 from .data import BenchDataError
+from .figures import bar_figure, headline_methods, sweep_figure
 from .methods import ALL_TASKS, BASELINE
 
 SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
                 "tokens_per_forward", "acceptance_rate", "identical_fraction")
-_SWEEP = re.compile(r"^promptlookup:k=(\d+),min=(\d+)$")
 
 
 def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -200,76 +199,11 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
     text = text_table(summary)
     agreed, _ = agreed_summary(records)
     if agreed:
-        shown = set(_figure_methods(agreed))
+        shown = set(headline_methods(agreed))
         text += ("\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
                  "plain's tokens):\n" + text_table([r for r in agreed if r["method"] in shown],
                                                     AGREED_KEYS, AGREED_HEADERS))
     return text
-
-
-def _figure_methods(summary: Sequence[dict]) -> list[str]:
-    methods = list(dict.fromkeys(r["method"] for r in summary))
-    if len(methods) > 8:  # a sweep: its grid gets its own figure
-        methods = [m for m in methods if not _SWEEP.match(m)]
-    return methods
-
-
-def _bar_figure(summary, key: str, ylabel: str, title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in summary))
-    methods = _figure_methods(summary)
-    values = {(r["task"], r["method"]): r[key] for r in summary}
-    width = 0.8 / max(1, len(methods))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(tasks) * len(methods) * 0.35), 4.0))
-    for j, method in enumerate(methods):
-        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(tasks))]
-        ys = [values.get((t, method)) or 0.0 for t in tasks]
-        ax.bar(xs, ys, width, label=method)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(tasks)), tasks)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _sweep_figure(summary, path: Path) -> bool:
-    """Heatmaps of speed-up over the sweep grid (rows min_match, columns k), one per task."""
-    grid = {}
-    for row in summary:
-        match = _SWEEP.match(row["method"])
-        if match and row["speedup"] is not None:
-            grid.setdefault(row["task"], {})[(int(match[2]), int(match[1]))] = row["speedup"]
-    if not any(len(cells) > 1 for cells in grid.values()):
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(grid), figsize=(4.2 * len(grid), 3.4), squeeze=False)
-    for ax, (task, cells) in zip(axes[0], grid.items()):
-        mins = sorted({m for m, _ in cells})
-        ks = sorted({k for _, k in cells})
-        data = [[cells.get((m, k), float("nan")) for k in ks] for m in mins]
-        image = ax.imshow(data, cmap="viridis", aspect="auto")
-        for y, values in enumerate(data):
-            for x, value in enumerate(values):
-                ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white")
-        ax.set_xticks(range(len(ks)), ks)
-        ax.set_yticks(range(len(mins)), mins)
-        ax.set_xlabel("k (draft tokens)")
-        ax.set_ylabel("min match")
-        ax.set_title(f"{task}: speed-up vs plain")
-        fig.colorbar(image, ax=ax)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return True
 
 
 def _meta_lines(meta: dict) -> list[str]:
@@ -329,7 +263,7 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
     rows, agreed = agreed_summary(records)
     if not rows:
         return []
-    shown = set(_figure_methods(rows))  # a sweep's grid only in the best-setting table below
+    shown = set(headline_methods(rows))  # a sweep's grid only in the best-setting table below
     lines = ["", "## Speed on agreed prefixes", "",
              "Greedy outputs that differ from plain's (bfloat16 rounding) make tokens/s compare "
              "different texts. Here every method is timed until it had produced the tokens that "
@@ -368,12 +302,12 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
         (out / "agreed_summary.json").unlink(missing_ok=True)  # from an earlier run here
     figures = []
     if summary:
-        _bar_figure(summary, "speedup", "speed-up vs plain (tokens/s ratio)",
+        bar_figure(summary, "speedup", "speed-up vs plain (tokens/s ratio)",
                     "Speed-up per task and method", out / "speedup.png")
-        _bar_figure(summary, "tokens_per_forward", "new tokens per forward pass",
+        bar_figure(summary, "tokens_per_forward", "new tokens per forward pass",
                     "Tokens per target forward pass", out / "tokens_per_forward.png")
         figures = ["speedup.png", "tokens_per_forward.png"]
-        if _sweep_figure(summary, out / "sweep.png"):
+        if sweep_figure(summary, out / "sweep.png"):
             figures.append("sweep.png")
         else:
             (out / "sweep.png").unlink(missing_ok=True)  # from an earlier run in this folder

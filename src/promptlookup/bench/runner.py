@@ -12,6 +12,10 @@ Fairness policies:
   ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
   Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
 
+Each row also keeps the new token ids and ``token_seconds``, the time from the call's start at
+which each arrived, from which the report times every method on the tokens all of them wrote
+(:mod:`promptlookup.bench.agreed`).
+
 ``results.jsonl`` is written and flushed row by row, so an interrupted run keeps what it
 measured; ``resume=True`` keeps the prompts already complete in it and runs the rest.
 """
