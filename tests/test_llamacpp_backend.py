@@ -4,6 +4,8 @@ correctly, the GGUF's vocabulary, and clear errors."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -27,6 +29,27 @@ PROMPTS = [
     "Write a haiku about autumn.",
 ]
 NEW_TOKENS = 40
+
+
+#: Decodes a copying prompt (a prefill, drafts, one-token passes) in a child process.
+PROBE = """
+from promptlookup.backends.llamacpp_backend import load_llamacpp
+lm = load_llamacpp(n_threads=1)
+lm.generate(lm.encode("Repeat exactly: one two three four five six seven eight nine ten.",
+                      chat=True), max_new_tokens=12)
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _llama_cpp_runs_on_this_cpu():
+    """Skip, rather than take pytest down, where the installed llama.cpp build dies of a signal
+    (a build for another CPU: an AMX kernel on a machine whose AMX is unusable, say).
+    A child that fails without a signal (no default model, say) is left to the tests."""
+    child = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                           timeout=600)
+    if child.returncode < 0:
+        pytest.skip(f"this llama-cpp-python build crashes on this CPU (signal "
+                    f"{-child.returncode}); rebuild it: make clean setup")
 
 
 @pytest.fixture(scope="module")
