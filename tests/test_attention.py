@@ -33,7 +33,7 @@ def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
     grouped = _verification_logits(target, prompt, draft)
     # Prefill: transformers' own path (4 query heads); verification: folded onto 2 kv heads.
     assert query_heads == [4, 4, 2, 2]
-    monkeypatch.setattr(backend, "verification_attention", lambda config: nullcontext())
+    monkeypatch.setattr(backend, "verification_attention", lambda config, blocked: nullcontext())
     repeated = _verification_logits(target, prompt, draft)
     assert torch.allclose(grouped, repeated, atol=1e-5, rtol=0)
     assert torch.equal(grouped.argmax(-1), repeated.argmax(-1))
@@ -128,6 +128,7 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
     for dtype in (torch.float32, torch.bfloat16):
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
         target = TransformersTarget(model)
+        target.attention.choice = "blocked"  # as timed on this project's AMD EPYC
         target.prefill(prompt)
         logits[dtype, "draft"] = target.forward(list(range(5, 25))).float()  # 20 tokens: sdpa
         logits[dtype, "chunk"] = target.extend(prompt[:70]).float()  # a chunk after a cache
@@ -138,6 +139,62 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
     for name in ("draft", "chunk"):
         assert torch.allclose(logits[torch.bfloat16, name], logits[torch.float32, name],
                               atol=0.1, rtol=0)
+
+
+def test_bfloat16_prompt_chunks_keep_sdpa_where_it_was_timed_faster(monkeypatch):
+    import promptlookup.backends.attention as attention
+
+    calls = []
+    monkeypatch.setattr(attention, "blocked_attention", lambda *args: calls.append(args))
+    model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
+    target = TransformersTarget(model)
+    target.attention.choice = "sdpa"  # as timed on a Xeon with AMX
+    target.prefill([(7 * i) % 61 + 1 for i in range(90)])
+    chunk = target.extend([(5 * i) % 61 + 1 for i in range(70)]).float()
+    assert calls == [] and torch.isfinite(chunk).all()
+
+
+def test_prompt_attention_is_timed_once_per_shape_and_kept_in_its_file(monkeypatch, tmp_path):
+    """Timed on first need only (bfloat16 on the CPU), once per process and head shape; the
+    choice lands in the cache file, which a later process reads instead of timing; a foreign
+    file means timing again."""
+    from types import SimpleNamespace
+
+    import promptlookup.backends.attention as attention
+
+    timed = []
+    monkeypatch.setattr(attention.PromptAttention, "_fastest",
+                        lambda self: timed.append(self.shape) or "blocked")
+    monkeypatch.setattr(attention, "_timed_choices", {})
+    config = SimpleNamespace(num_attention_heads=6, num_key_value_heads=2, hidden_size=48)
+    cpu = torch.device("cpu")
+    assert not attention.PromptAttention(config, torch.float32, cpu).prefers_blocks()
+    assert timed == []  # float32 keeps sdpa without timing anything
+    first = attention.PromptAttention(config, torch.bfloat16, cpu)
+    first.use_cache_file(tmp_path / "attention.json")  # missing: timed on first need
+    assert first.prefers_blocks() and first.prefers_blocks()
+    assert timed == [(6, 2, 8)]
+    assert attention.PromptAttention(config, torch.bfloat16, cpu).prefers_blocks()
+    assert timed == [(6, 2, 8)]  # the same shape in the same process: not timed again
+    monkeypatch.setattr(attention, "_timed_choices", {})  # as in a new process
+    (tmp_path / "attention.json").write_text('{"bfloat16_prompt": "sdpa"}')
+    later = attention.PromptAttention(config, torch.bfloat16, cpu)
+    later.use_cache_file(tmp_path / "attention.json")
+    assert not later.prefers_blocks() and timed == [(6, 2, 8)]
+    (tmp_path / "attention.json").write_text('{"bfloat16_prompt": "flash"}')  # foreign
+    foreign = attention.PromptAttention(config, torch.bfloat16, cpu)
+    foreign.use_cache_file(tmp_path / "attention.json")
+    assert foreign.prefers_blocks() and len(timed) == 2
+
+
+def test_prompt_attention_timing_returns_a_kernel_it_knows():
+    from types import SimpleNamespace
+
+    from promptlookup.backends.attention import PromptAttention
+
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    assert PromptAttention(config, torch.bfloat16, torch.device("cpu"))._fastest() \
+        in PromptAttention.KERNELS
 
 
 def test_causal_masks_are_recognised_and_others_kept():

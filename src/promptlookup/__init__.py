@@ -40,7 +40,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
 
 
-__version__ = "0.6.3"
+__version__ = "0.6.4"
 
 __all__ = [
     "CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
@@ -76,8 +76,9 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = cost_file_for(name, "transformers", dtype, device)
     # The kernels chosen for our passes (verification, prompt chunks), beside the cost curve.
-    lm.target.kernels.use_cache_file(lm.policy.cost_file.with_name(
-        f"{lm.policy.cost_file.stem}-kernels.json"))
+    stem = lm.policy.cost_file.stem
+    lm.target.kernels.use_cache_file(lm.policy.cost_file.with_name(f"{stem}-kernels.json"))
+    lm.target.attention.use_cache_file(lm.policy.cost_file.with_name(f"{stem}-attention.json"))
     return lm
 
 

@@ -23,9 +23,12 @@ around it (a third of an 824-token prefill). :func:`blocked_attention` computes 
 attention does in bfloat16 (scores by a bfloat16 product, a softmax, a product with the
 values), one block of :data:`BLOCK` query rows at a time against only the keys the block can
 see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49 instead of 73 for 2,000 (a one-off
-timing of the attention alone, one thread). A chunk's causal mask (a chunk after a cache) is
-recognised once per pass and then not applied element by element. Float32 keeps ``sdpa``
-(there the blocks win only on short prompts, and plain decoding's rounding is kept).
+timing of the attention alone, one thread, AMD EPYC). That is this CPU's: on a Xeon with AMX
+``sdpa`` is the faster, 5.9 ms per layer against 9.3 for 824 tokens, so :class:`PromptAttention`
+times both once per machine and model shape and keeps the faster. A chunk's causal mask (a
+chunk after a cache) is recognised once per pass and then not applied element by element.
+Float32 keeps ``sdpa`` (there the blocks win only on short prompts, and plain decoding's
+rounding is kept).
 
 Drafts keep folded ``sdpa`` (:data:`SDPA_MAX_ROWS`). Version 0.6.1 sent bfloat16 drafts of more
 than 16 tokens through the blocks too: whole passes over 32-64 tokens took 0.83-0.91x the
@@ -42,9 +45,15 @@ masks) goes to transformers' ``sdpa`` unchanged.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import json
+import statistics
+import time
+import types
 import weakref
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -56,6 +65,13 @@ BLOCK = 64
 #: bfloat16 passes over at most this many query tokens keep folded ``sdpa``; longer ones (prompt
 #: chunks: drafts are at most 64 tokens) use :func:`blocked_attention` (see the module doc).
 SDPA_MAX_ROWS = 64
+#: Prompt length at which :class:`PromptAttention` times the blocks against ``sdpa``.
+TIMED_PROMPT = 768
+#: The blocks must beat ``sdpa`` by this factor to be used (timings are noisy).
+MARGIN = 0.95
+#: Whether the current pass sends bfloat16 prompt chunks to the blocks (set by
+#: :func:`verification_attention` from :class:`PromptAttention`'s choice).
+_blocked_prompts = contextvars.ContextVar("promptlookup_blocked_prompts", default=True)
 
 
 def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -78,7 +94,7 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         and not kwargs.get("output_attentions", False)
     )
     if (plain_case and q_len > SDPA_MAX_ROWS and query.dtype == torch.bfloat16 and batch == 1
-            and not dropout):
+            and not dropout and _blocked_prompts.get()):
         if attention_mask is not None and _mask_derived(attention_mask, "causal", _is_causal):
             attention_mask = None  # the blocks then skip the mask and the keys it hides
         return blocked_attention(query, key, value, attention_mask, scaling), None
@@ -172,6 +188,78 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return output.view(1, q_len, heads, head_dim)
 
 
+#: (heads, kv_heads, head_dim) -> the choice :class:`PromptAttention` timed in this process.
+_timed_choices: dict[tuple[int, int, int], str] = {}
+
+
+class PromptAttention:
+    """Whether bfloat16 prompt chunks take :func:`blocked_attention` or ``sdpa`` on this machine.
+
+    Timed once, on the model's head shapes over a causal chunk of :data:`TIMED_PROMPT` tokens
+    (both kernels interleaved, median of five rounds); the blocks are used only when they beat
+    ``sdpa`` by :data:`MARGIN`. The choice can be kept in a file
+    (:meth:`use_cache_file`), like :class:`~promptlookup.backends.linear.LinearKernels`', and
+    is timed once per process and head shape. Other dtypes and devices always keep ``sdpa``.
+    """
+
+    KERNELS = ("blocked", "sdpa")
+
+    def __init__(self, config, dtype: torch.dtype, device: torch.device) -> None:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.shape = (heads, kv_heads, head_dim)
+        self.applies = dtype == torch.bfloat16 and device.type == "cpu" and heads % kv_heads == 0
+        self.choice: str | None = None
+        self.cache_file: Path | None = None
+
+    def use_cache_file(self, path: str | Path) -> None:
+        """Keep the choice in ``path`` (JSON); a missing or foreign file means timing again."""
+        self.cache_file = Path(path)
+        try:
+            stored = json.loads(self.cache_file.read_text())["bfloat16_prompt"]
+            if stored in self.KERNELS:
+                self.choice = stored
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+
+    def prefers_blocks(self) -> bool:
+        """Whether a prompt chunk of this model goes to the blocks (timed on first call)."""
+        if not self.applies:
+            return False
+        if self.choice is None:
+            if self.shape not in _timed_choices:  # timed once per process and head shape
+                _timed_choices[self.shape] = self._fastest()
+            self.choice = _timed_choices[self.shape]
+            if self.cache_file is not None:
+                from ..models import save_cache_json
+
+                save_cache_json(self.cache_file, {"bfloat16_prompt": self.choice})
+        return self.choice == "blocked"
+
+    @torch.inference_mode()
+    def _fastest(self) -> str:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        heads, kv_heads, head_dim = self.shape
+        generator = torch.Generator().manual_seed(0)
+        query = torch.randn(1, heads, TIMED_PROMPT, head_dim, generator=generator).bfloat16()
+        key, value = (torch.randn(1, kv_heads, TIMED_PROMPT, head_dim, generator=generator)
+                      .bfloat16() for _ in range(2))  # (1, kv_heads, TIMED_PROMPT, head_dim)
+        module = types.SimpleNamespace(is_causal=True, training=False,
+                                       num_key_value_groups=heads // kv_heads)
+        kernels = {"blocked": lambda: blocked_attention(query, key, value, None, None),
+                   "sdpa": lambda: sdpa_attention_forward(module, query, key, value, None)}
+        timings: dict[str, list[float]] = {name: [] for name in kernels}
+        for _ in range(6):  # the first round only warms up
+            for name, kernel in kernels.items():
+                start = time.perf_counter()
+                kernel()
+                timings[name].append(time.perf_counter() - start)
+        blocked, sdpa = (statistics.median(timings[name][1:]) for name in self.KERNELS)
+        return "blocked" if blocked < MARGIN * sdpa else "sdpa"
+
+
 @functools.cache
 def _register() -> None:
     """Make :data:`NAME` known to transformers (once per process, on first use)."""
@@ -183,14 +271,17 @@ def _register() -> None:
 
 
 @contextmanager
-def verification_attention(config) -> Iterator[None]:
-    """Run the enclosed forward passes with :func:`grouped_sdpa` if ``config`` uses ``sdpa``."""
+def verification_attention(config, blocked_prompts: bool = True) -> Iterator[None]:
+    """Run the enclosed forward passes with :func:`grouped_sdpa` if ``config`` uses ``sdpa``;
+    ``blocked_prompts``: whether bfloat16 prompt chunks go to :func:`blocked_attention`."""
     if getattr(config, "_attn_implementation", None) != "sdpa":
         yield
         return
     _register()
     config._attn_implementation_internal = NAME
+    token = _blocked_prompts.set(blocked_prompts)
     try:
         yield
     finally:
+        _blocked_prompts.reset(token)
         config._attn_implementation_internal = "sdpa"

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import UnsupportedModelError
-from .attention import verification_attention
+from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
 from .cache import GrowingLayer, growing_cache
 from .linear import TIMED_ROWS, LinearKernels
 
@@ -28,6 +28,8 @@ class TransformersTarget:
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
         self.kernels = LinearKernels(model)
+        #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
+        self.attention = PromptAttention(config, next(model.parameters()).dtype, self.device)
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -42,7 +44,8 @@ class TransformersTarget:
     @torch.inference_mode()
     def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        with verification_attention(self.config), self.kernels.use(len(token_ids)):
+        blocked = len(token_ids) > SDPA_MAX_ROWS and self.attention.prefers_blocks()
+        with verification_attention(self.config, blocked), self.kernels.use(len(token_ids)):
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
         return out.logits[0]
