@@ -343,3 +343,27 @@ def test_adaptive_by_default_with_one_policy_per_model_and_fixed_on_request(tiny
     assert adaptive.last_stats.drafted_tokens <= fixed.last_stats.drafted_tokens
     with pytest.raises(promptlookup.InvalidParameterError, match="speculation"):
         make_custom_generate(speculation="sometimes")
+
+
+def test_kernel_choices_are_timed_once_per_model_not_per_call(monkeypatch):
+    """Timing the matrix-product kernels takes seconds on a real model, so calls with the same
+    model object reuse the choices; a model cast to another dtype gets its own."""
+    from promptlookup.backends.linear import LinearKernels
+    from promptlookup.hf_generate import target_for
+
+    timed = []
+    fastest = LinearKernels._fastest
+    monkeypatch.setattr(LinearKernels, "_fastest",
+                        lambda self, modules, rows: timed.append(rows) or fastest(self, modules, rows))
+    model = tiny_llama(seed=5)
+    plain = model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30)
+    timed_after = []
+    for _ in range(2):
+        assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
+                                          custom_generate=make_custom_generate(speculation="fixed")))
+        timed_after.append(len(timed))
+    assert timed_after[0] > 0 and timed_after[1] == timed_after[0]  # the second call timed nothing
+    assert target_for(model).kernels is target_for(model).kernels
+    float32_kernels = target_for(model).kernels
+    model.to(torch.bfloat16)
+    assert target_for(model).kernels is not float32_kernels

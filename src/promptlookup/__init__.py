@@ -76,9 +76,7 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = cost_file_for(name, "transformers", dtype, device)
     # The kernels chosen for our passes (verification, prompt chunks), beside the cost curve.
-    stem = lm.policy.cost_file.stem
-    lm.target.kernels.use_cache_file(lm.policy.cost_file.with_name(f"{stem}-kernels.json"))
-    lm.target.attention.use_cache_file(lm.policy.cost_file.with_name(f"{stem}-attention.json"))
+    lm.target.use_choice_files(lm.policy.cost_file)
     return lm
 
 

@@ -62,20 +62,46 @@ _UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions",
 _POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy]" = weakref.WeakKeyDictionary()
 
 
+#: The kernel and attention choices of each model object (timing them takes seconds), kept
+#: between calls like its policy.
+_CHOICES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _cost_file(model: torch.nn.Module):
+    """Where :func:`promptlookup.load_model` would cache this model's cost curve; None when the
+    model has no name (``config._name_or_path``)."""
+    from . import cost_file_for
+
+    name = getattr(model.config, "_name_or_path", "")
+    device = next(model.parameters()).device
+    dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
+    return cost_file_for(name, "transformers", dtype, device.type) if name else None
+
+
 def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
     """The adaptive speculation policy of ``model``; its cost curve is cached on disk like
     :func:`promptlookup.load_model`'s when the model has a name (``config._name_or_path``),
     else measured once per model object."""
     policy = _POLICIES.get(model)
     if policy is None:
-        from . import cost_file_for
-
-        name = getattr(model.config, "_name_or_path", "")
-        device = next(model.parameters()).device
-        dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
-        cost_file = cost_file_for(name, "transformers", dtype, device.type) if name else None
-        policy = _POLICIES[model] = SpeculationPolicy(cost_file=cost_file)
+        policy = _POLICIES[model] = SpeculationPolicy(cost_file=_cost_file(model))
     return policy
+
+
+def target_for(model: torch.nn.Module) -> TransformersTarget:
+    """A fresh target (an empty cache) over ``model`` that reuses the kernel and attention
+    choices measured in earlier calls with the same model object (on disk too, beside the cost
+    curve, when the model has a name)."""
+    target = TransformersTarget(model)  # sets eval mode
+    weight = next(model.parameters())
+    kept = _CHOICES.get(model)
+    if kept is None or kept[0] != (weight.dtype, weight.device):  # new, or moved or cast since
+        cost_file = _cost_file(model)
+        if cost_file is not None:
+            target.use_choice_files(cost_file)
+        kept = _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)
+    _, target.kernels, target.attention = kept
+    return target
 
 
 class CustomGenerate:
@@ -130,7 +156,7 @@ class CustomGenerate:
         stats = self.last_stats = GenerationStats()
 
         was_training = model.training
-        target = TransformersTarget(model)  # sets eval mode; restored below
+        target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
         adaptive = self.speculation == "adaptive" and not isinstance(drafter, NoDrafter)
         policy = policy_for(model) if adaptive else None

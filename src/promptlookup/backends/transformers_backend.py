@@ -37,6 +37,11 @@ class TransformersTarget:
     def reset(self) -> None:
         self.cache = growing_cache(self.model.config)
 
+    def use_choice_files(self, cost_file) -> None:
+        """Keep the measured kernel and attention choices beside the policy's ``cost_file``."""
+        self.kernels.use_cache_file(cost_file.with_name(f"{cost_file.stem}-kernels.json"))
+        self.attention.use_cache_file(cost_file.with_name(f"{cost_file.stem}-attention.json"))
+
     @property
     def cache_length(self) -> int:
         return self.cache.get_seq_length()
