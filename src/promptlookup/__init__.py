@@ -75,7 +75,7 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = cost_file_for(name, "transformers", dtype, device)
-    # The kernels chosen for our passes (verification, prompt chunks), beside the cost curve.
+    # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
     lm.target.use_choice_files(lm.policy.cost_file)
     return lm
 

@@ -48,8 +48,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-import statistics
-import time
 import types
 import weakref
 from contextlib import contextmanager
@@ -57,6 +55,8 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+
+from .linear import median_seconds
 
 NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
@@ -250,14 +250,8 @@ class PromptAttention:
                                        num_key_value_groups=heads // kv_heads)
         kernels = {"blocked": lambda: blocked_attention(query, key, value, None, None),
                    "sdpa": lambda: sdpa_attention_forward(module, query, key, value, None)}
-        timings: dict[str, list[float]] = {name: [] for name in kernels}
-        for _ in range(6):  # the first round only warms up
-            for name, kernel in kernels.items():
-                start = time.perf_counter()
-                kernel()
-                timings[name].append(time.perf_counter() - start)
-        blocked, sdpa = (statistics.median(timings[name][1:]) for name in self.KERNELS)
-        return "blocked" if blocked < MARGIN * sdpa else "sdpa"
+        medians = median_seconds(kernels, rounds=5, warmup=1)
+        return "blocked" if medians["blocked"] < MARGIN * medians["sdpa"] else "sdpa"
 
 
 @functools.cache

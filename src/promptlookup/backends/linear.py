@@ -30,6 +30,7 @@ between any two passes of different lengths. Float32 one-token passes always kee
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -172,15 +173,13 @@ class LinearKernels:
         weight = modules[0].weight
         x = torch.randn(1, rows, weight.shape[1], generator=torch.Generator().manual_seed(rows))
         x = x.to(weight.dtype)
-        forwards = {kernel: [self._forward(kernel, m) for m in modules] for kernel in self.kernels}
-        timings: dict[str, list[float]] = {kernel: [] for kernel in self.kernels}
-        for _ in range(3):
-            for kernel, functions in forwards.items():
-                start = time.perf_counter()
-                for function in functions:
-                    function(x)
-                timings[kernel].append(time.perf_counter() - start)
-        medians = {kernel: statistics.median(t) for kernel, t in timings.items()}
+        def run_all(functions: list[Callable]) -> None:
+            for function in functions:
+                function(x)
+
+        medians = median_seconds({kernel: functools.partial(run_all, [self._forward(kernel, m)
+                                                                      for m in modules])
+                                  for kernel in self.kernels}, rounds=3)
         best = min(medians, key=medians.get)
         return best if medians[best] < MARGIN * medians["linear"] else "linear"
 
@@ -213,6 +212,20 @@ class LinearKernels:
         finally:
             for module, _ in switch:
                 module.__dict__.pop("forward", None)
+
+
+def median_seconds(kernels: dict[str, Callable[[], object]], rounds: int,
+                   warmup: int = 0) -> dict[str, float]:
+    """Median seconds of each of ``kernels`` over ``rounds`` rounds that run them in turn
+    (interleaved, so the machine's drift hits all alike), after ``warmup`` untimed rounds."""
+    timings: dict[str, list[float]] = {name: [] for name in kernels}
+    for round_number in range(warmup + rounds):
+        for name, kernel in kernels.items():
+            start = time.perf_counter()
+            kernel()
+            if round_number >= warmup:
+                timings[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds) for name, seconds in timings.items()}
 
 
 def _timed_rows(rows: int) -> int:
