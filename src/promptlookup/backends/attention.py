@@ -24,8 +24,8 @@ attention does in bfloat16 (scores by a bfloat16 product, a softmax, a product w
 values), one block of :data:`BLOCK` query rows at a time against only the keys the block can
 see: 9.9 ms per layer instead of 16.2 for 824 tokens, 49 instead of 73 for 2,000 (a one-off
 timing of the attention alone, one thread, AMD EPYC). That is this CPU's: on a Xeon with AMX
-``sdpa`` is the faster, 5.9 ms per layer against 9.3 for 824 tokens, so :class:`PromptAttention`
-times both once per machine and model shape and keeps the faster. A chunk's causal mask (a
+``sdpa`` is the faster, 5.9 ms per layer against 9.3 for 824 tokens (a one-off timing too),
+so :class:`PromptAttention` times both once per machine and model shape and keeps the faster. A chunk's causal mask (a
 chunk after a cache) is recognised once per pass and then not applied element by element.
 Float32 keeps ``sdpa`` (there the blocks win only on short prompts, and plain decoding's
 rounding is kept).
