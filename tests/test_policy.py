@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import torch
@@ -71,7 +72,72 @@ def test_cost_model_keeps_each_size_until_remeasured():
         model.record(n, seconds)
     for _ in range(50):  # the policy now verifies only 2-token passes
         model.record(2, 1.2)
-    assert model.cost(16) == 4.0 and model.cost(2) == 1.2
+    # 16 tokens keep their cost relative to one token; 2 tokens now cost what they measure.
+    assert abs(model.cost(16) / model.cost(1) - 4.0) < 1e-9 and abs(model.cost(2) - 1.2) < 1e-9
+
+
+SHAPE = {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 16: 1.2, 32: 1.5, 64: 1.9}  # bfloat16 on the Xeon
+
+
+def test_a_slow_spell_moves_the_level_not_the_shape():
+    # Measured on a shared Xeon: for tens of seconds every pass runs ~1.7x slower. Passes timed
+    # during the spell must not make the sizes measured then look dearer than the others.
+    model = CostModel()
+    for _ in range(4):
+        for n, shape in SHAPE.items():
+            model.record(n, 0.06 * shape)
+    shape_before = {n: model.cost(n) / model.cost(1) for n in range(1, 65)}
+    for _ in range(40):  # the spell, during which the policy happens to use only 1 and 8
+        model.record(1, 0.06 * 1.7)
+        model.record(8, 0.06 * 1.7 * 1.1)
+    for n in range(1, 65):
+        assert abs(model.cost(n) / model.cost(1) - shape_before[n]) < 0.01
+    assert abs(model.cost(1) / (0.06 * 1.7) - 1) < 0.01  # the level followed the spell
+    for _ in range(40):  # the spell ends
+        model.record(16, 0.06 * 1.2)
+    assert abs(model.cost(8) / model.cost(1) - 1.1) < 0.01 and abs(model.cost(1) / 0.06 - 1) < 0.01
+
+
+class ClockedTarget:
+    """A stand-in target whose passes advance a fake clock by ``level * SHAPE[n]``; the level
+    rises 1.7x after ``spell_after`` passes (no sleeping)."""
+
+    def __init__(self, spell_after: int) -> None:
+        self.now, self.passes, self.spell_after = 0.0, 0, spell_after
+        self.cache_length, self.max_context = 100, 10_000
+
+    def forward(self, token_ids):
+        self.passes += 1
+        self.now += 0.06 * (1.7 if self.passes > self.spell_after else 1.0) * SHAPE[len(token_ids)]
+
+    def crop(self, length):
+        self.cache_length = length
+
+
+def test_calibration_measures_each_size_against_the_one_token_pass_before_it(monkeypatch):
+    import promptlookup.policy as policy_module
+
+    target = ClockedTarget(spell_after=6)  # the warm-up, one pass, then 1+2 and 1+4: a spell
+    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: target.now)
+    model = CostModel()
+    model.calibrate(target, probe_token=5)
+    assert target.cache_length == 100 and model.calibrated
+    for n, shape in SHAPE.items():  # every timing of n tokens, over the one-token pass before it
+        assert all(abs(ratio - shape) < 1e-9 for ratio in model.samples[n])
+        assert abs(model.cost(n) / model.cost(1) - shape) < 0.05  # (shrunk towards a line)
+
+
+def test_a_uniform_slowdown_does_not_change_the_policy():
+    policy = policy_with_costs({})
+    for _ in range(3):
+        for n, shape in SHAPE.items():
+            policy.record_forward(n, 0.06 * shape)
+    draft = list(range(40))
+    before = [policy.draft_length(draft, match) for match in (1, 2, 3, 8, 20)]
+    for _ in range(10):
+        for n in (1, 8, 32):
+            policy.record_forward(n, 0.06 * 1.7 * SHAPE[n])
+    assert [policy.draft_length(draft, match) for match in (1, 2, 3, 8, 20)] == before
 
 
 def test_cost_model_survives_a_round_trip_to_disk(tmp_path):
@@ -86,6 +152,16 @@ def test_cost_model_survives_a_round_trip_to_disk(tmp_path):
     corrupt = CostModel()
     corrupt.load(tmp_path / "bad.json")
     assert not corrupt.calibrated
+
+
+def test_cost_model_reads_the_seconds_files_of_earlier_versions(tmp_path):
+    # 0.6.4 and earlier stored seconds; the replay's committed cost files are of that format.
+    legacy = {"plain": [1.0, 1.2, 1.1], "verify": [[2, 1.5], [2, 1.6], [8, 2.2], [8, 2.2]]}
+    (tmp_path / "old.json").write_text(json.dumps(legacy))
+    model = CostModel()
+    model.load(tmp_path / "old.json")
+    assert model.calibrated and abs(model.cost(1) - 1.1) < 1e-9
+    assert abs(model.cost(8) / model.cost(1) - 2.0) < 0.2  # 2.2 s over 1.1 s, shrunk a little
 
 
 def test_drafts_nothing_when_verification_is_expensive_and_acceptance_unknown():

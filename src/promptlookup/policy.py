@@ -75,26 +75,41 @@ def position_bucket(position: int) -> int:
 class CostModel:
     """Seconds per forward pass as a function of the number of tokens it checks.
 
-    Each measured size keeps the median of its recent passes (a window per size, so sizes the
-    policy stops using keep their calibration). A size's median is trusted in proportion to its
-    number of samples: it is shrunk towards a least-squares line through all sizes >= 2
-    (weighted by their samples) as ``(count * median + SHRINK * line) / (count + SHRINK)``, so a
-    single noisy pass (a machine hiccup) cannot bend the curve into a shape that keeps the
-    policy away from a size for good. The points are joined by straight lines, and beyond the
-    largest measured size the curve follows the line's slope. It need not be monotone: a pass
-    over a few tokens can cost *less* than over one (float32 on this project's CPUs, see
+    The machine's speed drifts: on a shared virtual machine a neighbour can make *every* pass
+    ~1.7x slower for tens of seconds, then let go (measured on this project's Xeon). So the curve
+    is kept in relative terms, ``cost(n) = level * shape(n)``: each pass is recorded as its
+    seconds divided by the current *level* (seconds per unit of shape), and the level is the
+    median of what the last ``LEVEL_WINDOW`` passes imply (each pass's seconds over its size's
+    shape). A slow spell then raises the level, not the cost of whichever sizes happened to be
+    measured during it; the policy compares sizes only, so its choices depend on the shape.
+
+    Each measured size keeps the median of its recent relative costs (a window per size, so
+    sizes the policy stops using keep their calibration). A size's median is trusted in
+    proportion to its number of samples: it is shrunk towards a least-squares line through all
+    sizes >= 2 (weighted by their samples) as ``(count * median + SHRINK * line) / (count +
+    SHRINK)``, so a single noisy pass cannot bend the curve into a shape that keeps the policy
+    away from a size for good. The points are joined by straight lines, and beyond the largest
+    measured size the curve follows the line's slope. It need not be monotone: a pass over a few
+    tokens can cost *less* than over one (float32 on this project's AMD CPU, see
     :mod:`promptlookup.backends.linear`), and the policy should know it. Estimates are kept
     within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate passes; anything more
     than twice cheaper than one token is noise).
+
+    Example: calibrated at 1 token = 60 ms and 16 tokens = 72 ms (shape 1 and 1.2), a spell
+    of 100 ms one-token passes moves the level to 100 ms within a few passes, and a 16-token pass
+    timed then at 120 ms is recorded as 1.2 again, not as "16 tokens cost 2x one".
     """
 
     #: Samples at which a size's own median weighs as much as the line through all sizes.
     SHRINK = 3.0
+    #: Recent passes whose median sets the level (a slow spell is followed within half of it).
+    LEVEL_WINDOW = 5
 
     def __init__(self, window: int = 32) -> None:
         self.window = window
-        self.samples: dict[int, deque[float]] = {}  # tokens -> recent seconds
-        self._curve: list[tuple[int, float]] | None = None  # (tokens, seconds), cached
+        self.samples: dict[int, deque[float]] = {}  # tokens -> recent relative costs
+        self.levels: deque[float] = deque(maxlen=self.LEVEL_WINDOW)  # implied seconds per unit
+        self._curve: list[tuple[int, float]] | None = None  # (tokens, relative cost), cached
         self._line: tuple[float, float] = (0.0, 0.0)
 
     @property
@@ -105,12 +120,27 @@ class CostModel:
     def sizes(self) -> list[int]:
         return sorted(self.samples) if 1 in self.samples else []
 
-    def record(self, num_tokens: int, seconds: float) -> None:
-        self.samples.setdefault(max(num_tokens, 1), deque(maxlen=self.window)).append(seconds)
+    @property
+    def level(self) -> float:
+        """Seconds per unit of relative cost, now (1.0 before the first pass)."""
+        return statistics.median(self.levels) if self.levels else 1.0
+
+    def record(self, num_tokens: int, seconds: float, level: float | None = None) -> None:
+        """Note a pass over ``num_tokens`` tokens that took ``seconds``, relative to ``level``
+        (default: the current level; calibration passes the time of the one-token pass just
+        before, so its ratios are measured in pairs)."""
+        n = max(num_tokens, 1)
+        if not self.levels:  # the first pass sets the scale
+            self.levels.append(seconds if level is None else level)
+        if level is None:
+            level = self.level
+        if n in self.samples:  # a size with a shape already: its pass also measures the level
+            self.levels.append(seconds / self._relative(n))
+        self.samples.setdefault(n, deque(maxlen=self.window)).append(seconds / level)
         self._curve = None
 
     def curve(self) -> list[tuple[int, float]]:
-        """The points joined by the curve: (tokens, seconds), by tokens (see the class doc)."""
+        """The points joined by the curve: (tokens, relative cost), by tokens (see the class doc)."""
         if self._curve is None:
             medians = {n: (statistics.median(v), len(v)) for n, v in sorted(self.samples.items())}
             self._line = a, b = self._fit([(n, m, c) for n, (m, c) in medians.items() if n >= 2])
@@ -131,8 +161,13 @@ class CostModel:
         slope = max(sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points) / var, 0.0) if var else 0.0
         return mean_s - slope * mean_n, slope
 
+    def _relative(self, n: int) -> float:
+        """The curve's relative cost of a pass over ``n`` tokens (a size already measured)."""
+        points = self.curve()
+        return points[bisect.bisect_left(points, (n, -math.inf))][1]
+
     def cost(self, num_tokens: int) -> float:
-        """Estimated seconds for one forward pass over ``num_tokens`` tokens."""
+        """Estimated seconds for one forward pass over ``num_tokens`` tokens, now."""
         if 1 not in self.samples:
             return float(num_tokens)  # uncalibrated: assume linear
         points = self.curve()
@@ -147,44 +182,59 @@ class CostModel:
         else:  # beyond the largest measured size
             last_n, last_s = points[-1]
             estimate = last_s + self._line[1] * (n - last_n)
-        return min(max(estimate, one / 2), one * n)
+        return self.level * min(max(estimate, one / 2), one * n)
 
     def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
-                  repeats: int = 2) -> None:
-        """Time forward passes of each size on ``target`` at its current cache length, then
-        crop the cache back (the cache ends exactly as it started)."""
+                  repeats: int = 3) -> None:
+        """Time forward passes of each size on ``target`` at its current cache length, each
+        right after a one-token pass and recorded as a ratio to it (so a slow spell that starts
+        mid-calibration cannot bend the curve), then crop the cache back (the cache ends
+        exactly as it started)."""
         length = target.cache_length
         limit = max(1, target.max_context - length)
         prepare = getattr(target, "prepare", None)  # optional: set up for these pass sizes
         if prepare is not None:
             prepare([size for size in sizes if size <= limit])
-        target.forward([probe_token])  # warm-up
-        target.crop(length)
+
+        def timed(size: int) -> float:
+            start = time.perf_counter()
+            target.forward([probe_token] * size)
+            seconds = time.perf_counter() - start
+            target.crop(length)
+            return seconds
+
+        timed(1)  # warm-up
         for _ in range(repeats):
             for size in sizes:
                 if size > limit:
                     break
-                start = time.perf_counter()
-                target.forward([probe_token] * size)
-                self.record(size, time.perf_counter() - start)
-                target.crop(length)
+                one = timed(1)
+                self.record(1, one, level=one)
+                if size > 1:
+                    self.record(size, timed(size), level=one)
 
     def save(self, path: Path) -> None:
-        """Store the recent timings so the next process skips calibration."""
+        """Store the recent relative costs and level so the next process skips calibration."""
         from .models import save_cache_json
 
-        save_cache_json(path, {"plain": list(self.samples.get(1, ())),
-                               "verify": [(n, t) for n, v in self.samples.items() if n > 1 for t in v]})
+        save_cache_json(path, {"levels": list(self.levels),
+                               "relative": [(n, r) for n, v in self.samples.items() for r in v]})
 
     def load(self, path: Path) -> None:
         try:
             saved = json.loads(path.read_text())
-            for seconds in saved["plain"]:
-                self.record(1, float(seconds))
-            for n, seconds in saved["verify"]:
-                self.record(int(n), float(seconds))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            pass  # missing or corrupt: calibrate instead
+            if "plain" in saved:  # 0.6.4 and earlier kept seconds: relative to their median
+                one = statistics.median(float(seconds) for seconds in saved["plain"])
+                saved = {"levels": [one], "relative": [(1, float(seconds) / one) for seconds in saved["plain"]]
+                         + [(n, float(seconds) / one) for n, seconds in saved["verify"]]}
+            levels = [float(level) for level in saved["levels"]]
+            relative = [(int(n), float(r)) for n, r in saved["relative"]]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, statistics.StatisticsError):
+            return  # missing, corrupt or of another format: calibrate instead
+        self.levels.extend(levels)
+        for n, r in relative:
+            self.samples.setdefault(max(n, 1), deque(maxlen=self.window)).append(r)
+        self._curve = None
 
 
 class AcceptanceModel:
