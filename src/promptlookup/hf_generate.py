@@ -92,15 +92,15 @@ def target_for(model: torch.nn.Module) -> TransformersTarget:
     """A fresh target (an empty cache) over ``model`` that reuses the kernel and attention
     choices measured in earlier calls with the same model object (on disk too, beside the cost
     curve, when the model has a name)."""
-    target = TransformersTarget(model)  # sets eval mode
     weight = next(model.parameters())
     kept = _CHOICES.get(model)
-    if kept is None or kept[0] != (weight.dtype, weight.device):  # new, or moved or cast since
-        cost_file = _cost_file(model)
-        if cost_file is not None:
-            target.use_choice_files(cost_file)
-        kept = _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)
-    _, target.kernels, target.attention = kept
+    if kept is not None and kept[0] == (weight.dtype, weight.device):
+        return TransformersTarget(model, kernels=kept[1], attention=kept[2])  # sets eval mode
+    target = TransformersTarget(model)  # new, or moved or cast since
+    cost_file = _cost_file(model)
+    if cost_file is not None:
+        target.use_choice_files(cost_file)
+    _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)
     return target
 
 

@@ -86,7 +86,7 @@ def save_cache_json(path: Path, data) -> None:
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes may save at once
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:

@@ -19,7 +19,10 @@ PREFILL_CHUNK = 2048
 class TransformersTarget:
     """A ``transformers`` causal LM as a :class:`~promptlookup.backends.base.Target`."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, kernels: LinearKernels | None = None,
+                 attention: PromptAttention | None = None) -> None:
+        """``kernels`` and ``attention``: choices already measured for this model (another
+        target's), or None to measure them on first use."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
         self.config = config
@@ -27,9 +30,10 @@ class TransformersTarget:
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
-        self.kernels = LinearKernels(model)
+        self.kernels = kernels if kernels is not None else LinearKernels(model)
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
-        self.attention = PromptAttention(config, next(model.parameters()).dtype, self.device)
+        self.attention = (attention if attention is not None
+                          else PromptAttention(config, next(model.parameters()).dtype, self.device))
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
