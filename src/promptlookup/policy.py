@@ -109,6 +109,7 @@ class CostModel:
         self.window = window
         self.samples: dict[int, deque[float]] = {}  # tokens -> recent relative costs
         self.levels: deque[float] = deque(maxlen=self.LEVEL_WINDOW)  # implied seconds per unit
+        self._level: float | None = None  # their median, cached
         self._curve: list[tuple[int, float]] | None = None  # (tokens, relative cost), cached
         self._line: tuple[float, float] = (0.0, 0.0)
 
@@ -123,7 +124,9 @@ class CostModel:
     @property
     def level(self) -> float:
         """Seconds per unit of relative cost, now (1.0 before the first pass)."""
-        return statistics.median(self.levels) if self.levels else 1.0
+        if self._level is None:
+            self._level = statistics.median(self.levels) if self.levels else 1.0
+        return self._level
 
     def record(self, num_tokens: int, seconds: float, level: float | None = None) -> None:
         """Note a pass over ``num_tokens`` tokens that took ``seconds``, relative to ``level``
@@ -137,7 +140,7 @@ class CostModel:
         if n in self.samples:  # a size with a shape already: its pass also measures the level
             self.levels.append(seconds / self._relative(n))
         self.samples.setdefault(n, deque(maxlen=self.window)).append(seconds / level)
-        self._curve = None
+        self._curve = self._level = None
 
     def curve(self) -> list[tuple[int, float]]:
         """The points joined by the curve: (tokens, relative cost), by tokens (see the class doc)."""
@@ -234,7 +237,7 @@ class CostModel:
         self.levels.extend(levels)
         for n, r in relative:
             self.samples.setdefault(max(n, 1), deque(maxlen=self.window)).append(r)
-        self._curve = None
+        self._curve = self._level = None
 
 
 class AcceptanceModel:
