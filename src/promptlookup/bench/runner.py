@@ -5,9 +5,11 @@ Fairness policies:
 - One model object and one tokenised prompt per row, shared by every method; tokenisation and
   detokenisation are outside the timed region (each method times its generation call alone).
 - A warm-up first: each method once on the first prompt (at most 32 new tokens), not recorded.
-- Interleaved prompt by prompt (plain, A, B, plain, A, B, ...), so slow drifts of a noisy
-  machine hit every method alike; ``plain`` always runs first within a prompt (it is the
-  baseline of the identity check) and is added when not asked for.
+- Interleaved prompt by prompt, in an order rotated by one method per prompt (plain, A, B;
+  A, B, plain; B, plain, A; ...), so slow drifts of a noisy machine hit every method alike and
+  a slow spell is not always met by the same neighbours (on a shared host every pass can run
+  ~1.7x slower for 10-20 s). ``plain`` (the baseline of the identity check) is added when not
+  asked for; rows are written in the methods' own order once a prompt is done.
 - Greedy runs compare each method's new tokens (up to and including EOS) with ``plain``'s:
   ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
   Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
@@ -184,14 +186,16 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
             for index, row, prompt_ids in todo:
                 prompt_settings = (replace(settings, seed=settings.seed + index)
                                    if settings.sampling else settings)
-                baseline_tokens = None
-                for method in method_objs:
+                shift = index % len(method_objs)
+                outputs = {}
+                for method in method_objs[shift:] + method_objs[:shift]:
                     bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
-                    output = method.run(prompt_ids, prompt_settings)
-                    if method.name == BASELINE:
-                        baseline_tokens = output.token_ids
-                    identical = (None if settings.sampling or baseline_tokens is None
-                                 else output.token_ids == baseline_tokens)
+                    outputs[method.name] = method.run(prompt_ids, prompt_settings)
+                    bar.update(1)
+                baseline_tokens = outputs[BASELINE].token_ids
+                for method in method_objs:
+                    output = outputs[method.name]
+                    identical = None if settings.sampling else output.token_ids == baseline_tokens
                     record = dict(zip(RESULT_KEYS, (
                         row.task, row.id, method.name, len(prompt_ids), len(output.token_ids),
                         round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
@@ -201,7 +205,6 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                     if handle is not None:
                         handle.write(json.dumps(record) + "\n")
                         handle.flush()
-                    bar.update(1)
     finally:
         if handle is not None:
             handle.close()
