@@ -57,6 +57,15 @@ def test_one_noisy_pass_bends_the_curve_only_a_little():
     assert model.cost(4) < model.cost(6) < model.cost(8)
 
 
+def test_the_first_pass_sets_the_scale_even_after_the_level_was_read():
+    model = CostModel()
+    assert model.level == 1.0  # before any pass
+    model.record(1, 0.05)
+    model.record(8, 0.06)
+    model.record(16, 0.07)
+    assert abs(model.cost(1) - 0.05) < 1e-12 and abs(model.cost(8) - 0.06) < 1e-12
+
+
 def test_cost_model_keeps_estimates_physically_plausible():
     model = CostModel()
     model.record(1, 1.0)

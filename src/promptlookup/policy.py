@@ -135,6 +135,7 @@ class CostModel:
         n = max(num_tokens, 1)
         if not self.levels:  # the first pass sets the scale
             self.levels.append(seconds if level is None else level)
+            self._level = None
         if level is None:
             level = self.level
         if n in self.samples:  # a size with a shape already: its pass also measures the level
