@@ -18,7 +18,7 @@ Each row also keeps the new token ids and ``token_seconds``, the time from the c
 which each arrived, from which the report times every method on the tokens all of them wrote
 (:mod:`promptlookup.bench.agreed`).
 
-``results.jsonl`` is written and flushed row by row, so an interrupted run keeps what it
+``results.jsonl`` is written and flushed prompt by prompt, so an interrupted run keeps what it
 measured; ``resume=True`` keeps the prompts already complete in it and runs the rest.
 """
 
