@@ -1,6 +1,8 @@
 """What one target forward pass over n tokens costs, with transformers' stock attention and cache
 and with promptlookup's (folded grouped-query attention, a cache that appends in place, matrix
-products by the kernel measured fastest for the pass size).
+products by the kernel measured fastest for the pass size, and since 0.7.0 a Llama's pass
+written out): modes ``stock``, ``own-forward`` (promptlookup's target running the model's own
+forward, as before 0.7.0 and for models other than Llama) and ``promptlookup``.
 
 Both run the same loaded model on the same random context; sizes and modes are interleaved
 round by round and each cell is the median over rounds. Prints a markdown table.
@@ -22,6 +24,7 @@ from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.models import load_pretrained
 
 SIZES = (1, 2, 4, 8, 16, 32)
+MODES = ("stock", "own-forward", "promptlookup")
 
 
 class StockTarget(TransformersTarget):
@@ -46,7 +49,9 @@ def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, i
     """Median seconds per pass, by (mode, size); size 0 is the prefill of the context itself."""
     generator = torch.Generator().manual_seed(context)
     ids = torch.randint(100, 40000, (context + max(SIZES),), generator=generator).tolist()
-    targets = {"stock": StockTarget(model), "promptlookup": TransformersTarget(model)}
+    targets = {"stock": StockTarget(model), "own-forward": TransformersTarget(model),
+               "promptlookup": TransformersTarget(model)}
+    targets["own-forward"].written_out = None
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
         for mode, target in targets.items():
@@ -78,6 +83,9 @@ def main() -> None:
 
     print(f"## Forward-pass cost (version {__version__}): stock transformers vs promptlookup's "
           "target\n")
+    print("Modes: `stock` (transformers' cache, attention and products), `own-forward` "
+          "(promptlookup's target running the model's own forward: versions before 0.7.0, and "
+          "models other than Llama), `promptlookup` (the target as it is).\n")
     print(f"`python benchmarks/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
           f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
           "tokens after a context of the given length; in brackets, the ratio to the stock "
@@ -93,7 +101,7 @@ def main() -> None:
         for context in args.context or [500, 2000]:
             costs = measure(model, context, args.rounds, args.repeats)
             one = costs[("stock", 1)]
-            for mode in ("stock", "promptlookup"):
+            for mode in MODES:
                 cells = " | ".join(f"{costs[(mode, n)] * 1e3:.0f} ({costs[(mode, n)] / one:.2f}x)"
                                    for n in SIZES)
                 prefill = (f"{costs[(mode, 0)] * 1e3:.0f} "

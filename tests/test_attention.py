@@ -10,6 +10,14 @@ from promptlookup.backends.attention import NAME, verification_attention
 from promptlookup.backends.transformers_backend import TransformersTarget
 
 
+def _own_forward_target(model) -> TransformersTarget:
+    """A target whose passes all run the model's own forward (as every model but a plain Llama
+    does; a Llama's passes are written out, see test_llama_forward.py)."""
+    target = TransformersTarget(model)
+    target.written_out = None
+    return target
+
+
 def _verification_logits(target: TransformersTarget, prompt, draft):
     target.reset()
     target.prefill(prompt)
@@ -21,7 +29,7 @@ def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
     from contextlib import nullcontext
 
     model = tiny_llama(vocab_size=48, seed=3)  # 4 query heads share 2 key/value heads
-    target = TransformersTarget(model)
+    target = _own_forward_target(model)
     prompt, draft = list(range(1, 40)), [5, 9, 2, 7, 7, 1]
     sdpa, query_heads = torch.nn.functional.scaled_dot_product_attention, []
 
@@ -62,7 +70,7 @@ def test_switch_lasts_only_for_our_forward_pass():
     hook = model.model.layers[0].self_attn.register_forward_pre_hook(
         lambda module, args: seen.append(module.config._attn_implementation))
     try:
-        target = TransformersTarget(model)
+        target = _own_forward_target(model)
         target.prefill([1, 2, 3])
         target.forward([4, 5])
     finally:
@@ -127,7 +135,7 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
-        target = TransformersTarget(model)
+        target = _own_forward_target(model)
         target.attention.choice = "blocked"  # as timed on this project's AMD EPYC
         target.prefill(prompt)
         logits[dtype, "draft"] = target.forward(list(range(5, 25))).float()  # 20 tokens: sdpa
@@ -222,7 +230,7 @@ def test_a_pass_tiles_its_mask_once_and_a_new_mask_is_tiled_afresh(monkeypatch):
 
     monkeypatch.setattr(attention, "_tiled_mask", spy)
     model = tiny_llama(vocab_size=48, seed=8)  # 2 layers
-    target = TransformersTarget(model)
+    target = _own_forward_target(model)
     target.prefill(list(range(1, 20)))
     target.forward([3, 4, 5])
     assert len(tilings) == 2 and tilings[0] is tilings[1]

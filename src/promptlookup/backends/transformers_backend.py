@@ -11,6 +11,7 @@ from ..errors import UnsupportedModelError
 from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
 from .cache import GrowingLayer, growing_cache
 from .linear import TIMED_ROWS, LinearKernels
+from .llama_forward import LlamaForward, supports
 
 #: Prompts are fed in chunks of this many tokens, bounding activation memory.
 PREFILL_CHUNK = 2048
@@ -34,6 +35,11 @@ class TransformersTarget:
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
         self.attention = (attention if attention is not None
                           else PromptAttention(config, next(model.parameters()).dtype, self.device))
+        #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None:
+        #: it runs all our passes but float32 one-token ones, which keep the model's own
+        #: forward so that plain decoding steps stay bit-identical to transformers'.
+        self.written_out = LlamaForward(model) if supports(model) else None
+        self.dtype = next(model.parameters()).dtype
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -53,8 +59,12 @@ class TransformersTarget:
     @torch.inference_mode()
     def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        blocked = len(token_ids) > SDPA_MAX_ROWS and self.attention.prefers_blocks()
-        with verification_attention(self.config, blocked), self.kernels.use(len(token_ids)):
+        length = len(token_ids)
+        blocked = length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
+        if self.written_out is not None and (length > 1 or self.dtype != torch.float32):
+            with self.kernels.use(length):
+                return self.written_out(input_ids, self.cache, logits_to_keep, blocked)[0]
+        with verification_attention(self.config, blocked), self.kernels.use(length):
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
         return out.logits[0]

@@ -1,0 +1,157 @@
+"""A forward pass written out for Llama-architecture models: the same modules, less framework.
+
+A forward pass of ``transformers``' ``LlamaForCausalLM`` spends a good part of its time on work
+around the products: building a mask and position objects, dispatching attention through its
+interface, updating the cache through its layers, output records, decorators and keyword
+plumbing in every module. For a small model on a CPU that is a large share: one bfloat16
+pass of SmolLM2-135M after a 1,500-token prompt (one thread, a Xeon with AMX) took 0.81-0.85x
+the time when written out as below, over the same weights and kernels (a one-off timing of
+1-, 8- and 16-token passes, interleaved with the model's own).
+
+:class:`LlamaForward` is that pass, step by step as ``LlamaModel`` does it, calling the model's
+own modules (embedding, norms, projections, activation, rotary embedding, head), so every
+weight, kernel choice (:class:`~promptlookup.backends.linear.LinearKernels` switches the same
+``nn.Linear`` modules) and RoPE variant is the model's. Only the glue is ours: the cache is
+our :class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is grouped-query
+attention computed as :mod:`~promptlookup.backends.attention` does it (folded SDPA for one
+token and drafts, a causal kernel or the blocks for prompt chunks).
+
+:func:`supports` accepts only a plain ``LlamaForCausalLM`` on the CPU whose every layer has the
+standard structure; every other model runs through ``model(...)`` unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from . import attention as attention_kernels
+from .attention import SDPA_MAX_ROWS
+
+#: Architectures :class:`LlamaForward` reproduces (the class name of the whole model).
+ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether :class:`LlamaForward` computes ``model``'s forward pass (see the module doc)."""
+    if type(model).__name__ not in ARCHITECTURES or getattr(model.config, "model_type", None) != "llama":
+        return False
+    if next(model.parameters()).device.type != "cpu":
+        return False
+    if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return False
+    base = getattr(model, "model", None)
+    needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, name) for name in needed):
+        return False
+    if len(base.layers) != model.config.num_hidden_layers:
+        return False
+    return all(type(layer).__name__ == "LlamaDecoderLayer"
+               and type(layer.self_attn).__name__ == "LlamaAttention"
+               and type(layer.mlp).__name__ == "LlamaMLP" for layer in base.layers)
+
+
+class LlamaForward:
+    """:func:`llama_forward`'s pass over one model, its modules looked up once.
+
+    Modules are called by their ``forward`` (an override that
+    :class:`~promptlookup.backends.linear.LinearKernels` puts on an instance is found the same
+    way), not through ``nn.Module.__call__``: hooks on them do not run in our passes.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        base = model.model
+        self.config = model.config
+        self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
+        self.norm, self.lm_head = base.norm, model.lm_head
+        self.layers = [_LayerModules(layer) for layer in base.layers]
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0,
+                 blocked_prompts: bool = False) -> torch.Tensor:
+        """Logits ``(1, kept, vocab)`` over ``input_ids`` (1, n) appended to ``cache`` (a cache
+        of :class:`~promptlookup.backends.cache.GrowingLayer`, updated in place).
+
+        ``logits_to_keep``: the last this many positions (0: all of them), as in transformers.
+        ``blocked_prompts``: whether a bfloat16 prompt chunk (more than
+        :data:`~promptlookup.backends.attention.SDPA_MAX_ROWS` tokens) takes
+        :func:`~promptlookup.backends.attention.blocked_attention`.
+        """
+        length = input_ids.shape[1]
+        start = cache.get_seq_length()  # tokens cached before this pass
+        hidden = self.embed_tokens.forward(input_ids)  # (1, n, hidden)
+        positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
+        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
+        attend = _attention(self.config, length, start, hidden.dtype, blocked_prompts)
+        for layer, cache_layer in zip(self.layers, cache.layers):
+            hidden = layer.forward(hidden, cos, sin, cache_layer, attend)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
+
+
+class _LayerModules:
+    """One ``LlamaDecoderLayer``'s modules, and its pass: attention then the MLP, each added to
+    the residual stream."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = (layer.input_layernorm,
+                                                               layer.post_attention_layernorm)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj)
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.act_fn = mlp.act_fn
+        self.head_dim, self.scaling = attention.head_dim, attention.scaling
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layer,
+                attend) -> torch.Tensor:
+        length, head_dim = hidden.shape[1], self.head_dim
+        normed = self.input_layernorm.forward(hidden)
+        # (1, n, heads * head_dim) -> (1, heads, n, head_dim), and likewise for keys and values
+        query = self.q_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
+        key = self.k_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
+        value = self.v_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        keys, values = cache_layer.update(key, value)  # (1, kv_heads, start + n, head_dim)
+        attended = attend(query, keys, values, self.scaling)  # (1, n, heads * head_dim)
+        hidden = hidden + self.o_proj.forward(attended)
+        normed = self.post_attention_layernorm.forward(hidden)
+        gate, up = self.gate_proj.forward(normed), self.up_proj.forward(normed)
+        return hidden + self.down_proj.forward(self.act_fn(gate) * up)
+
+
+def _attention(config, length: int, start: int, dtype: torch.dtype, blocked_prompts: bool):
+    """The attention of this pass's queries: ``attend(query, keys, values, scaling)`` with
+    ``query`` (1, heads, n, head_dim) and ``keys``/``values`` (1, kv_heads, start + n,
+    head_dim), returning (1, n, heads * head_dim). Each query sees the cache and the pass's
+    tokens up to its own (causal); the mask for that is made once per pass, not per layer."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    groups = heads // kv_heads
+    end = start + length
+    if length > SDPA_MAX_ROWS and dtype == torch.bfloat16 and blocked_prompts:
+        def attend(query, keys, values, scaling):
+            output = attention_kernels.blocked_attention(query, keys, values, None, scaling)
+            return output.reshape(1, length, -1)  # (1, n, heads, head_dim) -> (1, n, heads * head_dim)
+        return attend
+    if length > SDPA_MAX_ROWS:  # a prompt chunk: one causal kernel over the unrepeated cache
+        mask = None if start == 0 else torch.ones(length, end, dtype=torch.bool).tril(start)
+        def attend(query, keys, values, scaling):
+            output = F.scaled_dot_product_attention(  # (1, heads, n, head_dim)
+                query, keys, values, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                enable_gqa=groups > 1)
+            return output.transpose(1, 2).reshape(1, length, -1)
+        return attend
+    # One token or a draft: each key/value head's query heads folded into the rows,
+    # (1, heads, n, head_dim) -> (1, kv_heads, groups * n, head_dim), rows ordered (query head
+    # within its group, position), with the causal mask tiled to match.
+    mask = None
+    if length > 1:
+        mask = torch.ones(length, end, dtype=torch.bool).tril(start).repeat(groups, 1)
+    def attend(query, keys, values, scaling):
+        folded = query.reshape(1, kv_heads, groups * length, -1)
+        output = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scaling)
+        return output.reshape(1, heads, length, -1).transpose(1, 2).reshape(1, length, -1)
+    return attend

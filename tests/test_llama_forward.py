@@ -1,0 +1,133 @@
+"""The written-out Llama forward pass: the logits of the model's own, on every kind of pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from promptlookup.backends import transformers_backend
+from promptlookup.backends.llama_forward import LlamaForward, supports
+from promptlookup.backends.transformers_backend import TransformersTarget
+
+
+def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
+    """Logits of a prompt fed in chunks, then of each step (a list of tokens) in turn, some of
+    them cropped away again as rejected drafts would be."""
+    target.reset()
+    logits = [target.extend(prompt)]
+    for step in steps:
+        length = target.cache_length
+        logits.append(target.forward(step))
+        if len(step) > 2:
+            target.crop(length + 2)  # two of the step's tokens accepted
+    return logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype):
+    # Chunks of 80 tokens: a first chunk, a chunk after a cache, and a short last chunk (the
+    # draft-sized path with a mask) all occur in a 200-token prompt.
+    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 80)
+    model = tiny_llama(vocab_size=48, seed=11, layers=3).to(dtype)
+    written, own = TransformersTarget(model), TransformersTarget(model)
+    own.written_out = None
+    assert isinstance(written.written_out, LlamaForward)
+    prompt = [(5 * i) % 47 + 1 for i in range(200)]
+    steps = [[3], [4, 5, 6, 7], [8], list(range(1, 21)), [9, 10]]
+    ours, theirs = _passes(written, prompt, steps), _passes(own, prompt, steps)
+    assert written.cache_length == own.cache_length
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    for mine, reference in zip(ours, theirs):
+        assert mine.shape == reference.shape
+        assert torch.allclose(mine.float(), reference.float(), atol=tolerance, rtol=0)
+
+
+def test_float32_one_token_passes_keep_the_models_own_forward(monkeypatch):
+    """Plain decoding steps in float32 stay bit-identical to transformers'; every other pass
+    (drafts, prompt chunks, any pass in bfloat16) is written out."""
+    calls = []
+    for dtype in (torch.float32, torch.bfloat16):
+        target = TransformersTarget(tiny_llama(seed=12).to(dtype))
+        written = target.written_out
+        target.written_out = lambda input_ids, *args: calls.append((dtype, input_ids.shape[1])) \
+            or written(input_ids, *args)
+        target.prefill([1, 2, 3])
+        target.forward([4])
+        target.forward([5, 6])
+    assert calls == [(torch.float32, 3), (torch.float32, 2),
+                     (torch.bfloat16, 3), (torch.bfloat16, 1), (torch.bfloat16, 2)]
+
+
+def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(monkeypatch):
+    import promptlookup.backends.attention as attention
+
+    calls = []
+    blocked = attention.blocked_attention
+
+    def spy(query, key, value, mask, scaling):
+        calls.append((query.shape[2], key.shape[2], mask))
+        return blocked(query, key, value, mask, scaling)
+
+    monkeypatch.setattr(attention, "blocked_attention", spy)
+    model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
+    target, reference = TransformersTarget(model), TransformersTarget(model)
+    reference.written_out = None
+    prompt = [(7 * i) % 61 + 1 for i in range(90)]
+    logits = {}
+    for choice in ("blocked", "sdpa"):
+        target.attention.choice = choice
+        target.reset()
+        target.prefill(prompt)
+        logits[choice] = target.extend(prompt[:70]).float()  # a chunk after a cache
+    layers = model.config.num_hidden_layers
+    assert calls == [(90, 90, None)] * layers + [(70, 160, None)] * layers  # "blocked" only
+    reference.prefill(prompt)
+    expected = reference.extend(prompt[:70]).float()
+    for choice in ("blocked", "sdpa"):
+        assert torch.allclose(logits[choice], expected, atol=5e-2, rtol=0)
+
+
+def test_only_a_plain_llama_on_the_cpu_is_written_out():
+    from transformers import LlamaForCausalLM
+
+    model = tiny_llama(seed=13)
+    assert supports(model)
+
+    class Tweaked(LlamaForCausalLM):  # a subclass may compute anything
+        pass
+
+    assert not supports(Tweaked(model.config))
+    flash = tiny_llama(seed=13)
+    flash.config._attn_implementation_internal = "flash_attention_2"
+    assert not supports(flash)
+    unusual = tiny_llama(seed=13)
+    unusual.model.layers[0].mlp = torch.nn.Identity()
+    assert not supports(unusual)
+    assert TransformersTarget(unusual).written_out is None
+
+
+def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
+    """The pass calls the model's own modules by ``forward``: a kernel switch of
+    :class:`~promptlookup.backends.linear.LinearKernels` applies, a forward hook does not run."""
+    from promptlookup.backends.linear import LinearKernels
+
+    monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: "weight_first")
+    model = tiny_llama(seed=14).to(torch.bfloat16)
+    target = TransformersTarget(model)
+    seen = []
+    handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda module, args, output: seen.append(output.shape))
+    switched = []
+    from promptlookup.backends import linear
+
+    first = linear.weight_first_linear
+    monkeypatch.setattr(linear, "weight_first_linear",
+                        lambda module, x: switched.append(module) or first(module, x))
+    try:
+        target.prefill([1, 2, 3])
+        target.forward([4, 5])
+    finally:
+        handle.remove()
+    assert seen == []
+    assert model.model.layers[0].self_attn.q_proj in switched
