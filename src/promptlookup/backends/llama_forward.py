@@ -3,10 +3,11 @@
 A forward pass of ``transformers``' ``LlamaForCausalLM`` spends a good part of its time on work
 around the products: building a mask and position objects, dispatching attention through its
 interface, updating the cache through its layers, output records, decorators and keyword
-plumbing in every module. For a small model on a CPU that is a large share: one bfloat16
-pass of SmolLM2-135M after a 1,500-token prompt (one thread, a Xeon with AMX) took 0.81-0.85x
-the time when written out as below, over the same weights and kernels (a one-off timing of
-1-, 8- and 16-token passes, interleaved with the model's own).
+plumbing in every module. For a small model on a CPU that is a sizeable share: bfloat16 passes
+of SmolLM2-135M over 1, 8 and 16 tokens after a 1,500-token prompt (one thread, a Xeon with
+AMX) took 0.91-0.94x the time when written out as below, over the same weights and kernels,
+and float32 passes over 8 and 16 tokens 0.94-0.96x (a one-off timing, interleaved with the
+model's own).
 
 :class:`LlamaForward` is that pass, step by step as ``LlamaModel`` does it, calling the model's
 own modules (embedding, norms, projections, activation, rotary embedding, head), so every
@@ -53,7 +54,7 @@ def supports(model: torch.nn.Module) -> bool:
 
 
 class LlamaForward:
-    """:func:`llama_forward`'s pass over one model, its modules looked up once.
+    """The written-out forward pass of one model, its modules looked up once.
 
     Modules are called by their ``forward`` (an override that
     :class:`~promptlookup.backends.linear.LinearKernels` puts on an instance is found the same
