@@ -268,14 +268,16 @@ def _register() -> None:
 def verification_attention(config, blocked_prompts: bool = True) -> Iterator[None]:
     """Run the enclosed forward passes with :func:`grouped_sdpa` if ``config`` uses ``sdpa``;
     ``blocked_prompts``: whether bfloat16 prompt chunks go to :func:`blocked_attention`."""
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        yield
-        return
-    _register()
-    config._attn_implementation_internal = NAME
-    token = _blocked_prompts.set(blocked_prompts)
+    token = _blocked_prompts.set(blocked_prompts)  # read by grouped_sdpa, however it is called
     try:
-        yield
+        if getattr(config, "_attn_implementation", None) != "sdpa":
+            yield
+            return
+        _register()
+        config._attn_implementation_internal = NAME
+        try:
+            yield
+        finally:
+            config._attn_implementation_internal = "sdpa"
     finally:
         _blocked_prompts.reset(token)
-        config._attn_implementation_internal = "sdpa"

@@ -14,8 +14,10 @@ own modules (embedding, norms, projections, activation, rotary embedding, head),
 weight, kernel choice (:class:`~promptlookup.backends.linear.LinearKernels` switches the same
 ``nn.Linear`` modules) and RoPE variant is the model's. Only the glue is ours: the cache is
 our :class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is grouped-query
-attention computed as :mod:`~promptlookup.backends.attention` does it (folded SDPA for one
-token and drafts, a causal kernel or the blocks for prompt chunks).
+attention is :func:`~promptlookup.backends.attention.grouped_sdpa`, as in the model's own
+forward under :func:`~promptlookup.backends.attention.verification_attention` (folded SDPA for
+one token and drafts, a causal kernel or the blocks for prompt chunks), which the caller
+enters around the pass.
 
 :func:`supports` accepts only a plain ``LlamaForCausalLM`` on the CPU whose every layer has the
 standard structure; every other model runs through ``model(...)`` unchanged.
@@ -24,11 +26,9 @@ standard structure; every other model runs through ``model(...)`` unchanged.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from . import attention as attention_kernels
-from .attention import SDPA_MAX_ROWS
+from .attention import grouped_sdpa
 
 #: Architectures :class:`LlamaForward` reproduces (the class name of the whole model).
 ARCHITECTURES = ("LlamaForCausalLM",)
@@ -63,30 +63,32 @@ class LlamaForward:
 
     def __init__(self, model: torch.nn.Module) -> None:
         base = model.model
-        self.config = model.config
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0,
-                 blocked_prompts: bool = False) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits ``(1, kept, vocab)`` over ``input_ids`` (1, n) appended to ``cache`` (a cache
         of :class:`~promptlookup.backends.cache.GrowingLayer`, updated in place).
 
         ``logits_to_keep``: the last this many positions (0: all of them), as in transformers.
-        ``blocked_prompts``: whether a bfloat16 prompt chunk (more than
-        :data:`~promptlookup.backends.attention.SDPA_MAX_ROWS` tokens) takes
-        :func:`~promptlookup.backends.attention.blocked_attention`.
+        Whether a bfloat16 prompt chunk takes the blocks is
+        :func:`~promptlookup.backends.attention.verification_attention`'s to say.
         """
         length = input_ids.shape[1]
         start = cache.get_seq_length()  # tokens cached before this pass
         hidden = self.embed_tokens.forward(input_ids)  # (1, n, hidden)
         positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
-        attend = _attention(self.config, length, start, hidden.dtype, blocked_prompts)
+        end = start + length
+        # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
+        # cache (True: may attend), made once per pass; none for one token or a first chunk.
+        mask = (None if length == 1 or start == 0
+                else torch.ones(length, end, dtype=torch.bool, device=input_ids.device)
+                .tril(start)[None, None])  # (1, 1, n, start + n)
         for layer, cache_layer in zip(self.layers, cache.layers):
-            hidden = layer.forward(hidden, cos, sin, cache_layer, attend)
+            hidden = layer.forward(hidden, cos, sin, cache_layer, mask)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
@@ -104,10 +106,11 @@ class _LayerModules:
             attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj)
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.act_fn = mlp.act_fn
+        self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layer,
-                attend) -> torch.Tensor:
+                mask: torch.Tensor | None) -> torch.Tensor:
         length, head_dim = hidden.shape[1], self.head_dim
         normed = self.input_layernorm.forward(hidden)
         # (1, n, heads * head_dim) -> (1, heads, n, head_dim), and likewise for keys and values
@@ -116,43 +119,9 @@ class _LayerModules:
         value = self.v_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, cos, sin)
         keys, values = cache_layer.update(key, value)  # (1, kv_heads, start + n, head_dim)
-        attended = attend(query, keys, values, self.scaling)  # (1, n, heads * head_dim)
-        hidden = hidden + self.o_proj.forward(attended)
+        attended, _ = grouped_sdpa(self.attention, query, keys, values, mask,
+                                   scaling=self.scaling)  # (1, n, heads, head_dim)
+        hidden = hidden + self.o_proj.forward(attended.reshape(1, length, -1))
         normed = self.post_attention_layernorm.forward(hidden)
         gate, up = self.gate_proj.forward(normed), self.up_proj.forward(normed)
         return hidden + self.down_proj.forward(self.act_fn(gate) * up)
-
-
-def _attention(config, length: int, start: int, dtype: torch.dtype, blocked_prompts: bool):
-    """The attention of this pass's queries: ``attend(query, keys, values, scaling)`` with
-    ``query`` (1, heads, n, head_dim) and ``keys``/``values`` (1, kv_heads, start + n,
-    head_dim), returning (1, n, heads * head_dim). Each query sees the cache and the pass's
-    tokens up to its own (causal); the mask for that is made once per pass, not per layer."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    groups = heads // kv_heads
-    end = start + length
-    if length > SDPA_MAX_ROWS and dtype == torch.bfloat16 and blocked_prompts:
-        def attend(query, keys, values, scaling):
-            output = attention_kernels.blocked_attention(query, keys, values, None, scaling)
-            return output.reshape(1, length, -1)  # (1, n, heads, head_dim) -> (1, n, heads * head_dim)
-        return attend
-    if length > SDPA_MAX_ROWS:  # a prompt chunk: one causal kernel over the unrepeated cache
-        mask = None if start == 0 else torch.ones(length, end, dtype=torch.bool).tril(start)
-        def attend(query, keys, values, scaling):
-            output = F.scaled_dot_product_attention(  # (1, heads, n, head_dim)
-                query, keys, values, attn_mask=mask, is_causal=mask is None, scale=scaling,
-                enable_gqa=groups > 1)
-            return output.transpose(1, 2).reshape(1, length, -1)
-        return attend
-    # One token or a draft: each key/value head's query heads folded into the rows,
-    # (1, heads, n, head_dim) -> (1, kv_heads, groups * n, head_dim), rows ordered (query head
-    # within its group, position), with the causal mask tiled to match.
-    mask = None
-    if length > 1:
-        mask = torch.ones(length, end, dtype=torch.bool).tril(start).repeat(groups, 1)
-    def attend(query, keys, values, scaling):
-        folded = query.reshape(1, kv_heads, groups * length, -1)
-        output = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scaling)
-        return output.reshape(1, heads, length, -1).transpose(1, 2).reshape(1, length, -1)
-    return attend

@@ -28,18 +28,18 @@ class TransformersTarget:
         config = model.config.get_text_config(decoder=True)
         self.config = config
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
-        self.device = next(model.parameters()).device
+        weight = next(model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
         self.kernels = kernels if kernels is not None else LinearKernels(model)
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
         self.attention = (attention if attention is not None
-                          else PromptAttention(config, next(model.parameters()).dtype, self.device))
+                          else PromptAttention(config, self.dtype, self.device))
         #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None:
         #: it runs all our passes but float32 one-token ones, which keep the model's own
         #: forward so that plain decoding steps stay bit-identical to transformers'.
         self.written_out = LlamaForward(model) if supports(model) else None
-        self.dtype = next(model.parameters()).dtype
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -61,10 +61,9 @@ class TransformersTarget:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
         blocked = length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
-        if self.written_out is not None and (length > 1 or self.dtype != torch.float32):
-            with self.kernels.use(length):
-                return self.written_out(input_ids, self.cache, logits_to_keep, blocked)[0]
         with verification_attention(self.config, blocked), self.kernels.use(length):
+            if self.written_out is not None and (length > 1 or self.dtype != torch.float32):
+                return self.written_out(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
         return out.logits[0]
