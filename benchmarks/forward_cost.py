@@ -34,6 +34,7 @@ class StockTarget(TransformersTarget):
     def __init__(self, model) -> None:
         super().__init__(model)
         self.can_crop = True  # DynamicLayer crops as well
+        self.written_out = None  # `_run` below is the model's own forward
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)

@@ -11,6 +11,29 @@ from promptlookup.backends.llama_forward import LlamaForward, supports
 from promptlookup.backends.transformers_backend import TransformersTarget
 
 
+def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
+    """A tiny Llama, Qwen2 or Mistral model (random biases on Qwen2's projections)."""
+    if architecture == "llama":
+        return tiny_llama(vocab_size=vocab_size, seed=seed, layers=layers)
+    import transformers
+
+    config_class, model_class = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                                 "mistral": ("MistralConfig", "MistralForCausalLM")}[architecture]
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                    num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=512, tie_word_embeddings=False, sliding_window=None)
+    settings.update(config)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                if projection.bias is not None:
+                    projection.bias.normal_()
+        model.lm_head.weight.mul_(8.0)
+    return model.eval()
+
+
 def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
     """Logits of a prompt fed in chunks, then of each step (a list of tokens) in turn, some of
     them cropped away again as rejected drafts would be."""
@@ -24,12 +47,13 @@ def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
     return logits
 
 
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype):
+def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, architecture):
     # Chunks of 80 tokens: a first chunk, a chunk after a cache, and a short last chunk (the
     # draft-sized path with a mask) all occur in a 200-token prompt.
     monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 80)
-    model = tiny_llama(vocab_size=48, seed=11, layers=3).to(dtype)
+    model = _tiny(architecture, vocab_size=48, seed=11, layers=3).to(dtype)
     written, own = TransformersTarget(model), TransformersTarget(model)
     own.written_out = None
     assert isinstance(written.written_out, LlamaForward)
@@ -88,7 +112,7 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
         assert torch.allclose(logits[choice], expected, atol=5e-2, rtol=0)
 
 
-def test_only_a_plain_llama_on_the_cpu_is_written_out():
+def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
     from transformers import LlamaForCausalLM
 
     model = tiny_llama(seed=13)
@@ -105,6 +129,11 @@ def test_only_a_plain_llama_on_the_cpu_is_written_out():
     unusual.model.layers[0].mlp = torch.nn.Identity()
     assert not supports(unusual)
     assert TransformersTarget(unusual).written_out is None
+    # A sliding window hides old keys, which the written-out pass would attend to.
+    assert supports(_tiny("mistral", 32, 13, 2)) and supports(_tiny("qwen2", 32, 13, 2))
+    assert not supports(_tiny("mistral", 32, 13, 2, sliding_window=64))
+    assert not supports(_tiny("qwen2", 32, 13, 2, use_sliding_window=True, sliding_window=64,
+                              max_window_layers=1))
 
 
 def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):

@@ -166,27 +166,25 @@ class CostModel:
         return mean_s - slope * mean_n, slope
 
     def _relative(self, n: int) -> float:
-        """The curve's relative cost of a pass over ``n`` tokens (a size already measured)."""
+        """The curve's relative cost of a pass over ``n`` tokens: a measured size's point,
+        joined linearly between sizes, continued by the fitted slope beyond the largest."""
         points = self.curve()
-        return points[bisect.bisect_left(points, (n, -math.inf))][1]
+        index = bisect.bisect_left(points, (n, -math.inf))
+        if index < len(points) and points[index][0] == n:
+            return points[index][1]
+        if index < len(points):  # between two measured sizes
+            (n0, s0), (n1, s1) = points[index - 1], points[index]
+            return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        last_n, last_s = points[-1]  # beyond the largest measured size
+        return last_s + self._line[1] * (n - last_n)
 
     def cost(self, num_tokens: int) -> float:
         """Estimated seconds for one forward pass over ``num_tokens`` tokens, now."""
         if 1 not in self.samples:
             return float(num_tokens)  # uncalibrated: assume linear
-        points = self.curve()
-        one = points[0][1]
         n = max(num_tokens, 1)
-        index = bisect.bisect_left(points, (n, -math.inf))
-        if index < len(points) and points[index][0] == n:
-            estimate = points[index][1]
-        elif index < len(points):  # between two measured sizes
-            (n0, s0), (n1, s1) = points[index - 1], points[index]
-            estimate = s0 + (s1 - s0) * (n - n0) / (n1 - n0)
-        else:  # beyond the largest measured size
-            last_n, last_s = points[-1]
-            estimate = last_s + self._line[1] * (n - last_n)
-        return self.level * min(max(estimate, one / 2), one * n)
+        one = self.curve()[0][1]
+        return self.level * min(max(self._relative(n), one / 2), one * n)
 
     def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
                   repeats: int = 3) -> None:

@@ -13,13 +13,14 @@ model's own).
 own modules (embedding, norms, projections, activation, rotary embedding, head), so every
 weight, kernel choice (:class:`~promptlookup.backends.linear.LinearKernels` switches the same
 ``nn.Linear`` modules) and RoPE variant is the model's. Only the glue is ours: the cache is
-our :class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is grouped-query
-attention is :func:`~promptlookup.backends.attention.grouped_sdpa`, as in the model's own
+our :class:`~promptlookup.backends.cache.GrowingLayer` buffers, and grouped-query attention is
+:func:`~promptlookup.backends.attention.grouped_sdpa`, as in the model's own
 forward under :func:`~promptlookup.backends.attention.verification_attention` (folded SDPA for
 one token and drafts, a causal kernel or the blocks for prompt chunks), which the caller
 enters around the pass.
 
-:func:`supports` accepts only a plain ``LlamaForCausalLM`` on the CPU whose every layer has the
+:func:`supports` accepts only a plain ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
+``MistralForCausalLM`` (no subclasses, no sliding window) on the CPU whose every layer has the
 standard structure; every other model runs through ``model(...)`` unchanged.
 """
 
@@ -30,27 +31,41 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .attention import grouped_sdpa
 
-#: Architectures :class:`LlamaForward` reproduces (the class name of the whole model).
-ARCHITECTURES = ("LlamaForCausalLM",)
+#: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
+#: ``model_type``, decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
+#: layers with biases on the query/key/value projections, or none, and a sliding window, which
+#: must be off).
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
+    "MistralForCausalLM": ("mistral", "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
+}
 
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether :class:`LlamaForward` computes ``model``'s forward pass (see the module doc)."""
-    if type(model).__name__ not in ARCHITECTURES or getattr(model.config, "model_type", None) != "llama":
+    classes = ARCHITECTURES.get(type(model).__name__)
+    config = model.config
+    if classes is None or getattr(config, "model_type", None) != classes[0]:
         return False
     if next(model.parameters()).device.type != "cpu":
         return False
-    if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return False
+    if getattr(config, "sliding_window", None) is not None:  # every query sees every key
         return False
     base = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if base is None or not all(hasattr(base, name) for name in needed):
         return False
-    if len(base.layers) != model.config.num_hidden_layers:
+    if len(base.layers) != config.num_hidden_layers:
         return False
-    return all(type(layer).__name__ == "LlamaDecoderLayer"
-               and type(layer.self_attn).__name__ == "LlamaAttention"
-               and type(layer.mlp).__name__ == "LlamaMLP" for layer in base.layers)
+    _, layer_class, attention_class, mlp_class = classes
+    return all(type(layer).__name__ == layer_class
+               and type(layer.self_attn).__name__ == attention_class
+               and type(layer.mlp).__name__ == mlp_class
+               and getattr(layer.self_attn, "sliding_window", None) is None
+               for layer in base.layers)
 
 
 class LlamaForward:
