@@ -20,7 +20,7 @@ def _own_forward_target(model) -> TransformersTarget:
 
 def _verification_logits(target: TransformersTarget, prompt, draft):
     target.reset()
-    target.prefill(prompt)
+    target.extend(prompt)
     return target.forward(draft)  # (len(draft), vocab)
 
 
@@ -71,7 +71,7 @@ def test_switch_lasts_only_for_our_forward_pass():
         lambda module, args: seen.append(module.config._attn_implementation))
     try:
         target = _own_forward_target(model)
-        target.prefill([1, 2, 3])
+        target.extend([1, 2, 3])
         target.forward([4, 5])
     finally:
         hook.remove()
@@ -137,7 +137,7 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
         model = tiny_llama(vocab_size=64, seed=6).to(dtype)
         target = _own_forward_target(model)
         target.attention.choice = "blocked"  # as timed on this project's AMD EPYC
-        target.prefill(prompt)
+        target.extend(prompt)
         logits[dtype, "draft"] = target.forward(list(range(5, 25))).float()  # 20 tokens: sdpa
         logits[dtype, "chunk"] = target.extend(prompt[:70]).float()  # a chunk after a cache
     layers = model.config.num_hidden_layers
@@ -157,7 +157,7 @@ def test_bfloat16_prompt_chunks_keep_sdpa_where_it_was_timed_faster(monkeypatch)
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
     target = TransformersTarget(model)
     target.attention.choice = "sdpa"  # as timed on a Xeon with AMX
-    target.prefill([(7 * i) % 61 + 1 for i in range(90)])
+    target.extend([(7 * i) % 61 + 1 for i in range(90)])
     chunk = target.extend([(5 * i) % 61 + 1 for i in range(70)]).float()
     assert calls == [] and torch.isfinite(chunk).all()
 
@@ -231,7 +231,7 @@ def test_a_pass_tiles_its_mask_once_and_a_new_mask_is_tiled_afresh(monkeypatch):
     monkeypatch.setattr(attention, "_tiled_mask", spy)
     model = tiny_llama(vocab_size=48, seed=8)  # 2 layers
     target = _own_forward_target(model)
-    target.prefill(list(range(1, 20)))
+    target.extend(list(range(1, 20)))
     target.forward([3, 4, 5])
     assert len(tilings) == 2 and tilings[0] is tilings[1]
     mask = torch.ones(1, 1, 3, 6, dtype=torch.bool).tril(3)

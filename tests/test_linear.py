@@ -88,7 +88,7 @@ def test_switch_lasts_only_for_our_own_passes(monkeypatch, kernel):
     assert calls == []
     target.forward([6, 7, 8])
     assert calls == [(f"{kernel}_linear", 3)] * 15
-    target.prefill([1, 2, 3, 4, 5])  # a prompt chunk: switched like a pass of its length
+    target.extend([1, 2, 3, 4, 5])  # a prompt chunk: switched like a pass of its length
     assert calls[15:] == [(f"{kernel}_linear", 5)] * 14 + [(f"{kernel}_linear", 1)]  # head: last
     assert not any("forward" in vars(m) for m in model.modules())  # restored afterwards
     model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False)
@@ -128,7 +128,7 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     from promptlookup.policy import QUICK_CALIBRATION_SIZES, CostModel
 
     target = TransformersTarget(tiny_llama(seed=2))
-    target.prefill([1, 2, 3])  # (chooses for 3 rows)
+    target.extend([1, 2, 3])  # (chooses for 3 rows)
     timed_before_forward = []
     real_forward = target.forward
     monkeypatch.setattr(target, "forward", lambda ids: timed_before_forward.append(
@@ -201,7 +201,7 @@ def test_packed_copies_follow_changes_to_the_weights(monkeypatch):
     _force(monkeypatch, "packed")
     model = tiny_llama(seed=2)
     target = TransformersTarget(model)
-    target.prefill([1, 2, 3])
+    target.extend([1, 2, 3])
     target.forward([4, 5])
     target.crop(3)
     with torch.no_grad():  # e.g. a merged adapter: the weights change in place

@@ -76,7 +76,7 @@ def test_float32_one_token_passes_keep_the_models_own_forward(monkeypatch):
         written = target.written_out
         target.written_out = lambda input_ids, *args: calls.append((dtype, input_ids.shape[1])) \
             or written(input_ids, *args)
-        target.prefill([1, 2, 3])
+        target.extend([1, 2, 3])
         target.forward([4])
         target.forward([5, 6])
     assert calls == [(torch.float32, 3), (torch.float32, 2),
@@ -102,11 +102,11 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
     for choice in ("blocked", "sdpa"):
         target.attention.choice = choice
         target.reset()
-        target.prefill(prompt)
+        target.extend(prompt)
         logits[choice] = target.extend(prompt[:70]).float()  # a chunk after a cache
     layers = model.config.num_hidden_layers
     assert calls == [(90, 90, None)] * layers + [(70, 160, None)] * layers  # "blocked" only
-    reference.prefill(prompt)
+    reference.extend(prompt)
     expected = reference.extend(prompt[:70]).float()
     for choice in ("blocked", "sdpa"):
         assert torch.allclose(logits[choice], expected, atol=5e-2, rtol=0)
@@ -154,7 +154,7 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
     monkeypatch.setattr(linear, "weight_first_linear",
                         lambda module, x: switched.append(module) or first(module, x))
     try:
-        target.prefill([1, 2, 3])
+        target.extend([1, 2, 3])
         target.forward([4, 5])
     finally:
         handle.remove()

@@ -237,12 +237,18 @@ def test_calibration_leaves_the_cache_as_it_was():
     target = pl.from_transformers(model, TinyTokenizer(32)).target
     target.reset()
     prompt = list(range(1, 20))
-    target.prefill(prompt)
+    target.extend(prompt)
     before = target.forward([7]).clone()
     target.crop(len(prompt))
     CostModel().calibrate(target, probe_token=7, sizes=(1, 2, 5), repeats=1)
     assert target.cache_length == len(prompt)
     assert torch.equal(target.forward([7]), before)
+    # Right after a prefill (as a request starts), with the prompt's last chunk still waiting:
+    target.reset()
+    target.prefill(prompt)
+    CostModel().calibrate(target, probe_token=7, sizes=(1, 2, 5), repeats=1)
+    assert target.cache_length == len(prompt)
+    assert torch.allclose(target.forward([7]), before, atol=1e-5, rtol=0)
 
 
 class RandomLengthPolicy(SpeculationPolicy):
@@ -281,6 +287,23 @@ def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
     adaptive = lm.generate(prompt, max_new_tokens=48)
     assert adaptive.token_ids == plain.token_ids
     assert lm.policy.costs.calibrated  # calibrated on first use
+
+
+def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
+    """It also runs the prompt's waiting last chunk, so its time says nothing about the cost of
+    verifying its tokens; every later pass is recorded with its size."""
+    class Recording(RandomLengthPolicy):
+        def __init__(self) -> None:
+            super().__init__(seed=5)
+            self.recorded = []
+
+        def record_forward(self, num_tokens, seconds):
+            self.recorded.append(num_tokens)
+
+    lm = pl.from_transformers(tiny_llama(seed=2), TinyTokenizer(32))
+    lm.policy = Recording()
+    result = lm.generate(list(range(1, 13)) * 4, max_new_tokens=30)
+    assert len(lm.policy.recorded) == result.stats.forward_passes - 1 > 0
 
 
 def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():

@@ -98,7 +98,8 @@ def speculative_generate(
         raise UnsupportedModelError("this model's KV cache cannot be cropped after a rejected "
                                     "draft; use drafter='none' (plain decoding)")
     start = time.perf_counter()
-    # 1. Prefill: the cache holds every token but the last, which each step feeds first.
+    # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
+    #    target may keep the prompt's last chunk back and run it in the first step's pass).
     target.reset()
     target.prefill(tokens[:-1])
     if policy is not None:
@@ -124,7 +125,7 @@ def speculative_generate(
         forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         stats.forward_passes += 1
-        if policy is not None:
+        if policy is not None and stats.forward_passes > 1:  # the first also ends the prompt
             policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
         # 4. Verify: the target's own choice at each position; keep drafts while they agree.
         num_accepted = 0

@@ -25,7 +25,9 @@ class Target(Protocol):
         """Empty the cache (start a new sequence)."""
 
     def prefill(self, token_ids: Sequence[int]) -> None:
-        """Feed tokens into the cache without returning logits (the prompt)."""
+        """Feed tokens into the cache without returning logits (the prompt). A backend may
+        hold some back and run them at the start of the next :meth:`forward` (one pass
+        instead of two); ``cache_length`` counts them either way."""
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         """One forward pass over ``token_ids`` appended to the cache.

@@ -46,6 +46,8 @@ class TransformersTarget:
 
     def reset(self) -> None:
         self.cache = growing_cache(self.model.config)
+        #: Prompt tokens fed by :meth:`prefill` and not run yet (see there).
+        self._pending: list[int] = []
 
     def use_choice_files(self, cost_file) -> None:
         """Keep the measured kernel and attention choices beside the policy's ``cost_file``."""
@@ -54,7 +56,7 @@ class TransformersTarget:
 
     @property
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self.cache.get_seq_length() + len(self._pending)
 
     @torch.inference_mode()
     def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
@@ -69,19 +71,36 @@ class TransformersTarget:
         return out.logits[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
-        self.extend(token_ids)
+        """Feed the prompt. Its last chunk (up to :data:`PREFILL_CHUNK` tokens; all of a
+        shorter prompt) waits and runs in the next forward pass, before that pass's own
+        tokens: one pass instead of two, as ``model.generate``'s prefill also yields the first
+        token. ``cache_length`` counts the waiting tokens; :meth:`crop` may drop them."""
+        self._pending.extend(token_ids)
+        if len(self._pending) > PREFILL_CHUNK:
+            whole = (len(self._pending) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+            run, self._pending = self._pending[:whole], self._pending[whole:]
+            self._extend(run)
 
     def extend(self, token_ids: Sequence[int]) -> torch.Tensor | None:
-        """Append ``token_ids`` to the cache in chunks; the logits (vocab,) after the last of
-        them (None for no tokens). A draft model feeds its context this way too."""
+        """Append ``token_ids`` (after any waiting prompt tokens) to the cache in chunks; the
+        logits (vocab,) after the last of them (None for no tokens). A draft model feeds its
+        context this way too."""
+        fed, self._pending = [*self._pending, *token_ids], []
+        return self._extend(fed)
+
+    def _extend(self, token_ids: Sequence[int]) -> torch.Tensor | None:
         logits = None
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             logits = self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)[-1]
         return logits
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
-        # logits_to_keep=0 keeps every position.
-        logits = self._run(token_ids, logits_to_keep=0).float()  # (len(token_ids), vocab)
+        if not token_ids:
+            self.extend(())
+            return torch.empty(0, self.config.vocab_size)
+        fed, self._pending = [*self._pending, *token_ids], []
+        # Logits of this call's tokens only (the waiting prompt tokens before them need none).
+        logits = self._run(fed, logits_to_keep=len(token_ids)).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
@@ -95,7 +114,12 @@ class TransformersTarget:
             self.kernels.choose(rows)
 
     def crop(self, length: int) -> None:
-        drop = self.cache_length - length
+        cached = self.cache.get_seq_length()
+        if length >= cached:  # only waiting prompt tokens go
+            del self._pending[max(length - cached, 0):]
+            return
+        self._pending = []
+        drop = cached - length
         if drop > 0:
             if not self.can_crop:
                 raise UnsupportedModelError(
