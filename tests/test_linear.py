@@ -212,3 +212,25 @@ def test_packed_copies_follow_changes_to_the_weights(monkeypatch):
     target.kernels.switches.clear()
     assert not any("forward" in vars(m) for m in model.modules())
     assert torch.allclose(flipped, target.forward([4, 5]), atol=1e-4, rtol=1e-4)
+
+
+def test_kernel_timing_skips_the_warm_up_and_compares_within_rounds(monkeypatch):
+    """``median_ratios``: first calls (reordering a weight) are not timed, and a slow spell
+    that hits one round makes both sides of that round's ratio slow."""
+    clock = [0.0]
+    monkeypatch.setattr(linear.time, "perf_counter", lambda: clock[0])
+    spell = {2: 3.0, 3: 3.0}  # rounds 2 and 3 (after the warm-up round 0) run 3x slower
+    calls = {"linear": 0, "packed": 0}
+
+    def kernel(name: str, seconds: float):
+        def run():
+            round_number = calls[name]
+            calls[name] += 1
+            first_call = 50.0 if name == "packed" and round_number == 0 else 0.0
+            clock[0] += first_call + seconds * spell.get(round_number, 1.0)
+        return run
+
+    ratios = linear.median_ratios({"linear": kernel("linear", 1.0), "packed": kernel("packed", 0.8)},
+                                  baseline="linear", rounds=5)
+    assert calls == {"linear": 6, "packed": 6}
+    assert ratios == {"linear": 1.0, "packed": pytest.approx(0.8)}

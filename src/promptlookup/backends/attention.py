@@ -56,7 +56,7 @@ from typing import Iterator
 
 import torch
 
-from .linear import median_seconds
+from .linear import median_ratios
 
 NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
@@ -250,8 +250,8 @@ class PromptAttention:
                                        num_key_value_groups=heads // kv_heads)
         kernels = {"blocked": lambda: blocked_attention(query, key, value, None, None),
                    "sdpa": lambda: sdpa_attention_forward(module, query, key, value, None)}
-        medians = median_seconds(kernels, rounds=5, warmup=1)
-        return "blocked" if medians["blocked"] < MARGIN * medians["sdpa"] else "sdpa"
+        ratios = median_ratios(kernels, baseline="sdpa", rounds=5)
+        return "blocked" if ratios["blocked"] < MARGIN else "sdpa"
 
 
 @functools.cache

@@ -84,8 +84,9 @@ class LinearKernels:
     """Per number of rows, which kernel each of ``model``'s ``nn.Linear`` modules uses.
 
     Modules are grouped by weight shape and dtype; a group's choice is timed over all its
-    modules in turn (as a forward pass streams them from memory), the kernels interleaved,
-    median of three rounds. Only CPU models are switched.
+    modules in turn (as a forward pass streams them from memory), the kernels interleaved, by
+    the median of five rounds' ratios to ``nn.Linear`` after a warm-up round. Only CPU models
+    are switched.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -177,11 +178,11 @@ class LinearKernels:
             for function in functions:
                 function(x)
 
-        medians = median_seconds({kernel: functools.partial(run_all, [self._forward(kernel, m)
-                                                                      for m in modules])
-                                  for kernel in self.kernels}, rounds=3)
-        best = min(medians, key=medians.get)
-        return best if medians[best] < MARGIN * medians["linear"] else "linear"
+        ratios = median_ratios({kernel: functools.partial(run_all, [self._forward(kernel, m)
+                                                                    for m in modules])
+                                for kernel in self.kernels}, baseline="linear", rounds=5)
+        best = min(ratios, key=ratios.get)
+        return best if ratios[best] < MARGIN else "linear"
 
     def _drop_unused_packing(self) -> None:
         """Free the reordered copies of groups that no row count uses."""
@@ -214,18 +215,23 @@ class LinearKernels:
                 module.__dict__.pop("forward", None)
 
 
-def median_seconds(kernels: dict[str, Callable[[], object]], rounds: int,
-                   warmup: int = 0) -> dict[str, float]:
-    """Median seconds of each of ``kernels`` over ``rounds`` rounds that run them in turn
-    (interleaved, so the machine's drift hits all alike), after ``warmup`` untimed rounds."""
-    timings: dict[str, list[float]] = {name: [] for name in kernels}
+def median_ratios(kernels: dict[str, Callable[[], object]], baseline: str, rounds: int,
+                  warmup: int = 1) -> dict[str, float]:
+    """Each of ``kernels``' time over ``baseline``'s, the median over ``rounds`` rounds that run
+    them in turn (interleaved, and each round's ratios from that round alone, so a slow spell
+    of the host hits both sides of a ratio), after ``warmup`` untimed rounds (first calls pay
+    for one-off set-up: reordered weights, oneDNN primitives)."""
+    ratios: dict[str, list[float]] = {name: [] for name in kernels}
     for round_number in range(warmup + rounds):
+        seconds = {}
         for name, kernel in kernels.items():
             start = time.perf_counter()
             kernel()
-            if round_number >= warmup:
-                timings[name].append(time.perf_counter() - start)
-    return {name: statistics.median(seconds) for name, seconds in timings.items()}
+            seconds[name] = time.perf_counter() - start
+        if round_number >= warmup:
+            for name in kernels:
+                ratios[name].append(seconds[name] / max(seconds[baseline], 1e-12))
+    return {name: statistics.median(values) for name, values in ratios.items()}
 
 
 def _timed_rows(rows: int) -> int:
