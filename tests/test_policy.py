@@ -306,6 +306,17 @@ def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
     assert len(lm.policy.recorded) == result.stats.forward_passes - 1 > 0
 
 
+def test_warm_up_measures_what_the_first_request_would_pay_for():
+    lm = pl.from_transformers(tiny_llama(seed=4), TinyTokenizer(32))
+    assert not lm.policy.costs.calibrated and not lm.target.kernels.choices
+    lm.warm_up()
+    assert lm.policy.costs.calibrated
+    assert {1, 64, 128} <= set(lm.target.kernels.choices)  # steps, drafts and prompt chunks
+    before = dict(lm.target.kernels.choices)
+    lm.generate(list(range(1, 13)) * 4, max_new_tokens=16)
+    assert lm.target.kernels.choices.keys() == before.keys()  # nothing left to time
+
+
 def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():
     """worth_drafting: argmax_k (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
     policy = policy_with_costs({1: 1.0, 64: 1.05})  # verification nearly free

@@ -23,6 +23,9 @@ def main() -> None:
     print("Loading the default model (SmolLM2-135M-Instruct; the first run converts its GGUF "
           "file once, ~20 s)...", file=sys.stderr)
     lm = promptlookup.load_model()
+    print("Measuring this machine's forward-pass costs (the first run only: up to ~30 s)...",
+          file=sys.stderr)
+    lm.warm_up()
     request = build_request()
     print(f"\n### Request\n{request}\n\n### Answer (streamed, prompt lookup)\n", flush=True)
     stream = lm.stream(request, chat=True, max_new_tokens=MAX_NEW_TOKENS)

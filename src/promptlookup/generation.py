@@ -98,6 +98,17 @@ class LanguageModel:
 
     # -- generation ---------------------------------------------------------------------------
 
+    def warm_up(self) -> None:
+        """Measure now what the first request would otherwise pay for inside its own time: the
+        policy's forward-pass cost curve and the target's kernel choices (passes of 1-64
+        tokens and prompt chunks). Both are kept on disk, so only the first process on a
+        machine (per model, dtype, threads and version) measures; later ones take a second or
+        two here. ``make demo`` and ``promptlookup serve`` call it before their first request."""
+        ids = self.encode(" ".join(f"item {i}," for i in range(100)))
+        # Over 128 tokens (a prompt chunk's kernels), with room for passes of up to 64 after it.
+        self.generate(ids[: max(1, min(300, self.target.max_context - 80))], max_new_tokens=8)
+
+
     def stream(self, prompt: Prompt, *, max_new_tokens: int = 256,
                drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,

@@ -95,6 +95,8 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
 
     def load():
         lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
+        logger.info("measuring forward-pass costs (kept on disk: the first start only)")
+        lm.warm_up()  # so that no request pays for it
         logger.info("model %s ready", app.state.server.model_id)
         return lm
 
