@@ -108,7 +108,6 @@ class LanguageModel:
         # Over 128 tokens (a prompt chunk's kernels), with room for passes of up to 64 after it.
         self.generate(ids[: max(1, min(300, self.target.max_context - 80))], max_new_tokens=8)
 
-
     def stream(self, prompt: Prompt, *, max_new_tokens: int = 256,
                drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,

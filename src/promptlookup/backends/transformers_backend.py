@@ -118,12 +118,10 @@ class TransformersTarget:
         if length >= cached:  # only waiting prompt tokens go
             del self._pending[max(length - cached, 0):]
             return
+        if not self.can_crop:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} keeps a cache that cannot be cropped; "
+                "use drafter='none' (plain decoding)"
+            )
         self._pending = []
-        drop = cached - length
-        if drop > 0:
-            if not self.can_crop:
-                raise UnsupportedModelError(
-                    f"{type(self.model).__name__} keeps a cache that cannot be cropped; "
-                    "use drafter='none' (plain decoding)"
-                )
-            self.cache.crop(-drop)
+        self.cache.crop(length - cached)
