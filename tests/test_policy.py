@@ -381,3 +381,42 @@ def test_keeps_one_cost_curve_per_context_length(tmp_path):
     reloaded.start(InstantTarget(3500), probe_token=1, sampling=False)
     # Loaded from its file, not recalibrated: the very timings the first policy measured.
     assert list(reloaded.costs.samples[1]) == list(policy.cost_models[2].samples[1])
+
+
+class CountingTarget(InstantTarget):
+    def __init__(self, cache_length: int) -> None:
+        super().__init__(cache_length)
+        self.passes = 0
+
+    def forward(self, token_ids):
+        self.passes += 1
+
+
+def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passes(tmp_path):
+    """A request whose context length has no curve yet does not pay for a calibration: its curve
+    starts as a copy of the nearest measured one (one sample per size), which its own passes
+    then refine. Only a policy with nothing measured calibrates inside a request."""
+    policy = SpeculationPolicy(cost_file=tmp_path / "costs.json")
+    first = CountingTarget(300)
+    policy.start(first, probe_token=1, sampling=False)
+    assert first.passes > 0  # nothing measured yet: calibrated here
+    short = policy.costs
+    long = CountingTarget(5000)
+    policy.start(long, probe_token=1, sampling=False)
+    assert long.passes == 0 and policy.context == 3 and policy.costs is not short
+    assert [list(samples) for _, samples in sorted(policy.costs.samples.items())] == \
+        [[relative] for _, relative in short.curve()]
+    for _ in range(4):  # its own passes (8 tokens dearer here) soon outweigh the copy
+        policy.record_forward(1, short.cost(1))
+        policy.record_forward(8, 2.0 * short.cost(8))
+    assert policy.costs.cost(8) / policy.costs.cost(1) > 1.5 * short.cost(8) / short.cost(1)
+
+    # A new process whose first request is long: the nearest curve comes from its file.
+    reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
+    longer = CountingTarget(9000)
+    reloaded.start(longer, probe_token=1, sampling=False)
+    assert longer.passes == 0 and reloaded.context == 4
+    assert sorted(reloaded.cost_models) == [0, 3, 4]
+    nearest = reloaded.cost_models[3]  # as saved when the 5,000-token request began
+    assert [list(samples) for _, samples in sorted(reloaded.costs.samples.items())] == \
+        [[relative] for _, relative in nearest.curve()]

@@ -24,6 +24,9 @@ sampled decoding keep separate statistics.
 The cost curve is kept per context length (up to 1,024 tokens, then one per doubling): with a
 long cache, attention makes a pass over many tokens relatively dearer than over one, so a curve
 measured after a short prompt would make drafts after a long one look cheaper than they are.
+A context length's curve starts as a copy of the nearest one measured (one sample per size, so
+its own passes soon outweigh the copy) rather than being timed inside the first long request;
+only a process whose policy has measured nothing yet calibrates there.
 """
 
 from __future__ import annotations
@@ -215,6 +218,14 @@ class CostModel:
                 if size > 1:
                     self.record(size, timed(size), level=one)
 
+    def seed(self, other: "CostModel") -> None:
+        """Start from ``other``'s curve and level: one sample per measured size, so this
+        model's own passes soon outweigh the copy."""
+        for n, relative in other.curve():
+            self.samples[n] = deque([relative], maxlen=self.window)
+        self.levels.append(other.level)
+        self._curve = self._level = None
+
     def save(self, path: Path) -> None:
         """Store the recent relative costs and level so the next process skips calibration."""
         from .models import save_cache_json
@@ -289,6 +300,7 @@ class SpeculationPolicy:
         self.context = 0  # the current request's context bucket
         self.costs = self.cost_models.setdefault(0, CostModel())
         self.cost_file = Path(cost_file) if cost_file else None
+        self._loaded: set[int] = set()  # context buckets whose cost file was read
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
         self.request: AcceptanceModel = AcceptanceModel()
         self.sampling = False
@@ -297,27 +309,44 @@ class SpeculationPolicy:
 
     def start(self, target, probe_token: int, sampling: bool) -> None:
         """Begin a request (after the prompt's prefill): pick the cost curve of its context
-        length, calibrating that curve on first use."""
+        length; a length without one starts from the nearest measured curve, and only a policy
+        that has measured none calibrates (inside this request)."""
         self.request = AcceptanceModel()
         self.sampling = sampling
         if self.costs.calibrated:
             self._save()  # keep what the last request refined
         self.context = context_bucket(target.cache_length)
-        self.costs = self.cost_models.setdefault(self.context, CostModel())
-        if not self.costs.calibrated and self._cost_path() is not None:
-            self.costs.load(self._cost_path())
+        self.costs = self._stored_curve(self.context)
         if not self.costs.calibrated:
-            if self.context == 0:
+            nearest = min((bucket for bucket in range(6) if bucket != self.context
+                           and self._stored_curve(bucket).calibrated),
+                          key=lambda bucket: abs(bucket - self.context), default=None)
+            if nearest is not None:  # refined by this request's own passes
+                self.costs.seed(self.cost_models[nearest])
+            elif self.context == 0:
                 self.costs.calibrate(target, probe_token)
             else:  # passes after a long cache are slow: a quick curve, refined online
                 self.costs.calibrate(target, probe_token, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
             self._save()
 
-    def _cost_path(self) -> Path | None:
-        """The cost file of the current context bucket (bucket 0 uses ``cost_file`` itself)."""
-        if self.cost_file is None or self.context == 0:
+    def _stored_curve(self, bucket: int) -> CostModel:
+        """Context ``bucket``'s curve, loaded from its file on first use (uncalibrated if
+        there is none)."""
+        costs = self.cost_models.get(bucket) or CostModel()
+        if not costs.calibrated and bucket not in self._loaded and self._cost_path(bucket):
+            self._loaded.add(bucket)
+            costs.load(self._cost_path(bucket))
+        if costs.calibrated or bucket == self.context:  # else nothing measured for that length
+            self.cost_models[bucket] = costs
+        return costs
+
+    def _cost_path(self, bucket: int | None = None) -> Path | None:
+        """The cost file of context ``bucket`` (default: the current one; bucket 0 uses
+        ``cost_file`` itself)."""
+        bucket = self.context if bucket is None else bucket
+        if self.cost_file is None or bucket == 0:
             return self.cost_file
-        return self.cost_file.with_name(f"{self.cost_file.stem}-context{self.context}.json")
+        return self.cost_file.with_name(f"{self.cost_file.stem}-context{bucket}.json")
 
     def _save(self) -> None:
         if self._cost_path() is not None:
