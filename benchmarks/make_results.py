@@ -49,13 +49,14 @@ def losses(run: Path, method: str = "promptlookup") -> list[str]:
     return lines + [""]
 
 
-def _versus_anchor(by_key: dict, task: str) -> str:
-    """promptlookup's tokens/s over the anchor's, formatted ("–" when either is missing)."""
+def _versus_anchor(by_key: dict, task: str, key: str = "tokens_per_second") -> str:
+    """promptlookup's tokens/s (or ``key``) over the anchor's, formatted ("–" when either is
+    missing)."""
     mine = by_key.get((task, "promptlookup"))
     anchor = by_key.get((task, "hf-pld")) or by_key.get((task, "llamacpp-pld"))
-    if not mine or not anchor or not anchor["tokens_per_second"]:
+    if not mine or not anchor or not anchor.get(key) or mine.get(key) is None:
         return "–"
-    return f"{mine['tokens_per_second'] / anchor['tokens_per_second']:.2f}"
+    return f"{mine[key] / anchor[key]:.2f}"
 
 
 def headline(runs: list[Path]) -> str:
@@ -66,10 +67,12 @@ def headline(runs: list[Path]) -> str:
              "`hf-pld` or llama.cpp's `llamacpp-pld`), each within its own run; `identical`: share "
              "of promptlookup's outputs token-identical to plain's (– when sampling); *agreed*: "
              "the same two ratios on the tokens every method wrote first (runs from 0.6.3 on whose "
-             "outputs part, see each run's \"Speed on agreed prefixes\").", "",
+             "outputs part, see each run's \"Speed on agreed prefixes\"); *decode*: against the "
+             "anchor after each request's first forward pass (prefill left out; runs whose "
+             "summaries have it, from 0.7.0 on).", "",
              "| run | backend, dtype, decoding | task | prompts | vs plain | vs anchor | identical "
-             "| agreed share | vs plain, agreed | vs anchor, agreed |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| agreed share | vs plain, agreed | vs anchor, agreed | vs anchor, decode |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         meta = json.loads((run / "meta.json").read_text())
@@ -92,7 +95,8 @@ def headline(runs: list[Path]) -> str:
                          f"{row['speedup']:.2f} | {_versus_anchor(by_key, task)} | "
                          f"{'–' if identical is None else f'{identical:.2f}'} | {share} | "
                          f"{speedup} | "
-                         f"{_versus_anchor(agreed_by_key, task)} |")
+                         f"{_versus_anchor(agreed_by_key, task)} | "
+                         f"{_versus_anchor(by_key, task, 'decode_speedup')} |")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read
                                 run_bench)
 from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
                                         split_methods, sweep_specs)
-from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup, held_out_ratio
+from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup, held_out_ratio, summarize
 from promptlookup.bench.runner import RESULT_KEYS
 from promptlookup.bench.transformers_methods import ForwardTrace
 from promptlookup.cli import main
@@ -103,6 +103,31 @@ def test_summary_numbers_are_recomputed_from_results(tiny_lm, tmp_path):
                 sum(r["accepted_tokens"] for r in mine) / drafted, abs=1e-4)
     assert summary[("t", "plain")]["speedup"] == 1.0
     assert summary[("t", "plain")]["tokens_per_forward"] == 1.0  # one pass per token
+    assert summary[("t", "plain")]["decode_speedup"] == 1.0
+    for method in ("plain", "hf-pld", "promptlookup"):
+        mine = [r for r in records if r["method"] == method]
+        row = summary[("t", method)]
+        assert row["first_token_seconds"] == pytest.approx(
+            statistics.median(r["token_seconds"][0] for r in mine), abs=1e-4)
+        assert row["decode_speedup"] is not None and row["decode_speedup"] > 0
+
+
+def test_decode_speedup_leaves_out_the_first_pass_and_its_tokens():
+    """Two prompts, plain against a method whose first pass (the prefill, here 3 s: slow)
+    also yields a drafted token (0.1 ms after the first): over whole requests it is slower, after the first pass it
+    writes 2 tokens in 1 s where plain writes 3 in 3 s, so its decode speed-up is 2."""
+    def row(method, prompt, times):
+        return {"task": "t", "id": prompt, "method": method, "new_tokens": len(times),
+                "seconds": times[-1], "forward_passes": None, "drafted_tokens": None,
+                "accepted_tokens": None, "identical_to_plain": True, "token_seconds": times}
+
+    records = [row("plain", 0, [1.0, 2.0, 3.0, 4.0]), row("fast", 0, [3.0, 3.0001, 3.5, 4.0]),
+               row("plain", 1, [1.0, 2.0, 3.0, 4.0]), row("fast", 1, [3.0, 3.0001, 3.5, 4.0])]
+    fast = next(r for r in summarize(records) if r["method"] == "fast")
+    assert fast["speedup"] == 1.0 and fast["decode_speedup"] == pytest.approx(2.0, abs=1e-3)
+    assert fast["first_token_seconds"] == 3.0
+    without_times = [{**r, "token_seconds": None} for r in records]
+    assert next(r for r in summarize(without_times) if r["method"] == "fast")["decode_speedup"] is None
 
 
 class Perturbed:
@@ -230,7 +255,9 @@ def test_sweep_reports_the_best_fixed_setting_and_the_default_against_it(tiny_lm
     assert "## Best promptlookup setting per task" in report
     assert f"{default['speedup'] / fastest_fixed['speedup']:.3f}" in report
     assert (tmp_path / "sweep.png").is_file()
-    assert "default / best, held out" in report
+    assert "default / best, held out" in report and "default / best, decode" in report
+    decoded = [r["decode_speedup"] for r in result.summary if r["method"] in specs[1:]]
+    assert best[0]["decode_ratio"] == pytest.approx(default["decode_speedup"] / max(decoded), abs=1e-4)
 
 
 def test_held_out_comparison_picks_each_half_s_setting_on_the_other_half():

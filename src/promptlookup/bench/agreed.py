@@ -64,6 +64,7 @@ def agreed_records(records: Sequence[dict]) -> list[dict]:
             continue
         cut += [{"task": r["task"], "id": r["id"], "method": r["method"],
                  "new_tokens": length, "seconds": r["token_seconds"][length - 1],
+                 "token_seconds": r["token_seconds"][:length],
                  "forward_passes": None, "drafted_tokens": None, "accepted_tokens": None,
                  "identical_to_plain": True} for r in rows]
     return cut

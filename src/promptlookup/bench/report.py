@@ -8,6 +8,11 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``tokens_per_forward``: sum of new tokens / sum of forward passes (null if any is unknown).
 - ``acceptance_rate``: sum of accepted / sum of drafted tokens (null if none drafted or unknown).
 - ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
+- ``first_token_seconds``: median over prompts of the time to the first new token (the prompt's
+  prefill, mostly: the same work for every method, and with short answers most of the time).
+- ``decode_speedup``: the speed-up after the first forward pass that produced tokens (tokens
+  after it / time after it, ratio of totals against ``plain``'s; see :func:`after_first_pass`):
+  how much faster the decoding itself is, without the prefill's share and its noise.
 
 When greedy outputs differ from ``plain``'s (bfloat16), ``agreed_summary.json`` and the report
 also give the speeds on *agreed prefixes*, the tokens every method produced (see
@@ -27,7 +32,8 @@ from .figures import bar_figure, headline_methods, sweep_figure
 from .methods import ALL_TASKS, BASELINE
 
 SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
-                "tokens_per_forward", "acceptance_rate", "identical_fraction")
+                "tokens_per_forward", "acceptance_rate", "identical_fraction",
+                "first_token_seconds", "decode_speedup")
 
 
 def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -58,6 +64,37 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+#: Tokens that arrive within this many seconds of the one before came from the same forward
+#: pass (a pass takes milliseconds; the loop yields its tokens within microseconds: in this
+#: project's runs every gap between tokens was under 0.4 ms or over 4 ms).
+SAME_PASS_GAP = 0.001
+
+
+def after_first_pass(record: dict) -> tuple[int, float] | None:
+    """``(tokens, seconds)`` of a row's decoding after the first forward pass that produced
+    tokens (the prefill's, with the first step's draft where a method drafts there); None
+    without token times. The first pass's tokens are the leading ones that each came within
+    :data:`SAME_PASS_GAP` of the one before.
+
+    >>> after_first_pass({"token_seconds": [0.9, 0.9001, 0.9002, 1.0, 1.2, 1.2001]})
+    (3, 0.2999)
+    """
+    times = record.get("token_seconds")
+    if not times:
+        return None
+    first = 1
+    while first < len(times) and times[first] - times[first - 1] < SAME_PASS_GAP:
+        first += 1
+    return len(times) - first, round(times[-1] - times[first - 1], 9)
+
+
+def _decode_rate(records: Sequence[dict]) -> float | None:
+    parts = [after_first_pass(r) for r in records]
+    if not parts or any(part is None for part in parts):
+        return None
+    return _ratio(sum(tokens for tokens, _ in parts), sum(seconds for _, seconds in parts))
+
+
 def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, dict]) -> dict:
     def total(key: str, records: Sequence[dict]) -> float | None:
         values = [r[key] for r in records]
@@ -78,12 +115,17 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     forwards = total("forward_passes", mine)
     drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
     identical = [r["identical_to_plain"] for r in mine if r["identical_to_plain"] is not None]
+    firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
+    decode = _decode_rate([r for r, _ in paired])
+    plain_decode = _decode_rate([p for _, p in paired])
     return dict(zip(SUMMARY_KEYS, (
         task, method, len(mine), _round(rate, 3), _round(speedup),
         _round(statistics.median(per_prompt)) if per_prompt else None,
         _round(_ratio(total("new_tokens", mine), forwards)) if forwards is not None else None,
         _round(_ratio(accepted, drafted)) if drafted is not None and accepted is not None else None,
-        _round(sum(identical) / len(identical)) if identical else None)))
+        _round(sum(identical) / len(identical)) if identical else None,
+        _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
+        _round(_ratio(decode, plain_decode)) if decode is not None and plain_decode else None)))
 
 
 def summarize(records: Sequence[dict]) -> list[dict]:
@@ -107,15 +149,21 @@ def summarize(records: Sequence[dict]) -> list[dict]:
 def best_promptlookup(summary: Sequence[dict]) -> list[dict]:
     """Per task, the fastest fixed ``promptlookup:...`` setting (when several promptlookup
     methods were measured), with the default ``promptlookup``'s speed-up beside it
-    (``default_speedup``, None when not measured)."""
+    (``default_speedup``, None when not measured), and the default's decode speed-up over the
+    best fixed setting's by that measure (``decode_ratio``: prefill left out)."""
     best = []
     for task in dict.fromkeys(row["task"] for row in summary):
         rows = [r for r in summary if r["task"] == task and r["speedup"] is not None
                 and r["method"].split(":")[0] == "promptlookup"]
         fixed = [r for r in rows if r["method"] != "promptlookup"] or rows
         default = next((r["speedup"] for r in rows if r["method"] == "promptlookup"), None)
+        decoded = [r["decode_speedup"] for r in fixed if r.get("decode_speedup")]
+        default_decode = next((r.get("decode_speedup") for r in rows
+                               if r["method"] == "promptlookup"), None)
+        decode_ratio = _ratio(default_decode, max(decoded)) if default_decode and decoded else None
         if len(rows) > 1:
-            best.append({**max(fixed, key=lambda r: r["speedup"]), "default_speedup": default})
+            best.append({**max(fixed, key=lambda r: r["speedup"]), "default_speedup": default,
+                         "decode_ratio": _round(decode_ratio)})
     return best
 
 
@@ -169,11 +217,12 @@ def _cell(value) -> str:
 
 
 TABLE_HEADERS = ("task", "method", "prompts", "tokens/s", "speed-up", "median speed-up",
-                 "tokens/forward", "acceptance", "identical")
+                 "tokens/forward", "acceptance", "identical", "first token s", "decode speed-up")
 #: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
 AGREED_KEYS = ("task", "method", "prompts", "agreed_share", "tokens_per_second", "speedup",
-               "median_speedup")
-AGREED_HEADERS = ("task", "method", "prompts", "share", "tokens/s", "speed-up", "median speed-up")
+               "median_speedup", "decode_speedup")
+AGREED_HEADERS = ("task", "method", "prompts", "share", "tokens/s", "speed-up", "median speed-up",
+                  "decode speed-up")
 
 
 def markdown_table(rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS,
@@ -235,14 +284,17 @@ def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = ""
              "The fastest fixed setting measured, and the default (adaptive) against it. "
              "*Held out*: the default against the best fixed setting chosen on the other "
              "half of the task's prompts (odd vs even), which removes the luck of taking a "
-             "maximum on the very prompts it is reported on.", "",
+             "maximum on the very prompts it is reported on. *Decode*: the default's decode "
+             "speed-up over the best fixed setting's by that measure (time after the first "
+             "forward pass, so without the prefill's share and noise).", "",
              "| task | best fixed setting | its speed-up | tokens/forward | default speed-up "
-             "| default / best | default / best, held out |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| default / best | default / best, held out | default / best, decode |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     return lines + [f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
                     f"{_cell(r['tokens_per_forward'])} | {_cell(r['default_speedup'])} | "
                     f"{_cell(r['default_speedup'] / r['speedup'] if r['default_speedup'] else None)}"
-                    f" | {_cell(held_out_ratio(records, r['task']))} |" for r in best]
+                    f" | {_cell(held_out_ratio(records, r['task']))} | {_cell(r['decode_ratio'])} |"
+                    for r in best]
 
 
 def agreed_summary(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
@@ -281,7 +333,10 @@ def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
              "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
              "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
              "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
-             "of outputs token-identical to `plain` (– when sampling)."]
+             "of outputs token-identical to `plain` (– when sampling); first token s: median "
+             "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
+             "speed-up after each request's first forward pass that produced tokens (prefill "
+             "left out)."]
     parts += best_lines(summary, records)
     parts += agreed_lines(records)
     if figures:
