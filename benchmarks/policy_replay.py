@@ -29,7 +29,8 @@ from pathlib import Path
 
 from promptlookup.bench.methods import SWEEP_K, SWEEP_MIN_MATCH
 from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
-from promptlookup.policy import CostModel, SpeculationPolicy
+from promptlookup.cost_model import CostModel
+from promptlookup.policy import SpeculationPolicy
 
 
 class CacheOnly:

@@ -125,7 +125,7 @@ def test_greedy_output_unchanged_whichever_kernel(monkeypatch, seed, kernel):
 
 
 def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
-    from promptlookup.policy import QUICK_CALIBRATION_SIZES, CostModel
+    from promptlookup.cost_model import QUICK_CALIBRATION_SIZES, CostModel
 
     target = TransformersTarget(tiny_llama(seed=2))
     target.extend([1, 2, 3])  # (chooses for 3 rows)

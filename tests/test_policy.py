@@ -8,8 +8,8 @@ import random
 import torch
 
 import promptlookup as pl
-from promptlookup.policy import (AcceptanceModel, CostModel, SpeculationPolicy, context_bucket,
-                                 match_bucket)
+from promptlookup.cost_model import CostModel
+from promptlookup.policy import AcceptanceModel, SpeculationPolicy, context_bucket, match_bucket
 
 from conftest import TinyTokenizer, tiny_llama
 
@@ -124,10 +124,10 @@ class ClockedTarget:
 
 
 def test_calibration_measures_each_size_against_the_one_token_pass_before_it(monkeypatch):
-    import promptlookup.policy as policy_module
+    import promptlookup.cost_model as cost_model_module
 
     target = ClockedTarget(spell_after=6)  # the warm-up, one pass, then 1+2 and 1+4: a spell
-    monkeypatch.setattr(policy_module.time, "perf_counter", lambda: target.now)
+    monkeypatch.setattr(cost_model_module.time, "perf_counter", lambda: target.now)
     model = CostModel()
     model.calibrate(target, probe_token=5)
     assert target.cache_length == 100 and model.calibrated

@@ -4,7 +4,8 @@ import importlib.util
 from pathlib import Path
 
 from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
-from promptlookup.policy import CostModel, SpeculationPolicy
+from promptlookup.cost_model import CostModel
+from promptlookup.policy import SpeculationPolicy
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "policy_replay.py"
 spec = importlib.util.spec_from_file_location("policy_replay", SCRIPT)
