@@ -156,13 +156,13 @@ def best_promptlookup(summary: Sequence[dict]) -> list[dict]:
         rows = [r for r in summary if r["task"] == task and r["speedup"] is not None
                 and r["method"].split(":")[0] == "promptlookup"]
         fixed = [r for r in rows if r["method"] != "promptlookup"] or rows
-        default = next((r["speedup"] for r in rows if r["method"] == "promptlookup"), None)
+        default = next((r for r in rows if r["method"] == "promptlookup"), {})
         decoded = [r["decode_speedup"] for r in fixed if r.get("decode_speedup")]
-        default_decode = next((r.get("decode_speedup") for r in rows
-                               if r["method"] == "promptlookup"), None)
-        decode_ratio = _ratio(default_decode, max(decoded)) if default_decode and decoded else None
+        decode_ratio = (_ratio(default["decode_speedup"], max(decoded))
+                        if default.get("decode_speedup") and decoded else None)
         if len(rows) > 1:
-            best.append({**max(fixed, key=lambda r: r["speedup"]), "default_speedup": default,
+            best.append({**max(fixed, key=lambda r: r["speedup"]),
+                         "default_speedup": default.get("speedup"),
                          "decode_ratio": _round(decode_ratio)})
     return best
 
