@@ -160,3 +160,45 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
         handle.remove()
     assert seen == []
     assert model.model.layers[0].self_attn.q_proj in switched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_element_wise_steps_round_as_the_models_own_functions(dtype):
+    """The norm and rotary embedding written in place give the model's values bit for bit,
+    and a whole pass leaves the model's weights as they were."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from promptlookup.backends.llama_forward import rms_norm, rotary
+
+    model = tiny_llama(seed=14).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    hidden = (torch.randn(1, 37, model.config.hidden_size, generator=generator) * 3).to(dtype)
+    norm = model.model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.normal_(generator=generator)
+        expected = norm(hidden)
+    before = hidden.clone()
+    assert torch.equal(rms_norm(norm, hidden), expected)
+    assert torch.equal(hidden, before)  # the input is not overwritten
+    heads, head_dim = 4, model.config.hidden_size // 4
+    query, key = (torch.randn(1, 37, count, head_dim, generator=generator).to(dtype).transpose(1, 2)
+                  for count in (heads, 2))  # (1, heads, n, head_dim) views, as in the pass
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(5, 42)[None])  # (1, n, head_dim)
+    expected_query, expected_key = apply_rotary_pos_emb(query, key, cos, sin)
+    assert torch.equal(rotary(query, cos, sin), expected_query)
+    assert torch.equal(rotary(key, cos, sin), expected_key)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    target = TransformersTarget(model)
+    target.extend([i % 31 + 1 for i in range(39)])
+    target.forward([3, 4, 5])
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
+
+
+def test_a_norm_the_pass_cannot_reproduce_keeps_the_models_forward():
+    model = tiny_llama(seed=15)
+    model.model.layers[1].post_attention_layernorm.weight.data = \
+        model.model.layers[1].post_attention_layernorm.weight.data.double()
+    assert not supports(model)
+    layer_norm = tiny_llama(seed=15)
+    layer_norm.model.layers[0].input_layernorm = torch.nn.LayerNorm(layer_norm.config.hidden_size)
+    assert not supports(layer_norm)
