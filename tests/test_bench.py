@@ -3,6 +3,7 @@ identity check, fairness plumbing (seeds, counters), and one-line errors on bad 
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 import statistics
@@ -16,7 +17,7 @@ from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read
 from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
                                         split_methods, sweep_specs)
 from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup, held_out_ratio, summarize
-from promptlookup.bench.runner import RESULT_KEYS
+from promptlookup.bench.runner import RESULT_KEYS, method_order
 from promptlookup.bench.transformers_methods import ForwardTrace
 from promptlookup.cli import main
 from promptlookup.errors import InvalidParameterError, PromptLookupError
@@ -26,7 +27,8 @@ FAST = Settings(max_new_tokens=12)
 
 
 def rows(n: int = 2, task: str = "t") -> list[BenchRow]:
-    return [BenchRow(task, f"p{i}", [{"role": "user", "content": TEXTS[i]}]) for i in range(n)]
+    return [BenchRow(task, f"p{i}", [{"role": "user", "content": TEXTS[i % len(TEXTS)]}])
+            for i in range(n)]
 
 
 def write_jsonl(path: Path, task: str = "edit", n: int = 2) -> Path:
@@ -167,16 +169,32 @@ class Logged:
         return self.inner.run(prompt_ids, settings)
 
 
-def test_methods_run_in_an_order_rotated_by_one_per_prompt(tiny_lm):
-    # A slow spell of a shared host should not always meet the same neighbouring methods.
+def test_methods_run_in_a_balanced_order_prompt_by_prompt(tiny_lm):
+    # A slow spell of a shared host, or what one method leaves behind for the next, should not
+    # always meet the same neighbouring methods.
     log: list[str] = []
     names = ["plain", "hf-pld", "promptlookup"]
     methods = [Logged(make_method("transformers", name, tiny_lm), log) for name in names]
-    result = run_bench(tiny_lm, rows(3), methods, FAST, warmup=False)
-    assert log == names + names[1:] + names[:1] + names[2:] + names[:2]
+    result = run_bench(tiny_lm, rows(4), methods, FAST, warmup=False)
+    assert log == [names[i] for index in range(4) for i in method_order(3, index)]
+    assert log[:6] == names + names[1:] + names[:1]
     # Rows keep the methods' own order, and identity is still checked against plain's output.
-    assert [r["method"] for r in result.records] == names * 3
+    assert [r["method"] for r in result.records] == names * 4
     assert all(r["identical_to_plain"] for r in result.records)
+
+
+@pytest.mark.parametrize("count", range(1, 10))
+def test_each_method_runs_after_every_other_equally_often_and_at_each_position(count):
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = [method_order(count, index) for index in range(cycle)]
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    after = collections.Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert set(after) == {(a, b) for a in range(count) for b in range(count) if a != b}
+    assert len(set(after.values())) <= 1  # every ordered pair equally often
+    positions = collections.Counter((position, method) for order in orders
+                                    for position, method in enumerate(order))
+    assert set(positions.values()) == {cycle // count}
+    assert method_order(count, cycle + 1) == orders[1 % cycle]  # and then it repeats
 
 
 def test_sampling_rows_have_null_identity_and_per_prompt_seeds(tiny_lm):

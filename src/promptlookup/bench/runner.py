@@ -5,11 +5,13 @@ Fairness policies:
 - One model object and one tokenised prompt per row, shared by every method; tokenisation and
   detokenisation are outside the timed region (each method times its generation call alone).
 - A warm-up first: each method once on the first prompt (at most 32 new tokens), not recorded.
-- Interleaved prompt by prompt, in an order rotated by one method per prompt (plain, A, B;
-  A, B, plain; B, plain, A; ...), so slow drifts of a noisy machine hit every method alike and
-  a slow spell is not always met by the same neighbours (on a shared host every pass can run
-  ~1.7x slower for 10-20 s). ``plain`` (the baseline of the identity check) is added when not
-  asked for; rows are written in the methods' own order once a prompt is done.
+- Interleaved prompt by prompt, in a balanced order (:func:`method_order`): every method runs
+  first equally often and is run right after each other method equally often, so slow drifts
+  of a noisy machine hit every method alike, a slow spell is not always met by the same
+  neighbours (on a shared host every pass can run ~1.7x slower for 10-20 s), and whatever one
+  method leaves behind for the next (memory to fault in again, caches) is not always paid by the
+  same method. ``plain`` (the baseline of the identity check) is added when not asked for; rows
+  are written in the methods' own order once a prompt is done.
 - Greedy runs compare each method's new tokens (up to and including EOS) with ``plain``'s:
   ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
   Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
@@ -137,6 +139,25 @@ def _completed(path: Path, method_names: list[str]) -> list[dict]:
     return kept
 
 
+def method_order(count: int, index: int) -> list[int]:
+    """The order in which ``count`` methods run on prompt ``index``: a Williams design (a Latin
+    square balanced for the method run just before). Policy: over each ``count`` prompts
+    (``2 * count`` for an odd count), every method runs at each position equally often and
+    right after each other method equally often (once, twice for an odd count). A plain
+    rotation (A B C D, B C D A, ...) would have B always right after A.
+
+    >>> [method_order(4, index) for index in range(4)]
+    [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
+    >>> [method_order(3, index) for index in range(6)]
+    [[0, 1, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0], [0, 2, 1], [1, 0, 2]]
+    """
+    # 0, 1, n-1, 2, n-2, ...: consecutive differences n-1 distinct values mod n.
+    base = [(step + 1) // 2 if step % 2 else (count - step // 2) % count for step in range(count)]
+    shift = index % count
+    order = [(method + shift) % count for method in base]
+    return order[::-1] if count % 2 and index // count % 2 else order
+
+
 def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Settings = Settings(),
               *, backend: str = "transformers", out_dir: str | Path | None = None,
               warmup: bool = True, progress: bool = False, resume: bool = False,
@@ -186,9 +207,8 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
             for index, row, prompt_ids in todo:
                 prompt_settings = (replace(settings, seed=settings.seed + index)
                                    if settings.sampling else settings)
-                shift = index % len(method_objs)
                 outputs = {}
-                for method in method_objs[shift:] + method_objs[:shift]:
+                for method in (method_objs[i] for i in method_order(len(method_objs), index)):
                     bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
                     outputs[method.name] = method.run(prompt_ids, prompt_settings)
                     bar.update(1)
