@@ -197,6 +197,33 @@ def test_each_method_runs_after_every_other_equally_often_and_at_each_position(c
     assert method_order(count, cycle + 1) == orders[1 % cycle]  # and then it repeats
 
 
+class Scripted:
+    """A method whose runs take the given seconds in turn (same tokens each time)."""
+
+    def __init__(self, name: str, seconds: list[float], log: list) -> None:
+        self.name, self.seconds, self.log = name, list(seconds), log
+
+    def run(self, prompt_ids, settings) -> MethodOutput:
+        self.log.append(self.name)
+        return MethodOutput([5, 6, 7], self.seconds.pop(0), token_seconds=[0.1, 0.2, 0.3])
+
+
+def test_repeat_keeps_each_methods_fastest_run_in_balanced_rounds(tiny_lm):
+    log: list[str] = []
+    methods = [Scripted("plain", [3.0, 1.0, 2.0, 2.0], log),
+               Scripted("promptlookup", [0.5, 0.9, 0.4, 0.7], log)]
+    result = run_bench(tiny_lm, rows(2), methods, FAST, warmup=False, repeat=2)
+    names = ["plain", "promptlookup"]
+    assert log == [names[i] for step in range(4) for i in method_order(2, step)]
+    by = {(r["id"], r["method"]): r for r in result.records}
+    assert by[("p0", "plain")]["seconds"] == 1.0 and by[("p1", "plain")]["seconds"] == 2.0
+    assert by[("p0", "promptlookup")]["repeat_seconds"] == [0.5, 0.9]
+    assert by[("p0", "promptlookup")]["seconds"] == 0.5
+    assert by[("p1", "promptlookup")]["seconds"] == 0.4
+    with pytest.raises(InvalidParameterError, match="repeat"):
+        run_bench(tiny_lm, rows(1), methods, FAST, warmup=False, repeat=0)
+
+
 def test_sampling_rows_have_null_identity_and_per_prompt_seeds(tiny_lm):
     settings = Settings(max_new_tokens=10, temperature=1.0, seed=7)
     first = run_bench(tiny_lm, rows(2), ["plain", "promptlookup"], settings, warmup=False)

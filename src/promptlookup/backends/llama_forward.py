@@ -20,10 +20,10 @@ one token and drafts, a causal kernel or the blocks for prompt chunks), which th
 enters around the pass. The element-wise steps (the RMS norms, applying the rotary
 embedding, SiLU, the residual sums) round every value as the model's functions do, bit for
 bit, but write into tensors they already have where the model makes new ones: a prompt's
-activations are megabytes, and each fresh one costs page faults (about 50,000 in a bfloat16
-1,600-token prefill here). That made prefills 0.93-0.95x the time in bfloat16 and 0.97x in
-float32, and passes over 1-16 tokens 0.97-0.99x (one-off interleaved timings, Xeon, one
-thread).
+activations are megabytes, and each fresh one costs page faults (8,000-84,000 in a bfloat16
+1,600-token prefill here, depending on the heap's state; now 0-5,000). That made prefills
+0.93-0.95x the time in bfloat16 and 0.97x in float32, and passes over 1-16 tokens 0.97-0.99x
+(one-off interleaved timings, Xeon, one thread).
 
 :func:`supports` accepts only a plain ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
 ``MistralForCausalLM`` (no subclasses, no sliding window) on the CPU whose every layer has the

@@ -53,6 +53,9 @@ def _default_threads() -> int:
 @click.option("--sweep", is_flag=True,
               help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
                    "report the best fixed setting per task.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run every method N times per prompt and keep its fastest run (a slow "
+                   "spell of a shared machine must then hit all N to count).")
 @click.option("--sampling", is_flag=True, help="Sample instead of greedy decoding.")
 @click.option("--temperature", type=float, default=0.7, show_default=True,
               help="With --sampling.")
@@ -74,9 +77,9 @@ def _default_threads() -> int:
               help="Only regenerate summary.json, report.md and figures from OUT/results.jsonl.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @friendly_errors
-def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sampling, temperature, top_k, top_p,
-          seed, model, dtype, device, backend, threads, out_dir, resume, report_only,
-          no_progress):
+def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, repeat, sampling,
+          temperature, top_k, top_p, seed, model, dtype, device, backend, threads, out_dir,
+          resume, report_only, no_progress):
     """Measure speed-ups against plain decoding, interleaving methods prompt by prompt.
 
     Every method runs on the same model object and the same tokenised prompts (the chat
@@ -149,7 +152,7 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, sa
     from .runner import run_bench
 
     result = run_bench(lm, rows, specs, settings, backend=backend, out_dir=out_dir,
-                       progress=not no_progress, resume=resume, threads=threads,
+                       progress=not no_progress, resume=resume, threads=threads, repeat=repeat,
                        meta={"command": "promptlookup " + shlex.join(sys.argv[1:]),
                              "model": getattr(lm, "name", model), "dtype": dtype,
                              "device": device})

@@ -271,7 +271,9 @@ def _meta_lines(meta: dict) -> list[str]:
         f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
         f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
         f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",
-        f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}",
+        f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}"
+        + (f"; each method's fastest of {meta['repeat']} runs per prompt"
+           if meta.get("repeat", 1) > 1 else ""),
     ]
 
 

@@ -12,6 +12,10 @@ Fairness policies:
   method leaves behind for the next (memory to fault in again, caches) is not always paid by the
   same method. ``plain`` (the baseline of the identity check) is added when not asked for; rows
   are written in the methods' own order once a prompt is done.
+- ``repeat=N`` runs every method N times per prompt (each round in the next balanced order)
+  and keeps its fastest run (most tokens/s; ``repeat_seconds`` lists all N): a slow spell
+  must then meet all N runs of a method to count, which matters when the best of many
+  settings is taken (``--sweep``).
 - Greedy runs compare each method's new tokens (up to and including EOS) with ``plain``'s:
   ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
   Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
@@ -37,7 +41,7 @@ from typing import Sequence
 
 from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
 from .data import BenchRow
-from .methods import BASELINE, Method, Settings, make_method
+from .methods import BASELINE, Method, MethodOutput, Settings, make_method
 
 RESULT_KEYS = ("task", "id", "method", "prompt_tokens", "new_tokens", "seconds", "forward_passes",
                "drafted_tokens", "accepted_tokens", "identical_to_plain", "text", "token_ids",
@@ -139,6 +143,11 @@ def _completed(path: Path, method_names: list[str]) -> list[dict]:
     return kept
 
 
+def _fastest(outputs: Sequence[MethodOutput]) -> MethodOutput:
+    """The run with the most new tokens per second (the first of equals)."""
+    return max(outputs, key=lambda out: len(out.token_ids) / max(out.seconds, 1e-9))
+
+
 def method_order(count: int, index: int) -> list[int]:
     """The order in which ``count`` methods run on prompt ``index``: a Williams design (a Latin
     square balanced for the method run just before). Policy: over each ``count`` prompts
@@ -161,17 +170,21 @@ def method_order(count: int, index: int) -> list[int]:
 def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Settings = Settings(),
               *, backend: str = "transformers", out_dir: str | Path | None = None,
               warmup: bool = True, progress: bool = False, resume: bool = False,
-              threads: int | None = None, meta: dict | None = None) -> BenchResult:
+              threads: int | None = None, meta: dict | None = None,
+              repeat: int = 1) -> BenchResult:
     """Benchmark ``methods`` (specs like ``"promptlookup:k=4"`` or method objects) on ``rows``
     with an already loaded ``model`` (a :class:`~promptlookup.LanguageModel` for the
     transformers backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
-    meta.json and figures there. Returns the records and the summary."""
+    meta.json and figures there. ``repeat``: runs per method and prompt, the fastest kept.
+    Returns the records and the summary."""
     from .report import summarize, write_outputs
 
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
+    if not isinstance(repeat, int) or repeat < 1:
+        raise InvalidParameterError(f"repeat must be an integer >= 1, got {repeat!r}")
     if settings.sampling and settings.seed is None:
         settings = replace(settings, seed=0)
     method_objs = resolve_methods(model, methods, backend)
@@ -180,6 +193,7 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
             "model": (meta or {}).get("model") or getattr(model, "name", None),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "settings": settings.__dict__, "methods": [m.name for m in method_objs],
+            "repeat": repeat,
             "command": (meta or {}).get("command") or " ".join(sys.argv)}
     out = Path(out_dir) if out_dir is not None else None
     records: list[dict] = []
@@ -201,17 +215,20 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                 if (row.task, row.id) not in done]
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(todo) * len(method_objs), disable=not progress, unit="gen",
-                   desc="bench", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(todo) * len(method_objs) * repeat, disable=not progress,
+                   unit="gen", desc="bench", file=sys.stderr, dynamic_ncols=True)
         with bar:
             for index, row, prompt_ids in todo:
                 prompt_settings = (replace(settings, seed=settings.seed + index)
                                    if settings.sampling else settings)
-                outputs = {}
-                for method in (method_objs[i] for i in method_order(len(method_objs), index)):
-                    bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
-                    outputs[method.name] = method.run(prompt_ids, prompt_settings)
-                    bar.update(1)
+                runs: dict[str, list[MethodOutput]] = {m.name: [] for m in method_objs}
+                for round_ in range(repeat):
+                    for i in method_order(len(method_objs), index * repeat + round_):
+                        method = method_objs[i]
+                        bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
+                        runs[method.name].append(method.run(prompt_ids, prompt_settings))
+                        bar.update(1)
+                outputs = {name: _fastest(outs) for name, outs in runs.items()}
                 baseline_tokens = outputs[BASELINE].token_ids
                 for method in method_objs:
                     output = outputs[method.name]
@@ -221,6 +238,8 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                         round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
                         output.accepted_tokens, identical, _decode(model, output.token_ids),
                         list(output.token_ids), _rounded(output.token_seconds))))
+                    if repeat > 1:
+                        record["repeat_seconds"] = [round(o.seconds, 6) for o in runs[method.name]]
                     records.append(record)
                     if handle is not None:
                         handle.write(json.dumps(record) + "\n")
