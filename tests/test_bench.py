@@ -16,7 +16,8 @@ from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read
                                 run_bench)
 from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
                                         split_methods, sweep_specs)
-from promptlookup.bench.report import SUMMARY_KEYS, best_promptlookup, held_out_ratio, summarize
+from promptlookup.bench.report import (SUMMARY_KEYS, best_promptlookup, held_out_ratio,
+                                       render_markdown, repeat_spread, summarize)
 from promptlookup.bench.runner import RESULT_KEYS, method_order
 from promptlookup.bench.transformers_methods import ForwardTrace
 from promptlookup.cli import main
@@ -222,6 +223,19 @@ def test_repeat_keeps_each_methods_fastest_run_in_balanced_rounds(tiny_lm):
     assert by[("p1", "promptlookup")]["seconds"] == 0.4
     with pytest.raises(InvalidParameterError, match="repeat"):
         run_bench(tiny_lm, rows(1), methods, FAST, warmup=False, repeat=0)
+
+
+def test_report_states_the_spread_between_repeated_runs_of_the_same_work(tiny_lm):
+    methods = [Scripted("plain", [3.0, 1.0, 2.0, 2.0], []),
+               Scripted("promptlookup", [0.5, 0.9, 0.4, 0.7], [])]
+    result = run_bench(tiny_lm, rows(2), methods, FAST, warmup=False, repeat=2)
+    # slowest / fastest per row: 3.0, 1.0, 1.8, 1.75 -> median 1.775, 90th percentile 2.64
+    assert repeat_spread(result.records) == pytest.approx((1.775, 2.64), abs=0.006)
+    report = render_markdown(result.summary, {"repeat": 2}, [], result.records)
+    assert "took 1.7" in report and "2.64x at the 90th percentile" in report
+    single = run_bench(tiny_lm, rows(1), ["plain"], FAST, warmup=False)
+    assert repeat_spread(single.records) is None
+    assert "Noise:" not in render_markdown(single.summary, {}, [], single.records)
 
 
 def test_cli_repeat_keeps_every_runs_time_and_says_so_in_the_report(tiny_backend, tmp_path):

@@ -255,7 +255,25 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
     return text
 
 
-def _meta_lines(meta: dict) -> list[str]:
+def repeat_spread(records: Sequence[dict]) -> tuple[float, float] | None:
+    """With ``--repeat``: how far apart the runs of one method on one prompt were, as the median
+    and 90th percentile over rows of slowest / fastest run time (the host's own noise, which a
+    comparison between methods cannot resolve below); None without repeated rows.
+
+    >>> repeat_spread([{"repeat_seconds": [1.0, 1.5]}, {"repeat_seconds": [2.0, 2.2, 2.0]},
+    ...                {"repeat_seconds": [3.0]}])
+    (1.3, 1.46)
+    """
+    spreads = sorted(max(r["repeat_seconds"]) / min(r["repeat_seconds"]) for r in records
+                     if len(r.get("repeat_seconds") or ()) > 1 and min(r["repeat_seconds"]) > 0)
+    if not spreads:
+        return None
+    p90 = statistics.quantiles(spreads, n=10, method="inclusive")[-1] if len(spreads) > 1 \
+        else spreads[0]
+    return round(statistics.median(spreads), 2), round(p90, 2)
+
+
+def _meta_lines(meta: dict, records: Sequence[dict] = ()) -> list[str]:
     machine = meta.get("machine") or {}
     settings = meta.get("settings") or {}
     mode = (f"sampling (temperature {settings.get('temperature')}, top-k {settings.get('top_k')}, "
@@ -274,7 +292,10 @@ def _meta_lines(meta: dict) -> list[str]:
         f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}"
         + (f"; each method's fastest of {meta['repeat']} runs per prompt"
            if meta.get("repeat", 1) > 1 else ""),
-    ]
+    ] + ([f"- Noise: the slowest run of one method on one prompt took {spread[0]:.2f}x as long "
+          f"as its fastest (median over rows; {spread[1]:.2f}x at the 90th percentile), for "
+          "the same work; differences between methods within that are not resolved by one run"]
+         if (spread := repeat_spread(records)) else [])
 
 
 def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = "") -> list[str]:
@@ -330,7 +351,7 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
 
 def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
                     records: Sequence[dict] = ()) -> str:
-    parts = ["# promptlookup benchmark", "", *_meta_lines(meta), "", "## Summary", "",
+    parts = ["# promptlookup benchmark", "", *_meta_lines(meta, records), "", "## Summary", "",
              markdown_table(summary), "",
              "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
              "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
