@@ -43,9 +43,9 @@ def _force(monkeypatch, kernel: str):
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: kernel)
 
 
-def test_float32_one_token_passes_keep_nn_linear(monkeypatch):
+def test_fastest_mode_keeps_nn_linear_for_float32_one_token_passes(monkeypatch):
     _force(monkeypatch, "weight_first")
-    kernels = LinearKernels(tiny_llama(seed=2))
+    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     assert kernels.choose(1) == {}  # float32 plain steps: bit-identical to transformers
     assert kernels.choose(0) == {}
     assert sum(len(kernels.groups[key]) for key in kernels.choose(3)) == 2 * 7 + 1  # + head
@@ -83,7 +83,7 @@ def test_switch_lasts_only_for_our_own_passes(monkeypatch, kernel):
         real = getattr(linear, name)
         monkeypatch.setattr(linear, name, lambda module, x, *args, real=real, name=name:
                             calls.append((name, x.shape[1])) or real(module, x, *args))
-    target = TransformersTarget(model)
+    target = TransformersTarget(model, row_invariant=False)
     target.forward([5])  # one float32 token: never switched
     assert calls == []
     target.forward([6, 7, 8])
@@ -103,7 +103,7 @@ def test_bfloat16_one_token_passes_may_switch(monkeypatch):
 
 
 def test_measured_choice_runs_on_real_timings():
-    kernels = LinearKernels(tiny_llama(seed=2))
+    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     assert set(kernels.choose(4).values()) <= {"weight_first", "packed"}
     assert 4 in kernels.choices
     packed_groups = {key for key, kernel in kernels.choose(4).items() if kernel == "packed"}
@@ -143,7 +143,7 @@ def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
     path = tmp_path / "kernels.json"
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows:
                         "weight_first" if modules[0].out_features == 64 else "linear")  # MLP up/gate
-    first = LinearKernels(tiny_llama(seed=2))
+    first = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     first.use_cache_file(path)
     assert [len(first.groups[key]) for key in first.choose(3)] == [2 * 2]  # two layers
 
@@ -152,7 +152,7 @@ def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
 
     monkeypatch.setattr(LinearKernels, "_fastest", never)
     model = tiny_llama(seed=5)  # another model of the same shapes
-    second = LinearKernels(model)
+    second = LinearKernels(model, row_invariant=False)
     second.use_cache_file(path)
     [(key, kernel)] = second.choose(3).items()
     assert kernel == "weight_first"
@@ -168,7 +168,7 @@ def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, c
     timed = []
     monkeypatch.setattr(LinearKernels, "_fastest",
                         lambda self, modules, rows: timed.append(rows) or "linear")
-    kernels = LinearKernels(tiny_llama(seed=2))
+    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     kernels.use_cache_file(path)
     assert kernels.choose(3) == {} and timed
 
@@ -234,3 +234,44 @@ def test_kernel_timing_skips_the_warm_up_and_compares_within_rounds(monkeypatch)
                                   baseline="linear", rounds=5)
     assert calls == {"linear": 6, "packed": 6}
     assert ratios == {"linear": 1.0, "packed": pytest.approx(0.8)}
+
+
+def test_row_invariant_mode_switches_every_product_one_row_included(monkeypatch):
+    _force(monkeypatch, "packed")
+    kernels = LinearKernels(tiny_llama(seed=2))
+    for rows in (1, 3, 300):
+        assert sum(len(kernels.groups[key]) for key in kernels.choose(rows)) == 2 * 7 + 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_invariant_choices_compute_each_row_as_that_row_alone(dtype):
+    """The kernels chosen by timing, whichever they are, give every row of a product exactly
+    the product of that row on its own (which a one-token pass computes)."""
+    model = tiny_llama(seed=2).to(dtype)
+    kernels = LinearKernels(model)
+    x = torch.randn(1, 40, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    for rows in (2, 5, 16, 40):
+        with kernels.use(rows):
+            together = model.model.layers[0].mlp.up_proj.forward(x[:, :rows])
+        with kernels.use(1):
+            alone = torch.cat([model.model.layers[0].mlp.up_proj.forward(x[:, i : i + 1])
+                               for i in range(rows)], dim=1)
+        assert torch.equal(together, alone)
+    chosen = {kernel for rows in kernels.choices for kernel in kernels.choices[rows].values()}
+    assert chosen <= {"packed", "linear", "weight_first", "rows"}
+
+
+def test_a_reference_that_depends_on_the_row_count_falls_back_to_one_row_at_a_time(monkeypatch):
+    kernels = LinearKernels(tiny_llama(seed=2))
+    real = kernels._forward
+    # A reference whose products of several rows round differently from one row's.
+    monkeypatch.setattr(kernels, "_plain_forward", lambda kernel, module: (
+        lambda x: real_plain(kernel, module)(x) + (x.numel() > 2 * x.shape[-1]) * 1e-3))
+    real_plain = LinearKernels._plain_forward.__get__(kernels)
+    assert set(kernels.choose(4).values()) == {"rows"}
+    module = kernels.groups[next(iter(kernels.groups))][0]
+    x = torch.randn(1, 4, module.in_features)
+    rows = real("rows", module)(x)
+    assert torch.equal(rows, torch.cat([real("packed" if kernels.reference == "packed"
+                                             else "linear", module)(x[:, i : i + 1])
+                                        for i in range(4)], dim=1))

@@ -67,19 +67,23 @@ def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, archi
         assert torch.allclose(mine.float(), reference.float(), atol=tolerance, rtol=0)
 
 
-def test_float32_one_token_passes_keep_the_models_own_forward(monkeypatch):
-    """Plain decoding steps in float32 stay bit-identical to transformers'; every other pass
-    (drafts, prompt chunks, any pass in bfloat16) is written out."""
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastest_mode(
+        monkeypatch, row_invariant):
+    """Row-invariant, every pass is written out (plain steps are the same function as
+    verification passes). In the fastest mode plain decoding steps in float32 keep
+    transformers' own forward; every other pass is written out."""
     calls = []
     for dtype in (torch.float32, torch.bfloat16):
-        target = TransformersTarget(tiny_llama(seed=12).to(dtype))
+        target = TransformersTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
         written = target.written_out
         target.written_out = lambda input_ids, *args: calls.append((dtype, input_ids.shape[1])) \
             or written(input_ids, *args)
         target.extend([1, 2, 3])
         target.forward([4])
         target.forward([5, 6])
-    assert calls == [(torch.float32, 3), (torch.float32, 2),
+    one_token = [(torch.float32, 1)] if row_invariant else []
+    assert calls == [(torch.float32, 3), *one_token, (torch.float32, 2),
                      (torch.bfloat16, 3), (torch.bfloat16, 1), (torch.bfloat16, 2)]
 
 
@@ -95,7 +99,8 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
 
     monkeypatch.setattr(attention, "blocked_attention", spy)
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
-    target, reference = TransformersTarget(model), TransformersTarget(model)
+    target = TransformersTarget(model, row_invariant=False)
+    reference = TransformersTarget(model)
     reference.written_out = None
     prompt = [(7 * i) % 61 + 1 for i in range(90)]
     logits = {}

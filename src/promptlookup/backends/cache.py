@@ -5,6 +5,10 @@ every layer on every forward pass (about 15% of a one-token pass of SmolLM2-135M
 2,000-token prompt on CPU). :class:`GrowingLayer` keeps the keys and values in buffers with
 spare room, doubling when full, and hands attention a view of the filled part; cropping after
 rejected draft tokens only moves the end. Attention sees the same numbers either way.
+
+Capacity is a multiple of :data:`~promptlookup.backends.row_invariant.KEY_BLOCK` and starts
+zeroed: row-invariant attention reads whole key blocks past a sequence's end (masked), so the
+slots there must hold finite values (zeros, or a rejected draft's keys and values).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from .row_invariant import KEY_BLOCK
 
 #: Room for this many tokens is reserved at first, then doubled as needed.
 MIN_CAPACITY = 256
@@ -31,14 +37,19 @@ class GrowingLayer(DynamicLayer):
         capacity = 0 if self.key_buffer is None else self.key_buffer.shape[-2]
         if needed <= capacity:
             return
-        capacity = max(needed, 2 * capacity, MIN_CAPACITY)
+        capacity = max(-(-needed // KEY_BLOCK) * KEY_BLOCK, 2 * capacity, MIN_CAPACITY)
         buffers = []
         for old, new in ((self.key_buffer, key_states), (self.value_buffer, value_states)):
-            buffer = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+            buffer = new.new_zeros(*new.shape[:-2], capacity, new.shape[-1])
             if old is not None:
                 buffer[..., : self.length, :] = old[..., : self.length, :]
             buffers.append(buffer)
         self.key_buffer, self.value_buffer = buffers
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` positions (before the first update: nothing to do)."""
+        if self.is_initialized and self.key_buffer is not None:
+            self._reserve(length, self.key_buffer, self.value_buffer)
 
     def _expose(self) -> None:
         self.keys = self.key_buffer[..., : self.length, :]

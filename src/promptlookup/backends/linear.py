@@ -1,31 +1,31 @@
-"""Matrix products for our forward passes (verification passes, prompt chunks), kernel by measurement.
+"""Matrix products for our forward passes, each row computed as in a one-token pass.
 
-A verification *forward pass* multiplies every weight matrix by a few rows (the last token and
-its draft). ``nn.Linear`` computes ``x @ W.T`` with whatever kernel the BLAS picks for that
-shape, and on this project's CPUs (AMD EPYC, torch 2.13) it picks badly for a few rows: in
-float32 2-4 rows cost 1.6-1.9x one row. Two other ways compute the same products:
+A *forward pass* multiplies every weight matrix by its rows: one for a plain decoding step,
+the last token and its draft for a verification pass, hundreds for a prompt chunk. For a draft
+never to change a token, row i of a k-row product must equal, bit for bit, the product of that
+row alone. ``nn.Linear`` does not give that on a CPU: the BLAS takes one path for a single row
+(a matrix-vector product), another for two or three, and blocked paths beyond, each summing in
+its own order (float32, every row count here; bfloat16 on some shapes).
 
-- ``weight_first``: ``(W @ x.T).T``, which MKL runs at about the cost of one row for 2-4 rows;
-- ``packed``: oneDNN's linear over a copy of the weight reordered once into its blocked layout
-  (``torch.ops.mkldnn``): 1.3-2x faster than ``nn.Linear`` for 1-16 rows here, in float32 and
-  bfloat16 alike (in bfloat16 with bit-identical results). It costs a second copy of the
-  weights, so it is offered only while all copies stay under :data:`PACKING_MEMORY_SHARE` of
-  the machine's memory.
+oneDNN's linear over a copy of the weight reordered once into its blocked layout
+(``torch.ops.mkldnn``, the ``packed`` kernel) sums every row of a product of two or more rows in
+the same order; a single row is therefore padded to two. That is the *reference* product in
+:class:`LinearKernels`' default, row-invariant mode. Other kernels (``linear``: ``nn.Linear``;
+``weight_first``: ``(W @ x.T).T``) are timed against it only where they give bit-identical
+float32 results on random rows at every row count that uses the choice (a bfloat16 result
+rounds most reorderings of a sum away, so a check there proves little and bfloat16 keeps the
+reference), so the choice by timing never changes a value. If the reference itself is found to depend on the row count on
+some machine (checked the same way), that weight shape's rows are multiplied one at a time
+(``rows``): exact by construction, and slow. The reordered copies double the weights' memory.
 
-Which is fastest depends on the CPU, the BLAS, the dtype, the matrix shape and the number of
-rows, so :class:`LinearKernels` times each for every weight shape the first time a pass has a
-given number of rows, and switches the model's ``nn.Linear`` modules to the fastest for the
-duration of our own passes only (transformers' ``model.generate`` on the same model object is
-untouched). The choices can be kept in a file (:meth:`LinearKernels.use_cache_file`;
-``load_model`` keeps them beside the policy's cost curve), so only the first process on a
+With ``row_invariant=False`` (the bench's ``promptlookup-fastest`` method, to measure what
+exactness costs) the fastest kernel by timing is used whatever its rounding, and float32
+one-row products keep ``nn.Linear``.
+
+The kernels are switched on the model's ``nn.Linear`` modules for the duration of our own
+passes only (transformers' ``model.generate`` on the same model object is untouched). Choices
+can be kept in a file (:meth:`LinearKernels.use_cache_file`), so only the first process on a
 machine pays for the timing.
-
-Prompt chunks are passes over many rows, and use the choice timed at the last of
-:data:`TIMED_ROWS` (packed, where offered, makes a float32 prefill about 8% faster here).
-
-All compute the same sums of products; only the rounding of the accumulation may differ, as
-between any two passes of different lengths. Float32 one-token passes always keep
-``nn.Linear``, so plain decoding steps stay bit-identical to transformers' own.
 """
 
 from __future__ import annotations
@@ -68,6 +68,25 @@ def packed_linear(module: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
 
 
+def at_least_two_rows(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """``forward`` with a single row padded to two (a zero row, dropped from the result), so
+    that one row takes the path of every longer product."""
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != x.shape[-1]:
+            return forward(x)
+        pair = torch.cat([x.reshape(1, -1), x.new_zeros(1, x.shape[-1])])  # (2, in)
+        return forward(pair)[:1].reshape(*x.shape[:-1], -1)
+    return padded
+
+
+def one_row_at_a_time(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """``forward`` applied to each row on its own (as a one-token pass applies it)."""
+    def by_rows(x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, 1, x.shape[-1])  # (rows, 1, in)
+        return torch.cat([forward(row) for row in rows]).reshape(*x.shape[:-1], -1)
+    return by_rows
+
+
 def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
@@ -89,12 +108,18 @@ class LinearKernels:
     are switched.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, row_invariant: bool = True) -> None:
         self.groups: dict[tuple, list[torch.nn.Linear]] = defaultdict(list)
         for module in model.modules():
             if type(module) is torch.nn.Linear and module.weight.device.type == "cpu":
                 self.groups[self._key(module)].append(module)
-        self.kernels = KERNELS if _packing_possible(self.groups) else KERNELS[:2]
+        #: Whether every row of a product is computed as the product of that row alone.
+        self.row_invariant = row_invariant
+        packing = (torch.backends.mkldnn.is_available() if row_invariant
+                   else _packing_possible(self.groups))
+        self.kernels = KERNELS if packing else KERNELS[:2]
+        #: The product every candidate must reproduce bit for bit (row-invariant mode).
+        self.reference = "packed" if packing else "linear"
         #: rows -> {group key: kernel name}, for the groups not on ``nn.Linear``.
         self.choices: dict[int, dict[tuple, str]] = {}
         #: id(module) -> (reordered weight, (data pointer, version) of the weight it copies)
@@ -117,7 +142,7 @@ class LinearKernels:
             stored = json.loads(self.cache_file.read_text())
             keys = {self._name(key): key for key in self.groups}
             for rows, chosen in stored.items():
-                if set(chosen) <= set(keys) and set(chosen.values()) <= set(self.kernels):
+                if set(chosen) <= set(keys) and set(chosen.values()) <= self._known():
                     self.choices[int(rows)] = {keys[name]: kernel for name, kernel in chosen.items()}
         except (OSError, ValueError, TypeError, AttributeError):
             pass
@@ -141,16 +166,27 @@ class LinearKernels:
         if rows not in self.choices:
             self.choices[rows] = {}
             for key, modules in self.groups.items():
-                if rows == 1 and key[2] == torch.float32:
+                if rows == 1 and key[2] == torch.float32 and not self.row_invariant:
                     continue  # plain steps stay bit-identical to transformers'
                 kernel = self._fastest(modules, rows)
-                if kernel != "linear":
+                if kernel != "linear" or self.row_invariant:
                     self.choices[rows][key] = kernel
             self._drop_unused_packing()
             self._save()
         return self.choices[rows]
 
+    def _known(self) -> set[str]:
+        return {*self.kernels, "rows"} if self.row_invariant else set(self.kernels)
+
     def _forward(self, kernel: str, module: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The forward ``kernel`` runs for ``module`` (row-invariant mode: one row padded to
+        two; ``rows``: the reference one row at a time)."""
+        if kernel == "rows":
+            return one_row_at_a_time(self._forward(self.reference, module))
+        forward = self._plain_forward(kernel, module)
+        return at_least_two_rows(forward) if self.row_invariant else forward
+
+    def _plain_forward(self, kernel: str, module: torch.nn.Linear) -> Callable:
         if kernel == "weight_first":
             return types.MethodType(weight_first_linear, module)
         if kernel == "packed":
@@ -178,16 +214,42 @@ class LinearKernels:
             for function in functions:
                 function(x)
 
+        if self.row_invariant:
+            candidates = self._row_invariant_candidates(modules[0], rows)
+            if len(candidates) == 1:
+                return candidates[0]
+            baseline = self.reference if self.reference in candidates else candidates[0]
+        else:
+            candidates, baseline = list(self.kernels), "linear"
         ratios = median_ratios({kernel: functools.partial(run_all, [self._forward(kernel, m)
                                                                     for m in modules])
-                                for kernel in self.kernels}, baseline="linear", rounds=5)
+                                for kernel in candidates}, baseline=baseline, rounds=5)
         best = min(ratios, key=ratios.get)
-        return best if ratios[best] < MARGIN else "linear"
+        return best if ratios[best] < MARGIN else baseline
+
+    @torch.inference_mode()
+    def _row_invariant_candidates(self, module: torch.nn.Linear, rows: int) -> list[str]:
+        """The kernels whose products of random rows are bit-identical to the reference's
+        product of each row alone, at every row count that uses the choice made at ``rows``
+        (:func:`checked_rows`); ``["rows"]`` if even the reference's are not."""
+        counts = checked_rows(rows)
+        x = torch.randn(1, max(counts), module.in_features,
+                        generator=torch.Generator().manual_seed(rows)).to(module.weight.dtype)
+        alone = one_row_at_a_time(self._forward(self.reference, module))(x)
+        # Only where the check is sharp are other kernels trusted: up to 16 rows (every count
+        # checked) in float32 (bfloat16 results round most reorderings of a sum away).
+        sharp = rows <= 16 and module.weight.dtype == torch.float32
+        kernels = self.kernels if sharp else [self.reference]
+        agree = [kernel for kernel in kernels
+                 if all(torch.equal(self._forward(kernel, module)(x[:, :count]), alone[:, :count])
+                        for count in counts)]
+        return agree if self.reference in agree else ["rows"]
 
     def _drop_unused_packing(self) -> None:
         """Free the reordered copies of groups that no row count uses."""
         used = {id(m) for chosen in self.choices.values() for key, kernel in chosen.items()
-                if kernel == "packed" for m in self.groups[key]}
+                if kernel == "packed" or (kernel == "rows" and self.reference == "packed")
+                for m in self.groups[key]}
         for module_id in set(self.packed) - used:
             del self.packed[module_id]
 
@@ -232,6 +294,23 @@ def median_ratios(kernels: dict[str, Callable[[], object]], baseline: str, round
             for name in kernels:
                 ratios[name].append(seconds[name] / max(seconds[baseline], 1e-12))
     return {name: statistics.median(values) for name, values in ratios.items()}
+
+
+def checked_rows(rows: int) -> list[int]:
+    """The row counts at which kernels are checked against the reference before the choice for
+    passes of ``rows`` (a count in :data:`TIMED_ROWS`) is made: every count up to it, up to
+    16 rows; beyond, where only the reference itself is checked, a few, and for prompt chunks
+    (the last) a longer one too.
+
+    >>> checked_rows(3), checked_rows(24), checked_rows(128)
+    ([1, 2, 3], [17, 20, 24], [65, 96, 128, 259])
+    """
+    index = TIMED_ROWS.index(rows)
+    previous = TIMED_ROWS[index - 1] if index else 0
+    if rows <= 16:  # from one row: the head of a pass multiplies only the rows it keeps
+        return list(range(1, rows + 1))
+    counts = [previous + 1, (previous + 1 + rows) // 2, rows]
+    return counts + [2 * rows + 3] if rows == TIMED_ROWS[-1] else counts
 
 
 def _timed_rows(rows: int) -> int:

@@ -3,27 +3,25 @@
 A forward pass of ``transformers``' ``LlamaForCausalLM`` spends a good part of its time on work
 around the products: building a mask and position objects, dispatching attention through its
 interface, updating the cache through its layers, output records, decorators and keyword
-plumbing in every module. For a small model on a CPU that is a sizeable share: bfloat16 passes
-of SmolLM2-135M over 1, 8 and 16 tokens after a 1,500-token prompt (one thread, a Xeon with
-AMX) took 0.91-0.94x the time when written out as below, over the same weights and kernels,
-and float32 passes over 8 and 16 tokens 0.94-0.96x (a one-off timing, interleaved with the
-model's own).
+plumbing in every module. For a small model on a CPU that is a sizeable share (see
+docs/design.md).
 
 :class:`LlamaForward` is that pass, step by step as ``LlamaModel`` does it, calling the model's
 own modules (embedding, projections, rotary embedding, head), so every weight, kernel choice
 (:class:`~promptlookup.backends.linear.LinearKernels` switches the same ``nn.Linear``
-modules) and RoPE variant is the model's. Only the glue is ours: the cache is
-our :class:`~promptlookup.backends.cache.GrowingLayer` buffers, and grouped-query attention is
-:func:`~promptlookup.backends.attention.grouped_sdpa`, as in the model's own
-forward under :func:`~promptlookup.backends.attention.verification_attention` (folded SDPA for
-one token and drafts, a causal kernel or the blocks for prompt chunks), which the caller
-enters around the pass. The element-wise steps (the RMS norms, applying the rotary
-embedding, SiLU, the residual sums) round every value as the model's functions do, bit for
-bit, but write into tensors they already have where the model makes new ones: a prompt's
-activations are megabytes, and each fresh one costs page faults (8,000-84,000 in a bfloat16
-1,600-token prefill here, depending on the heap's state; now 0-5,000). That made prefills
-0.93-0.95x the time in bfloat16 and 0.97x in float32, and passes over 1-16 tokens 0.97-0.99x
-(one-off interleaved timings, Xeon, one thread).
+modules) and RoPE variant is the model's. Only the glue is ours: the cache is our
+:class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is
+:func:`~promptlookup.backends.row_invariant.row_invariant_attention` (every query row computed
+as a one-token pass computes it), or, with ``row_invariant=False``,
+:func:`~promptlookup.backends.attention.grouped_sdpa` under
+:func:`~promptlookup.backends.attention.verification_attention`, which the caller enters.
+
+The element-wise steps (the RMS norms, applying the rotary embedding, SiLU, the residual sums)
+round every value as the model's functions do, bit for bit, but write into tensors they
+already have where the model makes new ones: a prompt's activations are megabytes, and each
+fresh one costs page faults. Each of them, and each norm's mean over a row, computes a row
+from that row alone, so with row-invariant products and attention the whole pass is
+row-invariant (``tests/test_row_invariance.py`` checks it, op by op and whole).
 
 :func:`supports` accepts only a plain ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or
 ``MistralForCausalLM`` (no subclasses, no sliding window) on the CPU whose every layer has the
@@ -36,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from .attention import grouped_sdpa
+from .row_invariant import row_invariant_attention
 
 #: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
 #: ``model_type``, decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
@@ -95,8 +94,10 @@ class LlamaForward:
     way), not through ``nn.Module.__call__``: hooks on them do not run in our passes.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, row_invariant: bool = True) -> None:
         base = model.model
+        #: Whether attention computes every query row as a one-token pass would.
+        self.row_invariant = row_invariant
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
@@ -118,11 +119,11 @@ class LlamaForward:
         end = start + length
         # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
         # cache (True: may attend), made once per pass; none for one token or a first chunk.
-        mask = (None if length == 1 or start == 0
+        mask = (None if length == 1 or start == 0 or self.row_invariant
                 else torch.ones(length, end, dtype=torch.bool, device=input_ids.device)
                 .tril(start)[None, None])  # (1, 1, n, start + n)
         for layer, cache_layer in zip(self.layers, cache.layers):
-            hidden = layer.forward(hidden, cos, sin, cache_layer, mask)
+            hidden = layer.forward(hidden, cos, sin, cache_layer, mask, self.row_invariant)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
@@ -146,7 +147,7 @@ class _LayerModules:
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layer,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, row_invariant: bool = True) -> torch.Tensor:
         """``hidden`` (1, n, hidden_size) after this layer; it is updated in place."""
         length, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
@@ -155,9 +156,14 @@ class _LayerModules:
         key = self.k_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
         value = self.v_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
         query, key = rotary(query, cos, sin), rotary(key, cos, sin)
+        start = cache_layer.get_seq_length()
         keys, values = cache_layer.update(key, value)  # (1, kv_heads, start + n, head_dim)
-        attended, _ = grouped_sdpa(self.attention, query, keys, values, mask,
-                                   scaling=self.scaling)  # (1, n, heads, head_dim)
+        if row_invariant:  # over the buffers: whole key blocks, masked past each query
+            attended = row_invariant_attention(query, cache_layer.key_buffer,
+                                               cache_layer.value_buffer, start, self.scaling)
+        else:
+            attended, _ = grouped_sdpa(self.attention, query, keys, values, mask,
+                                       scaling=self.scaling)  # (1, n, heads, head_dim)
         hidden.add_(self.o_proj.forward(attended.reshape(1, length, -1)))
         normed = rms_norm(self.post_attention_layernorm, hidden)
         gate = self.act_fn(self.gate_proj.forward(normed))  # (1, n, intermediate_size)

@@ -1,4 +1,11 @@
-"""Target backend over any ``transformers`` causal LM whose cache layers can be cropped."""
+"""Target backend over any ``transformers`` causal LM whose cache layers can be cropped.
+
+For plain Llama, Qwen2 and Mistral models on the CPU (:func:`~promptlookup.backends.llama_forward.supports`)
+every pass is row-invariant: each row's logits are bit for bit those of a one-token pass over
+the same cache, whatever the number of rows, so no drafter, draft length or policy decision can
+change a token (:attr:`TransformersTarget.row_invariant`). Other models run through the model's
+own forward, whose multi-token passes may round differently from one-token passes.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +28,10 @@ class TransformersTarget:
     """A ``transformers`` causal LM as a :class:`~promptlookup.backends.base.Target`."""
 
     def __init__(self, model: torch.nn.Module, kernels: LinearKernels | None = None,
-                 attention: PromptAttention | None = None) -> None:
+                 attention: PromptAttention | None = None, row_invariant: bool = True) -> None:
         """``kernels`` and ``attention``: choices already measured for this model (another
-        target's), or None to measure them on first use."""
+        target's), or None to measure them on first use. ``row_invariant=False`` gives up
+        exactness for the fastest kernels by timing (to measure what exactness costs)."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
         self.config = config
@@ -32,14 +40,17 @@ class TransformersTarget:
         self.device, self.dtype = weight.device, weight.dtype
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
-        self.kernels = kernels if kernels is not None else LinearKernels(model)
+        self.kernels = kernels if kernels is not None else LinearKernels(model, row_invariant)
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
         self.attention = (attention if attention is not None
                           else PromptAttention(config, self.dtype, self.device))
-        #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None:
-        #: it runs all our passes but float32 one-token ones, which keep the model's own
-        #: forward so that plain decoding steps stay bit-identical to transformers'.
-        self.written_out = LlamaForward(model) if supports(model) else None
+        #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None.
+        #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
+        #: model's own forward (bit-identical to transformers' plain decoding steps).
+        self.written_out = LlamaForward(model, row_invariant) if supports(model) else None
+        #: Whether every pass computes each row as a one-token pass would (see the module doc).
+        self.row_invariant = (row_invariant and self.written_out is not None
+                              and self.kernels.row_invariant)
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -51,7 +62,8 @@ class TransformersTarget:
 
     def use_choice_files(self, cost_file) -> None:
         """Keep the measured kernel and attention choices beside the policy's ``cost_file``."""
-        self.kernels.use_cache_file(cost_file.with_name(f"{cost_file.stem}-kernels.json"))
+        mode = "row-invariant" if self.kernels.row_invariant else "fastest"
+        self.kernels.use_cache_file(cost_file.with_name(f"{cost_file.stem}-{mode}-kernels.json"))
         self.attention.use_cache_file(cost_file.with_name(f"{cost_file.stem}-attention.json"))
 
     @property
@@ -64,7 +76,8 @@ class TransformersTarget:
         length = len(token_ids)
         blocked = length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
         with verification_attention(self.config, blocked), self.kernels.use(length):
-            if self.written_out is not None and (length > 1 or self.dtype != torch.float32):
+            if self.written_out is not None and (self.row_invariant or length > 1
+                                                 or self.dtype != torch.float32):
                 return self.written_out(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                              logits_to_keep=logits_to_keep)
