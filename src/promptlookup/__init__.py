@@ -40,7 +40,7 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
 
 
-__version__ = "0.7.6"
+__version__ = "0.8.0"
 
 __all__ = [
     "CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",

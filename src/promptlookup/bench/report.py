@@ -8,6 +8,8 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``tokens_per_forward``: sum of new tokens / sum of forward passes (null if any is unknown).
 - ``acceptance_rate``: sum of accepted / sum of drafted tokens (null if none drafted or unknown).
 - ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
+- ``identical_to_none_fraction``: share equal to ``promptlookup-none``'s, promptlookup's own
+  plain decoding (null unless it ran): 1.0 wherever passes are row-invariant, in any dtype.
 - ``first_token_seconds``: median over prompts of the time to the first new token (the prompt's
   prefill, mostly: the same work for every method, and with short answers most of the time).
 - ``decode_speedup``: the speed-up after the first forward pass that produced tokens (tokens
@@ -33,7 +35,7 @@ from .methods import ALL_TASKS, BASELINE
 
 SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
                 "tokens_per_forward", "acceptance_rate", "identical_fraction",
-                "first_token_seconds", "decode_speedup")
+                "identical_to_none_fraction", "first_token_seconds", "decode_speedup")
 
 
 def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -115,6 +117,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     forwards = total("forward_passes", mine)
     drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
     identical = [r["identical_to_plain"] for r in mine if r["identical_to_plain"] is not None]
+    same_as_none = [r["identical_to_none"] for r in mine if r.get("identical_to_none") is not None]
     firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
@@ -124,6 +127,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
         _round(_ratio(total("new_tokens", mine), forwards)) if forwards is not None else None,
         _round(_ratio(accepted, drafted)) if drafted is not None and accepted is not None else None,
         _round(sum(identical) / len(identical)) if identical else None,
+        _round(sum(same_as_none) / len(same_as_none)) if same_as_none else None,
         _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
         _round(_ratio(decode, plain_decode)) if decode is not None and plain_decode else None)))
 
@@ -217,7 +221,8 @@ def _cell(value) -> str:
 
 
 TABLE_HEADERS = ("task", "method", "prompts", "tokens/s", "speed-up", "median speed-up",
-                 "tokens/forward", "acceptance", "identical", "first token s", "decode speed-up")
+                 "tokens/forward", "acceptance", "identical", "identical to -none",
+                 "first token s", "decode speed-up")
 #: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
 AGREED_KEYS = ("task", "method", "prompts", "agreed_share", "tokens_per_second", "speedup",
                "median_speedup", "decode_speedup")
@@ -356,7 +361,8 @@ def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
              "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
              "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
              "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
-             "of outputs token-identical to `plain` (– when sampling); first token s: median "
+             "of outputs token-identical to `plain` (– when sampling); identical to -none: "
+             "share identical to `promptlookup-none`'s; first token s: median "
              "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
              "speed-up after each request's first forward pass that produced tokens (prefill "
              "left out)."]

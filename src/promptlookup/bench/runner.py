@@ -18,6 +18,8 @@ Fairness policies:
   settings is taken (``--sweep``).
 - Greedy runs compare each method's new tokens (up to and including EOS) with ``plain``'s:
   ``identical_to_plain`` true/false; null when sampling, where outputs legitimately differ.
+- When ``promptlookup-none`` runs too, ``identical_to_none`` says whether each output equals
+  its (greedy or seeded sampling alike: the same seed must give the same text); else null.
   Sampling seeds each prompt with ``seed + prompt index``, the same for every method.
 
 Each row also keeps the new token ids and ``token_seconds``, the time from the call's start at
@@ -44,8 +46,10 @@ from .data import BenchRow
 from .methods import BASELINE, Method, MethodOutput, Settings, make_method
 
 RESULT_KEYS = ("task", "id", "method", "prompt_tokens", "new_tokens", "seconds", "forward_passes",
-               "drafted_tokens", "accepted_tokens", "identical_to_plain", "text", "token_ids",
-               "token_seconds")
+               "drafted_tokens", "accepted_tokens", "identical_to_plain", "identical_to_none",
+               "text", "token_ids", "token_seconds")
+#: promptlookup's own plain decoding: every drafting method must write its text, sampling too.
+OWN_PLAIN = "promptlookup-none"
 WARMUP_TOKENS = 32
 
 
@@ -230,13 +234,17 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                         bar.update(1)
                 outputs = {name: _fastest(outs) for name, outs in runs.items()}
                 baseline_tokens = outputs[BASELINE].token_ids
+                own_plain = outputs.get(OWN_PLAIN)
                 for method in method_objs:
                     output = outputs[method.name]
                     identical = None if settings.sampling else output.token_ids == baseline_tokens
+                    same_as_none = (None if own_plain is None
+                                    else output.token_ids == own_plain.token_ids)
                     record = dict(zip(RESULT_KEYS, (
                         row.task, row.id, method.name, len(prompt_ids), len(output.token_ids),
                         round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
-                        output.accepted_tokens, identical, _decode(model, output.token_ids),
+                        output.accepted_tokens, identical, same_as_none,
+                        _decode(model, output.token_ids),
                         list(output.token_ids), _rounded(output.token_seconds))))
                     if repeat > 1:
                         record["repeat_seconds"] = [round(o.seconds, 6) for o in runs[method.name]]

@@ -7,6 +7,8 @@
   set the drafter's num_tokens, min_match, max_match; ``speculation=fixed|adaptive``; an
   explicit ``k`` means ``speculation=fixed`` unless given, so `--sweep` measures fixed settings).
 - ``promptlookup-none``: the same loop with no drafter (its own overhead against ``plain``).
+- ``promptlookup-fastest``: promptlookup with the fastest kernels by timing whether or not
+  they are row-invariant (exactness off): what exactness costs, in the same run.
 - ``hf-custom``: ``model.generate(custom_generate=...)`` from :mod:`promptlookup.hf_generate`.
 
 Counting policy. promptlookup's own methods report the loop's counters. For ``model.generate``
@@ -193,9 +195,28 @@ register_method(BACKEND, "promptlookup",
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
 register_method(BACKEND, "promptlookup-none",
                 lambda lm, options: PromptLookupMethod(lm, "none"))
+register_method(BACKEND, "promptlookup-fastest",
+                lambda lm, options: PromptLookupMethod(fastest_twin(lm), "prompt-lookup",
+                                                       check_int_options("promptlookup", options)),
+                params={**LOOKUP_PARAMS, "speculation": "speculation"})
 register_method(BACKEND, "hf-custom",
                 lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
                 params={**LOOKUP_PARAMS, "speculation": "speculation"})
+
+
+def fastest_twin(lm):
+    """``lm``'s model behind a target that keeps the fastest kernels by timing, row-invariant
+    or not (what exactness costs), with a policy of its own; same weights, no copy."""
+    from ..backends.transformers_backend import TransformersTarget
+    from ..generation import LanguageModel
+
+    twin = LanguageModel(TransformersTarget(lm.model, row_invariant=False), lm.tokenizer,
+                         name=lm.name, model=lm.model)
+    cost_file = getattr(lm.policy, "cost_file", None)
+    if cost_file is not None:
+        twin.policy.cost_file = cost_file.with_name(f"{cost_file.stem}-fastest.json")
+        twin.target.use_choice_files(twin.policy.cost_file)
+    return twin
 
 
 def load_for_bench(model: str | None, dtype: str, device: str, threads: int | None = None):
