@@ -93,6 +93,7 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, re
       promptlookup       promptlookup's loop, default drafter          [k=, min=, max=,
                                                                         speculation=]
       promptlookup-none  promptlookup's loop without a drafter (its overhead)
+      promptlookup-fastest  promptlookup with the fastest kernels, exact or not (the price)
       hf-custom          model.generate(custom_generate=promptlookup)  [k=, min=, max=]
 
     \b
