@@ -7,7 +7,7 @@ forward, as before 0.7.0 and for models other than Llama) and ``promptlookup``.
 Both run the same loaded model on the same random context; sizes and modes are interleaved
 round by round and each cell is the median over rounds. Prints a markdown table.
 
-    python benchmarks/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 --context 2000 \
+    python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 --context 2000 \
         --threads 1 > benchmarks/runs/forward-cost.md
 """
 
@@ -87,7 +87,7 @@ def main() -> None:
     print("Modes: `stock` (transformers' cache, attention and products), `own-forward` "
           "(promptlookup's target running the model's own forward: versions before 0.7.0, and "
           "models other than Llama), `promptlookup` (the target as it is).\n")
-    print(f"`python benchmarks/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
+    print(f"`python benchmarks/studies/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
           f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
           "tokens after a context of the given length; in brackets, the ratio to the stock "
           "one-token pass (what plain decoding with `model.generate` pays per token). "

@@ -16,7 +16,7 @@ score it, and reports tokens per forward pass for the same number of verified dr
 The question it answers (issue "Drafts worth verifying"): where a forward pass over N tokens
 costs about the same as over N/2, is it better spent on alternatives or on a longer chain?
 
-    python benchmarks/draft_headroom.py benchmarks/runs/float32-greedy \\
+    python benchmarks/studies/draft_headroom.py benchmarks/runs/xeon-float32-greedy-0.7.6 \\
         --data ../shared/data/code_edit.jsonl --data ../shared/data/summarization.jsonl \\
         --data ../shared/data/qa.jsonl --data ../shared/data/chat.jsonl --every 3
 """

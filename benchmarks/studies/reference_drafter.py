@@ -15,7 +15,7 @@ Each reference goes through the ``reference:FILE`` drafter spec (a temporary fil
 a markdown table: tokens per forward pass and tokens/s per drafter, and whether all three
 outputs are token-identical (they must be: every drafter is lossless).
 
-    .venv/bin/python benchmarks/reference_drafter.py --rows 5 --max-new-tokens 128 --threads 1
+    .venv/bin/python benchmarks/studies/reference_drafter.py --rows 5 --max-new-tokens 128 --threads 1
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import re
 import tempfile
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "code_edit.jsonl"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "code_edit.jsonl"
 METHODS = ("prompt-lookup", "reference:answer", "reference:original")
 
 

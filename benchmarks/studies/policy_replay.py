@@ -12,7 +12,7 @@ difference between policies is which draft lengths they verify. It prints, per t
 policy's speed-up over plain decoding (``len(output) * cost(1)`` over the passes' total cost):
 the default adaptive policy and (``--fixed``) every fixed setting of the ``--sweep`` grid.
 
-    python benchmarks/policy_replay.py benchmarks/runs/float32-greedy-0.6 \\
+    python benchmarks/studies/policy_replay.py benchmarks/runs/xeon-float32-greedy-0.7.6 \\
         --costs ~/.cache/promptlookup/costs/SmolLM2-...-bfloat16-cpu-1threads-v0.6.3-....json \\
         --data ../shared/data/code_edit.jsonl --data ../shared/data/summarization.jsonl \\
         --data ../shared/data/qa.jsonl --data ../shared/data/chat.jsonl \\

@@ -6,7 +6,7 @@ more than over one; this shows how far each weight type is from that on this CPU
 Prints a markdown table: milliseconds per pass (median of rounds) and, in brackets, the ratio to
 the one-token pass of the same file.
 
-    python benchmarks/llamacpp_cost.py --threads 2 > benchmarks/runs/llamacpp-cost.md
+    python benchmarks/studies/llamacpp_cost.py --threads 2 > benchmarks/runs/llamacpp-cost.md
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> None:
     source = resolve_model(None)
     original = Path(source.location) / source.gguf_file
     print("## llama.cpp forward-pass cost by weight type\n")
-    print(f"`python benchmarks/llamacpp_cost.py --threads {args.threads}` ({args.rounds} rounds, "
+    print(f"`python benchmarks/studies/llamacpp_cost.py --threads {args.threads}` ({args.rounds} rounds, "
           "median). Milliseconds per forward pass over n new tokens after a context of the given "
           "length; in brackets, the ratio to the same file's one-token pass.\n")
     header = " | ".join(f"n={n}" for n in SIZES)

@@ -5,7 +5,7 @@ tokenizer, repeated as needed) is indexed once; then each step appends the token
 step would accept (1 to 4) and asks for a draft, as the loop does. Prints a markdown table of
 the median and 95th-percentile microseconds per step.
 
-    .venv/bin/python benchmarks/drafting_cost.py --contexts 1000 10000 100000
+    .venv/bin/python benchmarks/studies/drafting_cost.py --contexts 1000 10000 100000
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from promptlookup.drafters import PromptLookupDrafter
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def corpus_tokens(limit: int) -> list[int]:
