@@ -28,10 +28,10 @@ TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
 # The main command in each dtype, latest version: the table at the top comes from these.
 MAIN = [
     ("xeon-float32-greedy-0.7.6",
-     "The main command, float32, version 0.7.6 (commit 91aad5c: 0.7.6's decoding with the "
+     "the main command, float32, version 0.7.6 (commit 91aad5c: 0.7.6's decoding with the "
      "report code that states the noise of repeated runs). Alone on the machine."),
     ("xeon-bfloat16-greedy-0.7.6",
-     "The main command, bfloat16, version 0.7.6 (commit e2a29d8: methods in a balanced "
+     "the main command, bfloat16, version 0.7.6 (commit e2a29d8: methods in a balanced "
      "order). Alone on the machine."),
 ]
 # The --sweep grid against the default, bfloat16, every method twice per prompt.
