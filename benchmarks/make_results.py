@@ -209,8 +209,10 @@ def document() -> str:
     for run, note in MAIN + SWEEPS:
         parts += run_section(run, note)
     parts += ["## Studies", "",
-              "One-off measurements for the design ([design.md](design.md)); the scripts are in "
-              "`benchmarks/studies/`.", ""]
+              "One-off measurements for the design ([design.md](design.md)). The scripts are now "
+              "in `benchmarks/studies/`; the commands recorded below name them "
+              "`benchmarks/NAME.py`, where they were when they ran, and name the bench runs "
+              "whose texts they replayed, which are no longer kept.", ""]
     for name, note, *title in STUDIES:
         parts += study_section(name, note, *title)
     return "\n".join(parts).rstrip() + "\n"
