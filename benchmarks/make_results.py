@@ -2,7 +2,8 @@
 tables, with how each ran, and a table of the latest figures at the top.
 
     python benchmarks/make_results.py            # writes docs/results.md
-    python benchmarks/make_results.py --check    # exits 1 if docs/results.md is out of date
+    python benchmarks/make_results.py --check    # exits 1 if docs/results.md is out of date, or
+                                                 # README.md's table is not its latest figures
 
 Every number in the document comes from a file under ``benchmarks/runs/``: a bench run's
 ``summary.json``, ``agreed_summary.json`` and ``report.md`` (``promptlookup bench
@@ -221,13 +222,16 @@ def document() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/results.md differs from what would be written")
+                        help="exit 1 if docs/results.md differs from what would be written, or "
+                        "README.md lacks its table of the latest figures")
     args = parser.parse_args()
     text = document()
     if args.check:
         current = OUT.read_text() if OUT.is_file() else ""
         if current != text:
             sys.exit(f"{OUT.relative_to(ROOT)} is out of date: run python benchmarks/make_results.py")
+        if "\n".join(glance()) not in (ROOT / "README.md").read_text():
+            sys.exit("README.md's table of the latest figures differs from docs/results.md's")
         return
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(text)
