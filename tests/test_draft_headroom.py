@@ -1,9 +1,9 @@
-"""The tree-vs-chain study script (benchmarks/draft_headroom.py) counts what it claims."""
+"""The tree-vs-chain study script (benchmarks/studies/draft_headroom.py) counts what it claims."""
 
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "draft_headroom.py"
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "studies" / "draft_headroom.py"
 spec = importlib.util.spec_from_file_location("draft_headroom", SCRIPT)
 headroom = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(headroom)

@@ -1,4 +1,4 @@
-"""The policy replay script (benchmarks/policy_replay.py) charges what it claims."""
+"""The policy replay script (benchmarks/studies/policy_replay.py) charges what it claims."""
 
 import importlib.util
 from pathlib import Path
@@ -7,7 +7,7 @@ from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
 from promptlookup.cost_model import CostModel
 from promptlookup.policy import SpeculationPolicy
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "policy_replay.py"
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "studies" / "policy_replay.py"
 spec = importlib.util.spec_from_file_location("policy_replay", SCRIPT)
 policy_replay = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(policy_replay)
