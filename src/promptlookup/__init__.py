@@ -17,7 +17,7 @@ from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, Mo
 # The rest of the API is imported on first use (PEP 562): `import promptlookup` stays fast and
 # does not load torch until something needs it.
 _LAZY = {
-    ".drafters": ("CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "NoDrafter",
+    ".drafters": ("CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "NoDrafter",
                   "PromptLookupDrafter", "make_drafter"),
     ".generation": ("GenerationResult", "GenerationStream", "LanguageModel"),
     ".hf_generate": ("custom_generate", "make_custom_generate"),
@@ -43,7 +43,7 @@ def __dir__():
 __version__ = "0.7.6"
 
 __all__ = [
-    "CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
+    "CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
     "GenerationStats", "GenerationStream", "InvalidParameterError", "LanguageModel",
     "ModelLoadError", "ModelNotFoundError", "NoDrafter", "PromptLookupDrafter",
     "PromptLookupError", "PromptTooLongError", "SamplingParams", "TokenChooser",

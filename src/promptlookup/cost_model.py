@@ -144,9 +144,7 @@ class CostModel:
         exactly as it started)."""
         length = target.cache_length
         limit = max(1, target.max_context - length)
-        prepare = getattr(target, "prepare", None)  # optional: set up for these pass sizes
-        if prepare is not None:
-            prepare([size for size in sizes if size <= limit])
+        target.prepare([size for size in sizes if size <= limit])  # set up before timing
 
         def timed(size: int) -> float:
             start = time.perf_counter()

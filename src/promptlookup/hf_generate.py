@@ -147,7 +147,11 @@ class CustomGenerate:
         prompt_ids = input_ids[0].tolist()
         eos = generation_config.eos_token_id
         eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, **self.drafter_options)
+        # The model's policy (a draft model is built with it too, to size its drafts by cost).
+        policy = policy_for(model) if self.speculation == "adaptive" else None
+        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, policy=policy,
+                               **self.drafter_options)
+        policy = policy if not isinstance(drafter, NoDrafter) else None
         chooser = _PaddedChooser(prompt_ids[:num_pad], logits_processor,
                                  do_sample=bool(generation_config.do_sample))
         max_length = generation_config.max_length or len(prompt_ids) + 1
@@ -158,8 +162,6 @@ class CustomGenerate:
         was_training = model.training
         target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
-        adaptive = self.speculation == "adaptive" and not isinstance(drafter, NoDrafter)
-        policy = policy_for(model) if adaptive else None
         tokens = speculative_generate(target, prompt_ids[num_pad:], max_new_tokens=budget,
                                       drafter=drafter, chooser=chooser, stats=stats, policy=policy)
         try:

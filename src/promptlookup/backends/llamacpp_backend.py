@@ -131,6 +131,9 @@ class LlamaCppTarget:
             return torch.empty(0, self.vocab_size)
         return rows[0] if len(rows) == 1 else torch.cat(rows)  # (len(token_ids), vocab) float32
 
+    def prepare(self, sizes: Sequence[int]) -> None:
+        """Nothing to set up: llama.cpp chooses its kernels itself."""
+
     def crop(self, length: int) -> None:
         if length >= self.cache_length:
             return
