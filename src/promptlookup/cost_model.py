@@ -173,7 +173,7 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         """Store the recent relative costs and level so the next process skips calibration."""
-        from .models import save_cache_json
+        from .cache_files import save_cache_json
 
         save_cache_json(path, {"levels": list(self.levels),
                                "relative": [(n, r) for n, v in self.samples.items() for r in v]})

@@ -44,6 +44,7 @@ import torch
 from .backends.transformers_backend import TransformersTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
+from .loading import transformers_cost_file
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .sampling import TokenChooser
@@ -67,24 +68,13 @@ _POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy]" = wea
 _CHOICES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _cost_file(model: torch.nn.Module):
-    """Where :func:`promptlookup.load_model` would cache this model's cost curve; None when the
-    model has no name (``config._name_or_path``)."""
-    from . import cost_file_for
-
-    name = getattr(model.config, "_name_or_path", "")
-    device = next(model.parameters()).device
-    dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
-    return cost_file_for(name, "transformers", dtype, device.type) if name else None
-
-
 def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
     """The adaptive speculation policy of ``model``; its cost curve is cached on disk like
     :func:`promptlookup.load_model`'s when the model has a name (``config._name_or_path``),
     else measured once per model object."""
     policy = _POLICIES.get(model)
     if policy is None:
-        policy = _POLICIES[model] = SpeculationPolicy(cost_file=_cost_file(model))
+        policy = _POLICIES[model] = SpeculationPolicy(cost_file=transformers_cost_file(model))
     return policy
 
 
@@ -97,7 +87,7 @@ def target_for(model: torch.nn.Module) -> TransformersTarget:
     if kept is not None and kept[0] == (weight.dtype, weight.device):
         return TransformersTarget(model, kernels=kept[1], attention=kept[2])  # sets eval mode
     target = TransformersTarget(model)  # new, or moved or cast since
-    cost_file = _cost_file(model)
+    cost_file = transformers_cost_file(model)
     if cost_file is not None:
         target.use_choice_files(cost_file)
     _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)
