@@ -15,13 +15,13 @@ def _cost_curves_in_a_temporary_folder(tmp_path_factory):
     """Measured cost curves go to a folder of this test session, not the user's cache (models
     saved under tmp paths would otherwise leave files there, and a test run measured on a busy
     machine would steer later real runs)."""
-    import promptlookup
+    from promptlookup import cache_files
 
     folder = tmp_path_factory.mktemp("costs")
-    real = promptlookup.cost_file_for
-    promptlookup.cost_file_for = lambda *args: folder / real(*args).name
+    real = cache_files.cost_file_for
+    cache_files.cost_file_for = lambda *args, **kwargs: folder / real(*args, **kwargs).name
     yield
-    promptlookup.cost_file_for = real
+    cache_files.cost_file_for = real
 
 
 class TinyTokenizer:

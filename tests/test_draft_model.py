@@ -255,6 +255,9 @@ class MemoTarget:
     def crop(self, length: int) -> None:
         del self.tokens[length:]
 
+    def prepare(self, sizes) -> None:  # nothing to set up
+        pass
+
     @property
     def cache_length(self) -> int:
         return len(self.tokens)

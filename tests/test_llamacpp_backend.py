@@ -33,7 +33,7 @@ NEW_TOKENS = 40
 
 #: Decodes a copying prompt (a prefill, drafts, one-token passes) in a child process.
 PROBE = """
-from promptlookup.backends.llamacpp_backend import load_llamacpp
+from promptlookup.loading import load_llamacpp
 lm = load_llamacpp(n_threads=1)
 lm.generate(lm.encode("Repeat exactly: one two three four five six seven eight nine ten.",
                       chat=True), max_new_tokens=12)
@@ -54,7 +54,7 @@ def _llama_cpp_runs_on_this_cpu():
 
 @pytest.fixture(scope="module")
 def llama_lm():
-    from promptlookup.backends.llamacpp_backend import load_llamacpp
+    from promptlookup.loading import load_llamacpp
 
     try:
         # One thread: llama.cpp's spinning worker threads crawl on an oversubscribed CPU.
@@ -239,7 +239,7 @@ def test_sampling_with_prompt_lookup_draws_the_same_tokens_as_plain(invariant_lm
 
 
 def test_prompt_too_long_is_a_named_error():
-    from promptlookup.backends.llamacpp_backend import load_llamacpp
+    from promptlookup.loading import load_llamacpp
 
     lm = load_llamacpp(n_ctx=256, n_batch=32, n_threads=1)  # llama.cpp pads n_ctx to 256
     assert lm.target.max_context == 256

@@ -122,6 +122,9 @@ class ClockedTarget:
     def crop(self, length):
         self.cache_length = length
 
+    def prepare(self, sizes):  # nothing to set up
+        pass
+
 
 def test_calibration_measures_each_size_against_the_one_token_pass_before_it(monkeypatch):
     import promptlookup.cost_model as cost_model_module
@@ -331,7 +334,7 @@ def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():
 
 
 def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back():
-    from promptlookup.loop import bind_policy
+    from promptlookup.drafters.base import bind_policy
 
     class Paying(pl.NoDrafter):
         policy = None
@@ -357,6 +360,9 @@ class InstantTarget:
         return None
 
     def crop(self, length: int) -> None:
+        pass
+
+    def prepare(self, sizes) -> None:  # nothing to set up
         pass
 
 

@@ -71,6 +71,9 @@ class MemoTarget:
     def crop(self, length: int) -> None:
         del self.fed[length:]
 
+    def prepare(self, sizes) -> None:  # nothing to set up
+        pass
+
     @property
     def cache_length(self) -> int:
         return len(self.fed)

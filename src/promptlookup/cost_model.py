@@ -144,9 +144,7 @@ class CostModel:
         exactly as it started)."""
         length = target.cache_length
         limit = max(1, target.max_context - length)
-        prepare = getattr(target, "prepare", None)  # optional: set up for these pass sizes
-        if prepare is not None:
-            prepare([size for size in sizes if size <= limit])
+        target.prepare([size for size in sizes if size <= limit])  # set up before timing
 
         def timed(size: int) -> float:
             start = time.perf_counter()
@@ -175,7 +173,7 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         """Store the recent relative costs and level so the next process skips calibration."""
-        from .models import save_cache_json
+        from .cache_files import save_cache_json
 
         save_cache_json(path, {"levels": list(self.levels),
                                "relative": [(n, r) for n, v in self.samples.items() for r in v]})

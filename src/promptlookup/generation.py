@@ -127,13 +127,15 @@ class LanguageModel:
         stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
-        # A draft model is loaded on the target's device and dtype, and samples with `chooser`.
+        adaptive = self.policy if speculation == "adaptive" else None
+        # A draft model is loaded on the target's device and dtype, samples with `chooser` and
+        # sizes its drafts by their cost with the policy.
         drafter_obj = make_drafter(drafter, eos_token_ids=self.eos_token_ids,
-                                   tokenizer=self.tokenizer, chooser=chooser, device=str(device),
+                                   tokenizer=self.tokenizer, chooser=chooser, policy=adaptive,
+                                   device=str(device),
                                    dtype=str(getattr(self.model, "dtype", "float32")),
                                    **drafter_options)
-        drafts = not isinstance(drafter_obj, NoDrafter)
-        policy = self.policy if speculation == "adaptive" and drafts else None
+        policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
         stream = GenerationStream(iter(()))
         stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser,
                                       stops, policy)

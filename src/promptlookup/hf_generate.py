@@ -44,6 +44,7 @@ import torch
 from .backends.transformers_backend import TransformersTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
+from .loading import transformers_cost_file
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .sampling import TokenChooser
@@ -67,24 +68,13 @@ _POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy]" = wea
 _CHOICES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _cost_file(model: torch.nn.Module):
-    """Where :func:`promptlookup.load_model` would cache this model's cost curve; None when the
-    model has no name (``config._name_or_path``)."""
-    from . import cost_file_for
-
-    name = getattr(model.config, "_name_or_path", "")
-    device = next(model.parameters()).device
-    dtype = str(getattr(model, "dtype", "float32")).removeprefix("torch.")
-    return cost_file_for(name, "transformers", dtype, device.type) if name else None
-
-
 def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
     """The adaptive speculation policy of ``model``; its cost curve is cached on disk like
     :func:`promptlookup.load_model`'s when the model has a name (``config._name_or_path``),
     else measured once per model object."""
     policy = _POLICIES.get(model)
     if policy is None:
-        policy = _POLICIES[model] = SpeculationPolicy(cost_file=_cost_file(model))
+        policy = _POLICIES[model] = SpeculationPolicy(cost_file=transformers_cost_file(model))
     return policy
 
 
@@ -97,7 +87,7 @@ def target_for(model: torch.nn.Module) -> TransformersTarget:
     if kept is not None and kept[0] == (weight.dtype, weight.device):
         return TransformersTarget(model, kernels=kept[1], attention=kept[2])  # sets eval mode
     target = TransformersTarget(model)  # new, or moved or cast since
-    cost_file = _cost_file(model)
+    cost_file = transformers_cost_file(model)
     if cost_file is not None:
         target.use_choice_files(cost_file)
     _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)
@@ -147,7 +137,11 @@ class CustomGenerate:
         prompt_ids = input_ids[0].tolist()
         eos = generation_config.eos_token_id
         eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, **self.drafter_options)
+        # The model's policy (a draft model is built with it too, to size its drafts by cost).
+        policy = policy_for(model) if self.speculation == "adaptive" else None
+        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, policy=policy,
+                               **self.drafter_options)
+        policy = policy if not isinstance(drafter, NoDrafter) else None
         chooser = _PaddedChooser(prompt_ids[:num_pad], logits_processor,
                                  do_sample=bool(generation_config.do_sample))
         max_length = generation_config.max_length or len(prompt_ids) + 1
@@ -158,8 +152,6 @@ class CustomGenerate:
         was_training = model.training
         target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
-        adaptive = self.speculation == "adaptive" and not isinstance(drafter, NoDrafter)
-        policy = policy_for(model) if adaptive else None
         tokens = speculative_generate(target, prompt_ids[num_pad:], max_new_tokens=budget,
                                       drafter=drafter, chooser=chooser, stats=stats, policy=policy)
         try:

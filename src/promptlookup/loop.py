@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .backends.base import Target
-from .drafters.base import Drafter, NoDrafter, drafter_members
+from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import SpeculationPolicy
 from .sampling import TokenChooser
@@ -84,8 +84,12 @@ def speculative_generate(
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine.
 
-    ``policy`` (optional) trims each draft to the length worth verifying, from measured
-    forward-pass costs and learned acceptance; without it every draft is verified whole."""
+    ``drafter.propose`` returns a :class:`~promptlookup.drafters.base.Draft` (or a plain list):
+    its tokens, and optionally the distributions they were sampled from and the match length
+    behind them; that is all the loop reads from a drafter. ``policy`` (optional) trims each
+    draft to the length worth verifying, from measured forward-pass costs and learned
+    acceptance; without it every draft is verified whole. A drafter that needs the policy too
+    (a draft model) is built with it (:func:`promptlookup.make_drafter`)."""
     drafter = drafter or NoDrafter()
     chooser = chooser or TokenChooser(None, do_sample=False)
     stats = stats if stats is not None else GenerationStats()
@@ -104,24 +108,16 @@ def speculative_generate(
     target.prefill(tokens[:-1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
-    bind_policy(drafter, policy)  # a draft model sizes its drafts by their cost too
-    prepare = getattr(target, "prepare", None)  # optional Target method
     while stats.new_tokens < max_new_tokens:
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
-        draft = drafter.propose(tokens, room)[:room] if room > 0 else []
-        match_length = drafter_match_length(drafter)
+        draft = Draft.of(drafter.propose(tokens, room)).cut(room) if room > 0 else Draft()
         if policy is not None:  # keep only the part of the draft worth its verification cost
-            draft = draft[: policy.draft_length(draft, match_length)]
-        # A drafter that samples its draft exposes its probabilities (len(draft), vocab).
-        draft_probs = getattr(drafter, "last_draft_probs", None) if draft else None
-        if draft_probs is not None:
-            draft_probs = draft_probs[: len(draft)]
+            draft = draft.cut(policy.draft_length(draft, draft.match_length))
         stats.drafted_tokens += len(draft)
-        # 3. One target forward pass over the last token and the draft (a target's one-off
-        #    set-up for a new pass size is done first, so the policy times the pass alone).
-        if prepare is not None:
-            prepare([len(draft) + 1])
+        # 3. One target forward pass over the last token and the draft (the target's one-off
+        #    set-up for a new pass size comes first, so the policy times the pass alone).
+        target.prepare([len(draft) + 1])
         forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         stats.forward_passes += 1
@@ -130,7 +126,7 @@ def speculative_generate(
         # 4. Verify: the target's own choice at each position; keep drafts while they agree.
         num_accepted = 0
         for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
-                                                       draft_probs)):
+                                                  draft.draft_probs if draft else None)):
             tokens.append(token)
             stats.new_tokens += 1
             is_accepted = i < len(draft) and token == draft[i]
@@ -141,26 +137,13 @@ def speculative_generate(
             yield token
             if token in eos:
                 return
-        # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step).
+        # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step),
+        #    and tell the drafter and the policy how the draft fared.
         target.crop(len(tokens) - 1)
         drafter.update(draft, num_accepted)
         if policy is not None and draft:
-            policy.record_acceptance(match_length, len(draft), num_accepted)
+            policy.record_acceptance(draft.match_length, len(draft), num_accepted)
     stats.seconds = time.perf_counter() - start
-
-
-def bind_policy(drafter: Drafter, policy: SpeculationPolicy | None) -> None:
-    """Hand the policy (or None) to drafters that pay for every draft token they produce
-    (those with a ``policy`` attribute: a draft model), members of chains included."""
-    for member in drafter_members(drafter):
-        if hasattr(member, "policy"):
-            member.policy = policy
-
-
-def drafter_match_length(drafter: Drafter) -> int | None:
-    """The suffix-match length behind the last draft, for drafters that report one."""
-    match = getattr(drafter, "last_match", None)
-    return getattr(match, "length", None)
 
 
 def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],

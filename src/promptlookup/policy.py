@@ -21,12 +21,9 @@ were: a Beta-smoothed ratio of counts, mixing this request's counts with those o
 requests (which themselves start from a prior that trusts longer matches more). Greedy and
 sampled decoding keep separate statistics.
 
-The cost curve is kept per context length (up to 1,024 tokens, then one per doubling): with a
-long cache, attention makes a pass over many tokens relatively dearer than over one, so a curve
-measured after a short prompt would make drafts after a long one look cheaper than they are.
-A context length's curve starts as a copy of the nearest one measured (one sample per size, so
-its own passes soon outweigh the copy) rather than being timed inside the first long request;
-only a process whose policy has measured nothing yet calibrates there.
+The cost curves themselves (one per context length, their files and calibration) are kept by a
+:class:`~promptlookup.cost_store.CostStore`; this module holds the decision rule and the
+acceptance statistics.
 """
 
 from __future__ import annotations
@@ -37,13 +34,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from .cost_model import QUICK_CALIBRATION_SIZES, CostModel
+from .cost_model import CostModel
+from .cost_store import LAST_CONTEXT_BUCKET, CostStore, context_bucket
 from .errors import InvalidParameterError
+
+__all__ = ["LAST_CONTEXT_BUCKET", "MAX_DRAFT", "AcceptanceModel", "SpeculationPolicy",
+           "check_speculation", "context_bucket", "match_bucket", "position_bucket",
+           "prior_acceptance"]
 
 #: Longest draft the adaptive policy will ever verify.
 MAX_DRAFT = 63
-#: Context buckets are 0 .. LAST_CONTEXT_BUCKET (see :func:`context_bucket`).
-LAST_CONTEXT_BUCKET = 5
 
 
 def match_bucket(match_length: int | None) -> int:
@@ -54,12 +54,6 @@ def match_bucket(match_length: int | None) -> int:
         if match_length <= upper:
             return bucket
     return 9
-
-
-def context_bucket(context_length: int) -> int:
-    """Group cache lengths, whose attention makes long passes dearer: up to 1,024 tokens -> 0,
-    then one bucket per doubling (2,048 -> 1, 4,096 -> 2, ...), beyond 16,384 -> 5."""
-    return min(max(0, (max(context_length, 1) - 1).bit_length() - 10), LAST_CONTEXT_BUCKET)
 
 
 def position_bucket(position: int) -> int:
@@ -116,13 +110,8 @@ class SpeculationPolicy:
     def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0,
                  exploration: float = 0.5, cost_file: str | os.PathLike | None = None) -> None:
         self.exploration = exploration
-        #: One measured cost curve per context bucket (see :func:`context_bucket`): attention
-        #: over a long cache makes passes over many tokens relatively dearer.
-        self.cost_models: dict[int, CostModel] = {}
-        self.context = 0  # the current request's context bucket
-        self.costs = self.cost_models.setdefault(0, CostModel())
-        self.cost_file = Path(cost_file) if cost_file else None
-        self._loaded: set[int] = set()  # context buckets whose cost file was read
+        #: The measured cost curves, one per context length (kept in ``cost_file``).
+        self.store = CostStore(cost_file)
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
         self.request: AcceptanceModel = AcceptanceModel()
         self.sampling = False
@@ -130,49 +119,36 @@ class SpeculationPolicy:
         self.prior_weight = prior_weight
 
     def start(self, target, probe_token: int, sampling: bool) -> None:
-        """Begin a request (after the prompt's prefill): pick the cost curve of its context
-        length; a length without one starts from the nearest measured curve, and only a policy
-        that has measured none calibrates (inside this request)."""
+        """Begin a request (after the prompt's prefill): its own acceptance statistics, and the
+        cost curve of its context length (see :meth:`CostStore.begin`, which may time forward
+        passes of ``probe_token`` on ``target``)."""
         self.request = AcceptanceModel()
         self.sampling = sampling
-        if self.costs.calibrated:
-            self._save()  # keep what the last request refined
-        self.context = context_bucket(target.cache_length)
-        self.costs = self._stored_curve(self.context)
-        if not self.costs.calibrated:
-            measured = [bucket for bucket in range(LAST_CONTEXT_BUCKET + 1)
-                         if bucket != self.context and self._stored_curve(bucket).calibrated]
-            nearest = min(measured, key=lambda bucket: abs(bucket - self.context), default=None)
-            if nearest is not None:  # refined by this request's own passes
-                self.costs.seed(self.cost_models[nearest])
-            elif self.context == 0:
-                self.costs.calibrate(target, probe_token)
-            else:  # passes after a long cache are slow: a quick curve, refined online
-                self.costs.calibrate(target, probe_token, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
-            self._save()
+        self.store.begin(target, probe_token)
 
-    def _stored_curve(self, bucket: int) -> CostModel:
-        """Context ``bucket``'s curve, loaded from its file on first use (uncalibrated if
-        there is none)."""
-        costs = self.cost_models.get(bucket) or CostModel()
-        if not costs.calibrated and bucket not in self._loaded and self._cost_path(bucket):
-            self._loaded.add(bucket)
-            costs.load(self._cost_path(bucket))
-        if costs.calibrated or bucket == self.context:  # else nothing measured for that length
-            self.cost_models[bucket] = costs
-        return costs
+    @property
+    def costs(self) -> CostModel:
+        """The cost curve of the current request's context length."""
+        return self.store.current
 
-    def _cost_path(self, bucket: int | None = None) -> Path | None:
-        """The cost file of context ``bucket`` (default: the current one; bucket 0 uses
-        ``cost_file`` itself)."""
-        bucket = self.context if bucket is None else bucket
-        if self.cost_file is None or bucket == 0:
-            return self.cost_file
-        return self.cost_file.with_name(f"{self.cost_file.stem}-context{bucket}.json")
+    @property
+    def cost_models(self) -> dict[int, CostModel]:
+        """The measured cost curves by context bucket (:func:`context_bucket`)."""
+        return self.store.curves
 
-    def _save(self) -> None:
-        if self._cost_path() is not None:
-            self.costs.save(self._cost_path())
+    @property
+    def context(self) -> int:
+        """The current request's context bucket."""
+        return self.store.context
+
+    @property
+    def cost_file(self) -> Path | None:
+        """Where the cost curves are kept between runs (None: in memory only)."""
+        return self.store.cost_file
+
+    @cost_file.setter
+    def cost_file(self, path: str | os.PathLike | None) -> None:
+        self.store.cost_file = Path(path) if path else None
 
     def acceptance(self, bucket: int, position: int) -> float:
         """Estimated probability that draft token ``position`` is accepted given the ones

@@ -232,7 +232,7 @@ class PromptAttention:
                 _timed_choices[self.shape] = self._fastest()
             self.choice = _timed_choices[self.shape]
             if self.cache_file is not None:
-                from ..models import save_cache_json
+                from ..cache_files import save_cache_json
 
                 save_cache_json(self.cache_file, {"bfloat16_prompt": self.choice})
         return self.choice == "blocked"

@@ -39,9 +39,11 @@ class Target(Protocol):
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` positions of the cache."""
 
+    def prepare(self, sizes: Sequence[int]) -> None:
+        """Set up for forward passes over these numbers of tokens, before they are timed (the
+        transformers target chooses its kernels); a no-op for a backend with nothing to set up.
+        The loop calls it before every pass, the cost calibration before its passes."""
+
     @property
     def cache_length(self) -> int:
         """Number of positions in the cache."""
-
-    # Optional: ``prepare(sizes)``, set up for forward passes over these numbers of tokens
-    # (the policy calls it before timing them; the transformers target chooses its kernels).

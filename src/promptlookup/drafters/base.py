@@ -2,13 +2,18 @@
 
 A *drafter* guesses the next tokens cheaply; the target model then checks the guess (the
 *draft*) in one forward pass. The protocol has two methods, like ``transformers``' candidate
-generator:
+generator, and they are the loop's whole contract with a drafter:
 
 - ``propose(tokens, max_tokens)``: up to ``max_tokens`` draft tokens continuing ``tokens`` (the
-  prompt plus every accepted token so far). An empty list means "no guess": the loop then runs
-  a plain decoding step.
+  prompt plus every accepted token so far), as a :class:`Draft` (a list of tokens that may also
+  carry the distributions it was sampled from and the suffix-match length that found it) or a
+  plain list. An empty draft means "no guess": the loop then runs a plain decoding step.
 - ``update(draft, num_accepted)``: how many leading tokens of the last draft the target
   accepted, for drafters that learn or keep state (a draft model's cache).
+
+What a drafter needs from the generation (a draft model: its sampler and the speculation
+policy) it receives when it is built (:func:`promptlookup.make_drafter` passes ``chooser`` and
+``policy``); a drafter object built beforehand receives them through :func:`bind_generation`.
 
 Within one generation the loop passes the same growing list object to every ``propose``
 call, so drafters can index it incrementally. Drafters are torch-free unless they wrap a model.
@@ -16,12 +21,51 @@ call, so drafters can index it incrementally. Drafters are torch-free unless the
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+
+class Draft(list):
+    """The draft tokens of one step (a ``list[int]``), with what the loop may need besides:
+
+    - ``draft_probs``: the distributions the tokens were sampled from, a tensor
+      ``(len(draft), vocab)``, for drafters that sample (the loop then verifies with the
+      speculative-sampling rejection rule, :mod:`promptlookup.rejection`); None otherwise.
+    - ``match_length``: the length of the suffix match that found the draft (prompt lookup);
+      the speculation policy trusts longer matches more. None when there is no such thing.
+
+    >>> draft = Draft([4, 5, 6], match_length=2)
+    >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length
+    (True, [4, 5], 2)
+    >>> Draft.of([7, 8]).match_length is None    # a plain list: tokens only
+    True
+    """
+
+    def __init__(self, tokens: Iterable[int] = (), draft_probs=None,
+                 match_length: int | None = None) -> None:
+        super().__init__(tokens)
+        self.draft_probs = draft_probs  # (len(self), vocab) or None
+        self.match_length = match_length
+
+    @classmethod
+    def of(cls, proposed: Sequence[int] | None) -> Draft:
+        """What ``propose`` returned, as a :class:`Draft` (itself when it already is one)."""
+        return proposed if isinstance(proposed, Draft) else cls(proposed or ())
+
+    def cut(self, length: int) -> Draft:
+        """The first ``length`` tokens, with their rows of ``draft_probs``."""
+        if length >= len(self):
+            return self
+        length = max(length, 0)
+        probs = self.draft_probs[:length] if self.draft_probs is not None else None
+        return Draft(self[:length], draft_probs=probs, match_length=self.match_length)
+
+    def __repr__(self) -> str:
+        return list.__repr__(self)
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft | list[int]:
         """Up to ``max_tokens`` draft tokens that may follow ``tokens``."""
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
@@ -31,8 +75,8 @@ class Drafter(Protocol):
 class NoDrafter:
     """Never drafts: the loop becomes plain decoding (one token per forward pass)."""
 
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
-        return []
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
+        return Draft()
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         pass
@@ -96,28 +140,25 @@ class ChainDrafter:
         self.drafters = list(drafters)
         self.min_tokens = min_tokens
         self._author: Drafter | None = None
+        self._last = Draft()
 
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
-        best: list[int] = []
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
+        best = Draft()
         self._author = None
         for drafter in self.drafters:
-            draft = drafter.propose(tokens, max_tokens)
+            draft = Draft.of(drafter.propose(tokens, max_tokens))
             if len(draft) > len(best):
                 best, self._author = draft, drafter
             if len(best) >= min(self.min_tokens, max_tokens):
                 break
-        return best
+        self._last = best
+        return best  # its author's Draft: draft probabilities and match length included
 
     @property
     def last_draft_probs(self):
-        """The draft distributions of the drafter that authored the last draft, if it sampled
-        its draft (see :mod:`promptlookup.rejection`); None otherwise."""
-        return getattr(self._author, "last_draft_probs", None)
-
-    @property
-    def last_match(self):
-        """The suffix match behind the last draft, if its author reports one."""
-        return getattr(self._author, "last_match", None)
+        """The draft distributions of the last draft, if its author sampled it (see
+        :mod:`promptlookup.rejection`); None otherwise."""
+        return self._last.draft_probs
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         for drafter in self.drafters:
@@ -130,5 +171,25 @@ class ChainDrafter:
 def drafter_members(drafter: Drafter) -> Iterator[Drafter]:
     """``drafter`` itself, then every member of its chains, depth first."""
     yield drafter
-    for member in getattr(drafter, "drafters", ()):
-        yield from drafter_members(member)
+    if isinstance(drafter, ChainDrafter):
+        for member in drafter.drafters:
+            yield from drafter_members(member)
+
+
+def bind_generation(drafter: Drafter, *, chooser=None, policy=None) -> None:
+    """Hand one generation's sampler and speculation policy to the members of a drafter
+    object that was built before it (members of chains included). A drafter takes part by
+    declaring the attributes: ``chooser`` (a draft model samples its drafts with the
+    generation's :class:`~promptlookup.sampling.TokenChooser`; kept when ``chooser`` is None)
+    and ``policy`` (a drafter that pays for each draft token sizes its drafts by their cost;
+    None, e.g. with ``speculation="fixed"``, takes it back)."""
+    for member in drafter_members(drafter):
+        if chooser is not None and hasattr(member, "chooser"):
+            member.chooser = chooser
+        if hasattr(member, "policy"):
+            member.policy = policy
+
+
+def bind_policy(drafter: Drafter, policy) -> None:
+    """Hand ``policy`` (or None) to the members that declare a ``policy`` attribute."""
+    bind_generation(drafter, policy=policy)

@@ -14,8 +14,8 @@ Drafting policy:
   penalty), using the generation's random generator, and exposes those distributions as
   ``last_draft_probs`` so the loop verifies with the speculative-sampling rejection rule
   (:mod:`promptlookup.rejection`): the output distribution stays exactly the target's.
-- With a speculation policy (``LanguageModel.generate``'s default ``speculation="adaptive"``
-  sets ``policy``), each draft is also capped at the length worth producing given the draft
+- With a speculation policy (``policy``; ``LanguageModel.generate``'s default
+  ``speculation="adaptive"`` builds the drafter with the model's policy), each draft is also capped at the length worth producing given the draft
   model's own measured seconds per draft token and the target's cost curve
   (:meth:`~promptlookup.policy.SpeculationPolicy.worth_drafting`); 0 means a plain step.
 - Draft length adapts like ``transformers``' assisted generation: it starts at
@@ -36,6 +36,7 @@ import torch
 
 from ..backends.transformers_backend import TransformersTarget
 from ..errors import UnsupportedModelError
+from .base import Draft
 
 
 class DraftModelDrafter:
@@ -59,12 +60,15 @@ class DraftModelDrafter:
         eos_token_ids: tokens after which a draft stops.
         chooser: the generation's :class:`~promptlookup.sampling.TokenChooser`; its processors
             shape the draft distribution and, when it samples, its generator draws the draft.
-            ``LanguageModel.generate`` sets it for each generation; None drafts greedily.
+            ``LanguageModel.generate`` builds the drafter with it (or hands it to a drafter
+            object, see :func:`~.base.bind_generation`); None drafts greedily.
+        policy: a :class:`~promptlookup.policy.SpeculationPolicy` that caps each draft at the
+            length worth its cost, or None (every draft as long as the adaptive length).
     """
 
     def __init__(self, model: torch.nn.Module, *, num_tokens: int = 16, start_tokens: int = 5,
                  confidence_threshold: float = 0.4, eos_token_ids: Iterable[int] = (),
-                 chooser=None) -> None:
+                 chooser=None, policy=None) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if start_tokens < 1:
@@ -86,13 +90,13 @@ class DraftModelDrafter:
         #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
         self.last_draft_probs: torch.Tensor | None = None
         #: A :class:`~promptlookup.policy.SpeculationPolicy` sizing drafts by cost, or None.
-        self.policy = None
+        self.policy = policy
         self.seconds_per_token: float | None = None  # measured cost of one draft token
 
     # -- the drafter protocol -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
         self.last_draft_probs = None
         if tokens is not self._source:  # a new generation: start over with the draft length
             self._source, self.num_tokens = tokens, min(self.start_tokens, self.max_tokens)
@@ -100,7 +104,7 @@ class DraftModelDrafter:
         if self.policy is not None and self.seconds_per_token is not None:
             length = min(length, self.policy.worth_drafting(self.seconds_per_token, length))
         if length < 1 or not tokens:
-            return []
+            return Draft()
         chooser = self.chooser
         processors = chooser.processors if chooser is not None else None
         sampling = chooser is not None and chooser.do_sample
@@ -137,7 +141,7 @@ class DraftModelDrafter:
             seconds = (time.perf_counter() - start) / (len(draft) - 1)
             previous = self.seconds_per_token
             self.seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
-        return draft
+        return Draft(draft, draft_probs=self.last_draft_probs)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         """Adapt the draft length: +2 after a fully accepted draft, -1 otherwise."""

