@@ -164,7 +164,8 @@ def run_load(url: str, model: str, args) -> dict:
 
     def client_loop(client_id: int) -> None:
         rng = random.Random(client_id)
-        with httpx.Client(base_url=url, timeout=args.request_timeout) as client:
+        with httpx.Client(base_url=url, timeout=args.request_timeout,
+                          headers=auth_headers(args.api_key)) as client:
             while time.monotonic() < stop_at:
                 with lock:
                     i = next(counter)
@@ -240,9 +241,15 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def auth_headers(api_key: str | None) -> dict:
+    """The Authorization header for a server started with ``--api-key`` (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server on 127.0.0.1 (default: start one)")
+    parser.add_argument("--api-key", help="the server's --api-key (sent as a bearer token)")
     parser.add_argument("--model", help="--model for the server this script starts")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
@@ -278,11 +285,13 @@ def main(argv=None) -> int:
         url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, time.monotonic() + args.startup_timeout, process)
-        model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        model = httpx.get(url + "/v1/models", timeout=10,
+                          headers=auth_headers(args.api_key)).json()["data"][0]["id"]
         server = psutil.Process(process.pid) if process else server_process(port)
         rss_ready = rss_mib(server)
         # One warm-up request pages in the weights, so "before" vs "after" shows what load adds.
         warm = httpx.post(url + "/v1/completions", timeout=args.request_timeout,
+                          headers=auth_headers(args.api_key),
                           json={"model": model, "prompt": "Hello", "max_tokens": 4})
         warm.raise_for_status()
         rss_before = rss_mib(server)

@@ -353,6 +353,7 @@ def test_full_queue_answers_429_instead_of_waiting(gated):
     with pytest.raises(openai.RateLimitError) as info:
         chat(client, max_tokens=8)
     assert info.value.status_code == 429 and info.value.code == "queue_full"
+    assert info.value.response.headers["retry-after"] == "1"
     target.gate.set()
     first.join(60)
     second.join(60)
@@ -433,6 +434,7 @@ def test_health_is_503_until_the_background_load_finishes():
         assert loading.status_code == 503 and loading.json()["status"] == "loading"
         early = httpx.get(running.url + "/v1/models")
         assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading"
+        assert early.headers["retry-after"] == "5"  # seconds to wait before trying again
         release.set()
         wait_until(lambda: httpx.get(running.url + "/health").status_code == 200,
                    what="the model to load")
@@ -486,3 +488,54 @@ def test_default_model_answers_like_the_library_and_drafts_from_the_prediction(d
             prediction={"type": "content", "content": expected.text})
     assert response.choices[0].message.content == expected.text
     assert response.usage.speculative["accepted_tokens"] > 0
+
+
+# -- numbers and types checked at the edge ---------------------------------------------------
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"seed": 2 ** 64}, "seed"), ({"seed": -(2 ** 63) - 1}, "seed"), ({"seed": 1.5}, "seed"),
+    ({"temperature": 1e-38}, "temperature"), ({"temperature": 2.5}, "temperature"),
+    ({"temperature": "1"}, "temperature"), ({"temperature": True}, "temperature"),
+    ({"temperature": 1, "repetition_penalty": 1e-40}, "repetition_penalty"),
+    ({"temperature": 0, "repetition_penalty": 1e-40}, "repetition_penalty"),
+    ({"repetition_penalty": 1e40}, "repetition_penalty"),
+    ({"max_tokens": True}, "max_tokens"), ({"max_tokens": "8"}, "max_tokens"),
+    ({"max_tokens": 2 ** 40}, "max_tokens"), ({"top_k": -1}, "top_k"),
+    ({"top_k": 2.0}, "top_k"), ({"logprobs": 0}, "logprobs"), ({"stream": "yes"}, "stream"),
+    ({"n": True}, "n"), ({"presence_penalty": 3}, "presence_penalty"),
+])
+def test_numbers_that_would_reach_torch_out_of_range_or_mistyped_are_400s(server, extra, param):
+    response = httpx.post(server.url + "/v1/chat/completions", json={**GOOD, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_the_extreme_legal_numbers_generate(server):
+    for extra in ({"seed": 2 ** 63 - 1, "temperature": 2}, {"seed": -(2 ** 63)},
+                  {"temperature": 1e-4, "repetition_penalty": 0.01},
+                  {"temperature": 0, "repetition_penalty": 100}):
+        response = httpx.post(server.url + "/v1/chat/completions",
+                              json={**GOOD, "max_tokens": 4, **extra})
+        assert response.status_code == 200, (extra, response.text)
+
+
+def test_a_model_is_retrieved_by_its_id_and_an_unknown_id_is_a_404(server):
+    client = server.client()
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-17")
+    assert info.value.code == "model_not_found"
+
+
+def test_usage_counts_accepted_and_rejected_prediction_tokens(server, lm):
+    answer = chat(server.client(), temperature=0, max_tokens=24).choices[0].message.content
+    response = httpx.post(server.url + "/v1/chat/completions", json={
+        **GOOD, "max_tokens": 24, "temperature": 0,
+        "prediction": {"type": "content", "content": answer}}).json()
+    details, speculative = response["usage"]["completion_tokens_details"], response["usage"]["speculative"]
+    assert details["accepted_prediction_tokens"] == speculative["accepted_tokens"] > 0
+    assert details["rejected_prediction_tokens"] == (speculative["drafted_tokens"]
+                                                     - speculative["accepted_tokens"])
+    assert response["system_fingerprint"].startswith("promptlookup-")

@@ -18,9 +18,19 @@ from transformers import (
 from .errors import InvalidParameterError
 
 
+#: The smallest temperature above 0 (greedy) that sampling takes.
+MIN_TEMPERATURE = 1e-4
+#: Repetition penalties taken (1.0: off).
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature=0`` means greedy. ``top_k=0`` and ``top_p=1`` switch those filters off."""
+    """``temperature=0`` means greedy. ``top_k=0`` and ``top_p=1`` switch those filters off.
+
+    Temperatures between 0 and :data:`MIN_TEMPERATURE`, and repetition penalties outside
+    :data:`REPETITION_PENALTY_RANGE`, are refused: dividing or multiplying the logits by them
+    leaves float32's range (inf, then NaN probabilities)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -32,16 +42,20 @@ class SamplingParams:
         def bad(name: str, value: object, rule: str) -> InvalidParameterError:
             return InvalidParameterError(f"{name} must be {rule}, got {value!r}")
 
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise bad("temperature", self.temperature, ">= 0")
+        if not (isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+                and math.isfinite(self.temperature)
+                and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)):
+            raise bad("temperature", self.temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise bad("top_k", self.top_k, "an integer >= 0 (0 = off)")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise bad("top_p", self.top_p, "in (0, 1]")
+        low, high = REPETITION_PENALTY_RANGE
         if not (isinstance(self.repetition_penalty, (int, float))
-                and math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise bad("repetition_penalty", self.repetition_penalty, "> 0")
+                and low <= self.repetition_penalty <= high):
+            raise bad("repetition_penalty", self.repetition_penalty, f"in [{low}, {high}]")
+        for name in ("temperature", "top_p", "repetition_penalty"):  # an integer 2 means 2.0
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     @property
     def greedy(self) -> bool:

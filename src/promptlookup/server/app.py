@@ -2,7 +2,7 @@
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
-``GET /v1/models``, ``GET /health``.
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``.
 
 Policies:
 
@@ -17,11 +17,12 @@ Policies:
   greedy output, token-identical to plain decoding.
 - *Statistics*: ``usage`` holds OpenAI's token counts plus ``usage.speculative`` =
   ``{forward_passes, drafted_tokens, accepted_tokens, tokens_per_forward, acceptance_rate,
-  seconds}``. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
+  seconds}``, and ``completion_tokens_details`` the drafted tokens kept and rejected as
+  OpenAI's accepted and rejected prediction tokens. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
 - *Predicted outputs*: ``prediction.content`` is tokenized and becomes the prompt lookup
   drafter's reference text (drafts come from it, the prompt, or the output so far).
-- *Limits*: a body over ``max_body_bytes`` is a 413; a full queue a 429 (see
-  :mod:`.worker`); with ``api_key``, ``/v1/*`` need ``Authorization: Bearer <key>`` (compared in
+- *Limits*: a body over ``max_body_bytes`` is a 413; a full queue a 429 with ``Retry-After: 1``
+  (see :mod:`.worker`), a loading model a 503 with ``Retry-After: 5``; with ``api_key``, ``/v1/*`` need ``Authorization: Bearer <key>`` (compared in
   constant time), else 401. ``/health`` is always open.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
@@ -59,6 +60,11 @@ DEFAULT_MAX_TOKENS = 512
 MAX_BODY_BYTES = 4 * 1024 * 1024
 
 ModelOrLoader = Union[LanguageModel, Callable[[], LanguageModel]]
+
+
+#: Retry-After (seconds) on a 429 (the queue is full) and on a 503 while the model loads.
+RETRY_AFTER_BUSY = 1
+RETRY_AFTER_LOADING = 5
 
 
 class ServerState:
@@ -118,7 +124,8 @@ class ServerState:
             return self.lm
         message = ("the model is still loading" if self.status == "loading"
                    else f"the model failed to load: {self.load_error}")
-        raise APIError(503, message, type="server_error", code=f"model_{self.status}")
+        raise APIError(503, message, type="server_error", code=f"model_{self.status}",
+                       retry_after=RETRY_AFTER_LOADING if self.status == "loading" else None)
 
 
 def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: str | None = None,
@@ -180,6 +187,14 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
         return {"object": "list", "data": [{"id": state.model_id, "object": "model",
                                             "created": 0, "owned_by": "promptlookup"}]}
 
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        state.ready_model()
+        if model_id != state.model_id:
+            raise APIError(404, f"The model {model_id!r} does not exist; this server has "
+                                f"{state.model_id!r}", param="model", code="model_not_found")
+        return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "promptlookup"}
+
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         return await _serve(state, request, chat=True)
@@ -208,7 +223,8 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
         state.worker.submit(job)
     except QueueFull:
         raise APIError(429, f"the server is busy ({state.max_queue} requests already waiting); "
-                            "retry later", type="rate_limit_error", code="queue_full") from None
+                            "retry later", type="rate_limit_error", code="queue_full",
+                       retry_after=RETRY_AFTER_BUSY) from None
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": state.model_id}
     if req.stream:
@@ -314,7 +330,8 @@ async def _sse_events(job: GenerationJob, meta: dict, chat: bool, include_usage:
 
 
 async def _api_error_response(request: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def _http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:

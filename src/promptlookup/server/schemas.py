@@ -12,21 +12,35 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      ValidationError, field_validator)
+
+from .._version import __version__
 
 if TYPE_CHECKING:
     from ..generation import GenerationResult
 
+#: Names the software that answered (OpenAI's field): a new version may answer differently.
+SYSTEM_FINGERPRINT = f"promptlookup-{__version__}"
 #: Most stop strings per request (OpenAI's limit).
 MAX_STOP_STRINGS = 4
+#: A JSON number (an integer is a number too; a boolean or a string is not).
+Number = Union[StrictInt, StrictFloat]
+#: Seeds torch takes: a signed 64-bit integer.
+SEED_RANGE = (-(2 ** 63), 2 ** 63 - 1)
+#: The largest token count a request may ask for (beyond any model's context anyway).
+MAX_TOKENS = 2 ** 31 - 1
 
 
 class APIError(Exception):
     """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
+        #: Seconds a client should wait before trying again (429, 503): a Retry-After header.
+        self.retry_after = retry_after
         self.status = status
         self.message = message
         self.type = type
@@ -92,24 +106,35 @@ def _only(default: Any, name: str):
 
 class _GenerationRequest(_Forbid):
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: Optional[float] = Field(None, ge=0)  # absent: 1.0, as OpenAI
-    top_p: Optional[float] = Field(None, gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0)  # extension; 0 = off
-    repetition_penalty: Optional[float] = Field(None, gt=0)  # extension
-    seed: Optional[int] = None
+    max_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
+    # Absent: 1.0, as OpenAI. OpenAI's range; between 0 and MIN_TEMPERATURE the scaled logits
+    # overflow float32, so the range starts again there (see SamplingParams).
+    temperature: Optional[Number] = Field(None, ge=0, le=2)
+    top_p: Optional[Number] = Field(None, gt=0, le=1)
+    top_k: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOKENS)  # extension; 0 = off
+    repetition_penalty: Optional[Number] = Field(None, ge=0.01, le=100)  # extension
+    seed: Optional[StrictInt] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: Union[str, list[str], None] = None
-    stream: Optional[bool] = False
+    stream: Optional[StrictBool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-    n: Optional[int] = 1
-    presence_penalty: Optional[float] = 0.0
-    frequency_penalty: Optional[float] = 0.0
+    n: Optional[StrictInt] = 1
+    presence_penalty: Optional[Number] = Field(0.0, ge=-2, le=2)
+    frequency_penalty: Optional[Number] = Field(0.0, ge=-2, le=2)
     prediction: Optional[Prediction] = None
 
     _n = field_validator("n")(_only(1, "n"))
     _presence = field_validator("presence_penalty")(_only(0, "presence_penalty"))
     _frequency = field_validator("frequency_penalty")(_only(0, "frequency_penalty"))
+
+    @field_validator("temperature")
+    @classmethod
+    def _check_temperature(cls, value):
+        from ..sampling import MIN_TEMPERATURE
+
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -143,8 +168,8 @@ class _GenerationRequest(_Forbid):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: Optional[bool] = False
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
+    logprobs: Optional[StrictBool] = False
 
     _logprobs = field_validator("logprobs")(_only(False, "logprobs"))
 
@@ -157,9 +182,9 @@ class ChatCompletionRequest(_GenerationRequest):
 class CompletionRequest(_GenerationRequest):
     #: Text, or token ids; a list of one text or one token list is accepted too (no batching).
     prompt: Union[str, list[int], list[str], list[list[int]]]
-    echo: Optional[bool] = False
-    best_of: Optional[int] = 1
-    logprobs: Optional[int] = None
+    echo: Optional[StrictBool] = False
+    best_of: Optional[StrictInt] = 1
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=5)
     suffix: Optional[str] = None
 
     _echo = field_validator("echo")(_only(False, "echo"))
@@ -229,7 +254,7 @@ def chunk(meta: dict, chat: bool, delta, finish_reason: str | None = None) -> di
     else:
         choices = [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}]
     return {**meta, "object": "chat.completion.chunk" if chat else "text_completion",
-            "system_fingerprint": None, "choices": choices}
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
 
 
 def completion_body(meta: dict, chat: bool, result: GenerationResult) -> dict:
@@ -241,14 +266,19 @@ def completion_body(meta: dict, chat: bool, result: GenerationResult) -> dict:
         choice = {"index": 0, "text": result.text, "logprobs": None,
                   "finish_reason": result.finish_reason}
     return {**meta, "object": "chat.completion" if chat else "text_completion",
-            "system_fingerprint": None, "choices": [choice], "usage": usage(result)}
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result)}
 
 
 def usage(result: GenerationResult) -> dict:
+    """OpenAI's counts; ``completion_tokens_details`` counts the drafted tokens the model kept
+    and those it rejected as OpenAI's accepted and rejected prediction tokens (drafts come from
+    the prediction and the prompt alike), and ``speculative`` adds the loop's counters."""
     stats = result.stats
     prompt, completion = len(result.prompt_ids), len(result.token_ids)
+    details = {"accepted_prediction_tokens": stats.accepted_tokens,
+               "rejected_prediction_tokens": stats.drafted_tokens - stats.accepted_tokens}
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
+            "total_tokens": prompt + completion, "completion_tokens_details": details,
             "speculative": {"forward_passes": stats.forward_passes,
                             "drafted_tokens": stats.drafted_tokens,
                             "accepted_tokens": stats.accepted_tokens,
