@@ -32,6 +32,7 @@ Policies:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -42,10 +43,12 @@ from contextlib import asynccontextmanager
 from typing import Callable, Union
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .._version import __version__
 from ..drafters import check_drafter_spec
 from ..errors import EmptyPromptError, PromptLookupError
 from ..generation import LanguageModel
@@ -153,7 +156,9 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
         yield
         state.stop()
 
-    app = FastAPI(title="promptlookup", lifespan=lifespan, openapi_url=None)  # no /docs
+    app = FastAPI(title="promptlookup", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # /openapi.json only
+    app.openapi = functools.partial(_openapi, app)
     app.state.server = state
     app.add_exception_handler(APIError, _api_error_response)
     app.add_exception_handler(StarletteHTTPException, _http_error_response)
@@ -195,16 +200,42 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
                                 f"{state.model_id!r}", param="model", code="model_not_found")
         return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "promptlookup"}
 
-    @v1.post("/chat/completions")
+    @v1.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request):
         return await _serve(state, request, chat=True)
 
-    @v1.post("/completions")
+    @v1.post("/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request):
         return await _serve(state, request, chat=False)
 
     app.include_router(v1)
     return app
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+#: Where request models' nested definitions go in ``/openapi.json``.
+_REF = "#/components/schemas/{model}"
+
+
+def _body_schema(model) -> dict:
+    """The route's request body, described by its typed model (bodies are read and validated
+    by hand, so FastAPI cannot see them)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": _REF.format(model=model.__name__)}}}}}
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema with the request models (and the models they nest) as components."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ChatCompletionRequest, CompletionRequest):
+            body = model.model_json_schema(ref_template=_REF)
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 # -- one request ----------------------------------------------------------------------------
