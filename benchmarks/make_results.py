@@ -45,6 +45,19 @@ SWEEPS = [
      "the same command again, the same code (commit b074ae0), alone on the machine from start "
      "to end."),
 ]
+# Row invariance (0.8.0): identity against promptlookup's own plain decoding and the price of
+# exactness (promptlookup-fastest), a short run of the main command's methods.
+EXACTNESS = [
+    ("epyc-float32-exactness-0.8.0",
+     "version 0.8.0 (commit c2ea349), float32, 3 prompts per task, 128 new tokens, "
+     "2 threads of a 2-core AMD EPYC, 2 December 2026, beside the full test suite and two other "
+     "engineers' work: its identity columns hold, its timings do not (plain decoding ran at "
+     "4.7 tokens/s, a sixth of its usual speed, and ratios swing several-fold between tasks)."),
+    ("epyc-bfloat16-exactness-0.8.0",
+     "the same command in bfloat16, right after the float32 run, with the test suite over and "
+     "one other engineer's tests beside it (load average 2.95 on 2 cores): no repeats, so no "
+     "noise line."),
+]
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
@@ -207,7 +220,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in MAIN + SWEEPS:
+    for run, note in MAIN + SWEEPS + EXACTNESS:
         parts += run_section(run, note)
     parts += ["## Studies", "",
               "One-off measurements for the design ([design.md](design.md)). The scripts are now "
