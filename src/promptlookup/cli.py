@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from ._version import __version__
 from .errors import PromptLookupError
 
 # Subcommands living in their own modules, imported only when used (keeps --help fast).
@@ -48,7 +49,7 @@ def friendly_errors(func):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="promptlookup")
+@click.version_option(version=__version__, package_name="promptlookup")
 def main() -> None:
     """promptlookup: generate faster with exactly the same output.
 

@@ -181,7 +181,7 @@ class CostModel:
     def load(self, path: Path) -> None:
         try:
             saved = json.loads(path.read_text())
-            if "plain" in saved:  # 0.6.4 and earlier kept seconds: relative to their median
+            if "plain" in saved:  # a curve kept in seconds (as the replay's committed curves are)
                 one = statistics.median(float(seconds) for seconds in saved["plain"])
                 saved = {"levels": [one], "relative": [(1, float(seconds) / one) for seconds in saved["plain"]]
                          + [(n, float(seconds) / one) for n, seconds in saved["verify"]]}
