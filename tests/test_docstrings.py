@@ -12,6 +12,7 @@ import importlib
 import pytest
 
 MODULES = ["promptlookup.bench.report", "promptlookup.drafters", "promptlookup.drafters.base",
+           "promptlookup.drafters.options",
            "promptlookup.drafters.prompt_lookup", "promptlookup.drafters.suffix_index",
            "promptlookup.text"]
 

@@ -80,14 +80,14 @@ def model_options(func):
 
 
 def drafter_options(func):
-    """--drafter and the prompt-lookup drafter's parameters."""
-    func = click.option("--max-match", type=click.IntRange(min=1), default=None,
-                        help="Prompt lookup: longest suffix compared, in tokens [64].")(func)
-    func = click.option("--min-match", type=click.IntRange(min=1), default=None,
-                        help="Prompt lookup: shortest suffix that may match, in tokens [1].")(func)
-    func = click.option("--draft-tokens", type=click.IntRange(min=1), default=None,
-                        help="Most tokens per draft (prompt lookup [64], draft model [16]); the "
-                             "adaptive policy verifies only what pays.")(func)
+    """--drafter, --speculation and the drafters' flagged options (see
+    :data:`promptlookup.drafters.options.DRAFTER_OPTIONS`)."""
+    from .drafters.options import FLAGGED_OPTIONS
+
+    for option in reversed(FLAGGED_OPTIONS):
+        # The parameter is named after the flag (--draft-tokens: draft_tokens), as before.
+        func = click.option(option.flag, type=click.IntRange(min=1), default=None,
+                            help=option.help)(func)
     func = click.option("--speculation", type=click.Choice(["adaptive", "fixed"]),
                         default="adaptive", show_default=True,
                         help="adaptive: verify as much of each draft as measured costs and "
@@ -103,9 +103,12 @@ def drafter_options(func):
     return func
 
 
-def drafter_kwargs(draft_tokens, min_match, max_match) -> dict:
-    names = {"num_tokens": draft_tokens, "min_match": min_match, "max_match": max_match}
-    return {k: v for k, v in names.items() if v is not None}
+def drafter_kwargs(draft_tokens=None, min_match=None, max_match=None) -> dict:
+    """The drafter options given by the flags of :func:`drafter_options` (by their parameter
+    names: --draft-tokens is num_tokens)."""
+    from .drafters.options import options_from_flags
+
+    return options_from_flags(num_tokens=draft_tokens, min_match=min_match, max_match=max_match)
 
 
 def read_prompt(prompt: str | None, prompt_file) -> str:
@@ -165,7 +168,7 @@ def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_t
 
     text = read_prompt(prompt, prompt_file)
     # Check every parameter before the (slow) model load.
-    SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
+    sampling = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
     options = drafter_kwargs(draft_tokens, min_match, max_match)
     from .drafters import check_drafter_spec
 
@@ -174,9 +177,8 @@ def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_t
 
     lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
     stream = lm.stream(text, chat=chat, max_new_tokens=max_new_tokens, drafter=drafter,
-                       temperature=temperature, top_k=top_k, top_p=top_p,
-                       repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
-                       speculation=speculation, **options)
+                       stop=list(stop), speculation=speculation, **sampling.as_kwargs(),
+                       **options)
     with stream:
         for piece in stream:
             if not as_json:

@@ -26,7 +26,7 @@ class CostModel:
     """Seconds per forward pass as a function of the number of tokens it checks.
 
     The machine's speed drifts: on a shared virtual machine a neighbour can make *every* pass
-    ~1.7x slower for tens of seconds, then let go (measured on this project's Xeon). So the curve
+    much slower for tens of seconds, then let go. So the curve
     is kept in relative terms, ``cost(n) = level * shape(n)``: each pass is recorded as its
     seconds divided by the current *level* (seconds per unit of shape), and the level is the
     median of what the last ``LEVEL_WINDOW`` passes imply (each pass's seconds over its size's
@@ -40,7 +40,7 @@ class CostModel:
     SHRINK)``, so a single noisy pass cannot bend the curve into a shape that keeps the policy
     away from a size for good. The points are joined by straight lines, and beyond the largest
     measured size the curve follows the line's slope. It need not be monotone: a pass over a few
-    tokens can cost *less* than over one (float32 on this project's AMD CPU, see
+    tokens can cost *less* than over one (float32 matrix products on some CPUs, see
     :mod:`promptlookup.backends.linear`), and the policy should know it. Estimates are kept
     within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate passes; anything more
     than twice cheaper than one token is noise).
@@ -181,7 +181,7 @@ class CostModel:
     def load(self, path: Path) -> None:
         try:
             saved = json.loads(path.read_text())
-            if "plain" in saved:  # 0.6.4 and earlier kept seconds: relative to their median
+            if "plain" in saved:  # a curve kept in seconds (as the replay's committed curves are)
                 one = statistics.median(float(seconds) for seconds in saved["plain"])
                 saved = {"levels": [one], "relative": [(1, float(seconds) / one) for seconds in saved["plain"]]
                          + [(n, float(seconds) / one) for n, seconds in saved["verify"]]}

@@ -3,6 +3,7 @@ drafter, streaming or not."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
@@ -171,12 +172,9 @@ class LanguageModel:
             stream.result = GenerationResult("".join(pieces), detok.ids, stats, finish_reason,
                                              list(prompt_ids))
 
-    def generate(self, prompt: Prompt, *, max_new_tokens: int = 256,
-                 drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] | str = (), chat: bool = False,
-                 speculation: str = "adaptive", **drafter_options) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+    def generate(self, prompt: Prompt, **options) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``. The keyword arguments
+        are those of :meth:`stream` (one signature, shown for both):
 
         ``drafter``: ``"prompt-lookup"`` (default), ``"none"`` (plain decoding),
         ``"reference:FILE"``, ``"draft-model:PATH_OR_ID"``, a comma-separated chain such as
@@ -195,10 +193,12 @@ class LanguageModel:
         >>> lm.generate(prompt, drafter="prompt-lookup", reference_text=old_code)  # doctest: +SKIP
         >>> lm.generate(prompt, drafter=lambda tokens: tokens[-4:])          # doctest: +SKIP
         """
-        stream = self.stream(prompt, max_new_tokens=max_new_tokens, drafter=drafter,
-                             temperature=temperature, top_k=top_k, top_p=top_p,
-                             repetition_penalty=repetition_penalty, seed=seed, stop=stop,
-                             chat=chat, speculation=speculation, **drafter_options)
+        stream = self.stream(prompt, **options)
         for _ in stream:
             pass
         return stream.result
+
+
+# generate takes stream's keyword arguments; help() and inspect show them for both.
+LanguageModel.generate.__signature__ = inspect.signature(LanguageModel.stream).replace(
+    return_annotation="GenerationResult")

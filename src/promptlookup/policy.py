@@ -10,9 +10,9 @@ on average ``1 + E[accepted | k]`` tokens, so the policy picks
     k* = argmax_k (1 + E[accepted | k]) / cost(k + 1),    k = 0 .. len(draft)
 
 and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. Where wide passes are
-dear (llama.cpp on this project's CPUs: 2 tokens cost 1.7x one), that means drafting only on
-long, trusted matches; where 8 tokens cost about one (the transformers target on CPU, GPUs), it
-means drafting long drafts freely.
+dear (llama.cpp on a CPU: a pass over 2 tokens costs far more than over one), that means
+drafting only on long, trusted matches; where 8 tokens cost about one (the transformers target,
+on CPUs and GPUs), it means drafting long drafts freely.
 
     E[accepted | k] = sum_{i=1..k} prod_{j=1..i} a(bucket, j)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -56,6 +57,16 @@ class SamplingParams:
             raise bad("repetition_penalty", self.repetition_penalty, f"in [{low}, {high}]")
         for name in ("temperature", "top_p", "repetition_penalty"):  # an integer 2 means 2.0
             object.__setattr__(self, name, float(getattr(self, name)))
+
+    @classmethod
+    def keywords(cls) -> tuple[str, ...]:
+        """The settings' names: the keywords of ``generate``/``stream``, of the CLI's flags
+        (``--top-k`` is top_k) and of the server's request fields."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def as_kwargs(self) -> dict:
+        """The settings as ``generate``'s keyword arguments: ``lm.generate(p, **s.as_kwargs())``."""
+        return {name: getattr(self, name) for name in self.keywords()}
 
     @property
     def greedy(self) -> bool:

@@ -191,10 +191,6 @@ def canonical_name(spec: str) -> str:
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
 
 
-def known_methods(backend: str) -> list[str]:
-    return sorted(get_backend(backend).factories)
-
-
 #: The ``--sweep`` grid: draft length k x shortest match, for the ``promptlookup`` method.
 SWEEP_K = (2, 4, 6, 8, 12, 16, 24)
 SWEEP_MIN_MATCH = (1, 2, 3)

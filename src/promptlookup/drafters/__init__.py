@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence, Union
 
 from ..errors import InvalidParameterError
+from .options import OPTIONS
 from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
 from .prompt_lookup import PromptLookupDrafter
 from .suffix_index import Match, SuffixIndex
@@ -31,14 +32,6 @@ __all__ = ["CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Dra
            "Match", "NoDrafter", "PromptLookupDrafter", "SuffixIndex", "check_drafter_spec",
            "make_drafter", "parse_drafter_spec"]
 
-_LOOKUP_OPTIONS = {"num_tokens", "min_match", "max_match"}
-#: The keyword options each kind of drafter takes (a chain routes each option to its members).
-OPTIONS = {
-    "none": set(),
-    "prompt-lookup": _LOOKUP_OPTIONS | {"reference_ids", "reference_text"},
-    "reference": _LOOKUP_OPTIONS,
-    "draft-model": {"num_tokens", "start_tokens", "confidence_threshold"},
-}
 _TAKES_ARGUMENT = {"reference": "FILE", "draft-model": "PATH_OR_ID"}
 
 
