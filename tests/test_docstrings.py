@@ -11,7 +11,8 @@ import importlib
 
 import pytest
 
-MODULES = ["promptlookup.bench.report", "promptlookup.drafters", "promptlookup.drafters.base",
+MODULES = ["promptlookup.backends.linear", "promptlookup.backends.row_invariant",
+           "promptlookup.bench.summary", "promptlookup.drafters", "promptlookup.drafters.base",
            "promptlookup.drafters.options",
            "promptlookup.drafters.prompt_lookup", "promptlookup.drafters.suffix_index",
            "promptlookup.text"]
