@@ -202,6 +202,11 @@ class CompletionRequest(_GenerationRequest):
         return value
 
 
+def _no_constant(name: str):
+    """``NaN`` and ``Infinity`` are not JSON (Python's parser takes them): refused."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 async def read_json(request, limit: int):
     """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading)."""
     too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
@@ -216,7 +221,7 @@ async def read_json(request, limit: int):
             raise too_large
         parts.append(part)
     try:
-        return json.loads(b"".join(parts))
+        return json.loads(b"".join(parts), parse_constant=_no_constant)
     except (ValueError, RecursionError):
         raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
                             "JSON", code="invalid_json") from None
