@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
@@ -227,8 +228,7 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
 
 
 #: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
-LOOKUP_PARAMS = {"k": "num_tokens", "min": "min_match", "max": "max_match",
-                 "num_tokens": "num_tokens", "min_match": "min_match", "max_match": "max_match"}
+LOOKUP_PARAMS = BENCH_PARAMS  # from the one table of drafter options
 
 
 def check_int_options(method: str, options: dict) -> dict:

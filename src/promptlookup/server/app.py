@@ -50,6 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._version import __version__
 from ..drafters import check_drafter_spec
+from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..generation import LanguageModel
 from ..sampling import SamplingParams
@@ -305,7 +306,7 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
                        param=param, code="context_length_exceeded")
     drafter, options = state.drafter, state.drafter_options
     if reference_ids:
-        lookup = {k: v for k, v in options.items() if k in ("num_tokens", "min_match", "max_match")}
+        lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
         drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
     return {"prompt_ids": prompt_ids, "max_new_tokens": max_new_tokens, "sampling": sampling,
             "drafter": drafter, "drafter_options": options,
