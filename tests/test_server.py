@@ -539,3 +539,19 @@ def test_usage_counts_accepted_and_rejected_prediction_tokens(server, lm):
     assert details["rejected_prediction_tokens"] == (speculative["drafted_tokens"]
                                                      - speculative["accepted_tokens"])
     assert response["system_fingerprint"].startswith("promptlookup-")
+
+
+def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
+    import socket
+    from urllib.parse import urlparse
+
+    with RunningServer(create_app(lm, body_timeout=0.5)) as running:
+        address = urlparse(running.url)
+        with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n")
+            sock.sendall(head + b'{"model": "tiny", "messages": [' + b" " * 150)  # then silence
+            answer = sock.recv(65536).decode()
+        assert answer.startswith("HTTP/1.1 408")
+        assert '"code":"request_timeout"' in answer.replace(" ", "")
+        assert chat(running.client(), max_tokens=2).choices  # the server goes on

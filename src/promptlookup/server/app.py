@@ -21,7 +21,7 @@ Policies:
   OpenAI's accepted and rejected prediction tokens. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
 - *Predicted outputs*: ``prediction.content`` is tokenized and becomes the prompt lookup
   drafter's reference text (drafts come from it, the prompt, or the output so far).
-- *Limits*: a body over ``max_body_bytes`` is a 413; a full queue a 429 with ``Retry-After: 1``
+- *Limits*: a body over ``max_body_bytes`` is a 413, one that stalls for ``body_timeout`` a 408; a full queue a 429 with ``Retry-After: 1``
   (see :mod:`.worker`), a loading model a 503 with ``Retry-After: 5``; with ``api_key``, ``/v1/*`` need ``Authorization: Bearer <key>`` (compared in
   constant time), else 401. ``/health`` is always open.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
@@ -62,6 +62,9 @@ log = logging.getLogger("promptlookup.server")
 
 DEFAULT_MAX_TOKENS = 512
 MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Seconds a request body may pause between two of its parts before the request is a 408
+#: (a slow or stalled client cannot hold the server).
+BODY_TIMEOUT = 10.0
 
 ModelOrLoader = Union[LanguageModel, Callable[[], LanguageModel]]
 
@@ -84,6 +87,7 @@ class ServerState:
         self.api_key = api_key
         self.max_queue = max_queue
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = BODY_TIMEOUT
         self.default_max_tokens = default_max_tokens
         self.drafter = drafter
         self.drafter_options = dict(drafter_options or {})
@@ -136,7 +140,8 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
                max_queue: int = 16, max_body_bytes: int = MAX_BODY_BYTES,
                default_max_tokens: int = DEFAULT_MAX_TOKENS, drafter: str = "prompt-lookup",
                drafter_options: dict | None = None, generation_options: dict | None = None,
-               on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+               on_load_error: Callable[[str], None] | None = None,
+               body_timeout: float = BODY_TIMEOUT) -> FastAPI:
     """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
     one (called on a background thread at startup). ``model_id``: the name clients must send as
     ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
@@ -144,12 +149,14 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     ``prediction`` (those use prompt lookup with the prediction as reference).
     ``generation_options``: more keyword arguments for every
     :meth:`~promptlookup.LanguageModel.stream` call (e.g. ``{"speculation": "fixed"}``).
-    ``on_load_error(message)`` is called if the loader fails."""
+    ``on_load_error(message)`` is called if the loader fails. ``body_timeout``: seconds a
+    request body may stall before the request is answered 408."""
     check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
     state = ServerState(model, model_id=model_id, api_key=api_key, max_queue=max_queue,
                         max_body_bytes=max_body_bytes, default_max_tokens=default_max_tokens,
                         drafter=drafter, drafter_options=drafter_options,
                         generation_options=generation_options, on_load_error=on_load_error)
+    state.body_timeout = body_timeout
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -243,7 +250,7 @@ def _openapi(app: FastAPI) -> dict:
 
 
 async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
-    body = await read_json(request, state.max_body_bytes)
+    body = await read_json(request, state.max_body_bytes, state.body_timeout)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
     state.ready_model()
     if req.model != state.model_id:

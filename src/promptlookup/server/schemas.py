@@ -9,6 +9,7 @@ a 400, never silently ignored. OpenAI parameters whose only supported value is t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
@@ -207,15 +208,24 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def read_json(request, limit: int):
-    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading)."""
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
+    408 when the client sends nothing for ``timeout`` seconds in the middle of it."""
     too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
                          code="request_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     parts, size = [], 0
-    async for part in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            part = await asyncio.wait_for(stream.__anext__(), timeout)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body stopped arriving (nothing for {timeout} s)",
+                           code="request_timeout") from None
         size += len(part)
         if size > limit:
             raise too_large
