@@ -555,3 +555,28 @@ def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
         assert answer.startswith("HTTP/1.1 408")
         assert '"code":"request_timeout"' in answer.replace(" ", "")
         assert chat(running.client(), max_tokens=2).choices  # the server goes on
+
+
+def test_a_queued_request_whose_client_left_frees_its_slot(gated):
+    running, target = gated  # one generation runs, max_queue=1 may wait
+    target.gate.clear()
+    results = {}
+    first = threading.Thread(target=lambda: results.update(
+        first=chat(running.client(), temperature=0, max_tokens=4)))
+    first.start()
+    wait_until(target.blocked.is_set, what="the first generation to start")
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 4}).encode()
+    sock = socket.create_connection(("127.0.0.1", running.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    wait_until(lambda: running.worker.waiting == 1, what="the second request to queue")
+    sock.close()  # its client leaves while it waits
+    wait_until(lambda: running.worker.waiting == 0, what="the disconnect to cancel it")
+    third = threading.Thread(target=lambda: results.update(
+        third=chat(running.client(), temperature=0, max_tokens=4)))
+    third.start()  # takes the slot the second left: no 429
+    wait_until(lambda: running.worker.waiting == 1, what="the third request to queue")
+    target.gate.set()
+    first.join(60)
+    third.join(60)
+    assert set(results) == {"first", "third"} and running.worker.cancelled == 1

@@ -4,7 +4,8 @@ cache, so it is single-stream), fed by a bounded queue.
 Policies:
 
 - *Capacity*: one running generation plus at most ``max_queue`` waiting ones. A request beyond
-  that is refused at once (:class:`QueueFull`, HTTP 429) instead of growing the queue.
+  that is refused at once (:class:`QueueFull`, HTTP 429) instead of growing the queue; a
+  waiting job whose client left holds no slot (it is dropped when the slot is needed).
 - *Cancellation*: :meth:`GenerationJob.cancel` (the client went away) stops the generation
   within one decoding step: the flag is checked before every draft, i.e. before every forward
   pass, and after every text delta. A job cancelled while still waiting never starts.
@@ -129,8 +130,10 @@ class GenerationWorker:
 
     @property
     def waiting(self) -> int:
-        """Jobs in the queue, not counting the running one."""
-        return self._queue.qsize()
+        """Jobs in the queue whose clients still wait, not counting the running one."""
+        with self._queue.mutex:
+            return sum(1 for job in self._queue.queue
+                       if job is not None and not job.cancelled.is_set())
 
     @property
     def idle(self) -> bool:
@@ -142,13 +145,31 @@ class GenerationWorker:
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        """Queue ``job``, or raise :class:`QueueFull` when ``max_queue`` jobs already wait."""
+        """Queue ``job``, or raise :class:`QueueFull` when ``max_queue`` jobs already wait
+        (jobs whose clients left while waiting hold no slot: they are dropped first)."""
         if self._stopping:
             raise APIError(503, "the server is shutting down", type="server_error")
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise QueueFull() from None
+            if not self._drop_cancelled():
+                raise QueueFull() from None
+            self._queue.put_nowait(job)
+
+    def _drop_cancelled(self) -> int:
+        """Take the cancelled jobs out of the queue (each told so); how many there were."""
+        with self._queue.mutex:
+            waiting = self._queue.queue
+            gone = [job for job in waiting if job is not None and job.cancelled.is_set()]
+            for job in gone:
+                waiting.remove(job)
+                self._queue.unfinished_tasks -= 1
+            if gone:
+                self._queue.not_full.notify(len(gone))
+        for job in gone:
+            self.cancelled += 1
+            job.emit("cancelled")
+        return len(gone)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel the running job, fail the waiting ones, and end the thread."""
