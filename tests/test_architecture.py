@@ -22,11 +22,7 @@ LAYERS = [
     ["cli", "demo", "server", "bench", "__main__", ""],  # "": the package face
 ]
 #: Imports that run up the layers on purpose, each with its reason.
-ALLOWED_UPWARD = {
-    # A lazy alias (module __getattr__) for the old import path of the llama.cpp assembly,
-    # kept while bench/llamacpp_methods.py imports it from there.
-    ("backends.llamacpp_backend", "loading"),
-}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

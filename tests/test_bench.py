@@ -16,6 +16,7 @@ from promptlookup.bench import (BenchRow, MethodOutput, Settings, load_all, read
                                 run_bench)
 from promptlookup.bench.methods import (get_backend, make_method, parse_method_spec,
                                         split_methods, sweep_specs)
+from promptlookup.bench.summary import after_first_pass
 from promptlookup.bench.report import (SUMMARY_KEYS, best_promptlookup, held_out_ratio,
                                        render_markdown, repeat_spread, summarize)
 from promptlookup.bench.runner import RESULT_KEYS, method_order
@@ -106,13 +107,18 @@ def test_summary_numbers_are_recomputed_from_results(tiny_lm, tmp_path):
                 sum(r["accepted_tokens"] for r in mine) / drafted, abs=1e-4)
     assert summary[("t", "plain")]["speedup"] == 1.0
     assert summary[("t", "plain")]["tokens_per_forward"] == 1.0  # one pass per token
-    assert summary[("t", "plain")]["decode_speedup"] == 1.0
+    # The decode measure exists where a row's tokens after its first pass came more than
+    # SAME_PASS_GAP apart (a tiny model on an idle machine can pass faster than that): then it
+    # is 1.0 for plain and positive for the others (its rule: the test below).
+    decodes = all(after_first_pass(r) is not None for r in records)
+    assert summary[("t", "plain")]["decode_speedup"] == (1.0 if decodes else None)
     for method in ("plain", "hf-pld", "promptlookup"):
         mine = [r for r in records if r["method"] == method]
         row = summary[("t", method)]
         assert row["first_token_seconds"] == pytest.approx(
             statistics.median(r["token_seconds"][0] for r in mine), abs=1e-4)
-        assert row["decode_speedup"] is not None and row["decode_speedup"] > 0
+        if decodes:
+            assert row["decode_speedup"] is not None and row["decode_speedup"] > 0
 
 
 def test_decode_speedup_leaves_out_the_first_pass_and_its_tokens():

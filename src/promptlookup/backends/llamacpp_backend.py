@@ -204,14 +204,4 @@ def _gguf_context_length(path: Path) -> int | None:
     return None
 
 
-def __getattr__(name: str):
-    """``load_llamacpp`` and ``gguf_tokenizer`` assemble a model, so they live in
-    :mod:`promptlookup.loading`; this alias keeps the old import path working."""
-    if name in ("load_llamacpp", "gguf_tokenizer"):
-        from .. import loading
-
-        return getattr(loading, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["LlamaCppTarget", "open_llama"]

@@ -31,11 +31,7 @@ def register_drafter_method(backend: str, item: str) -> str:
     return name
 
 
-def _default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover (not Linux)
-        return os.cpu_count() or 1
+from ..machine import default_threads as _default_threads  # noqa: E402 (one definition)
 
 
 @click.command()

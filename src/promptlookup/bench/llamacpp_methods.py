@@ -106,7 +106,7 @@ def load_for_bench(model: str | None, dtype: str, device: str, threads: int | No
     is the ``llama_cpp.Llama`` (``dtype`` does not apply: the GGUF's own quantization runs)."""
     if not str(device).startswith("cpu"):
         raise InvalidParameterError(f"the llama.cpp backend runs on the cpu, got device {device!r}")
-    from ..backends.llamacpp_backend import load_llamacpp
+    from ..loading import load_llamacpp
 
     return load_llamacpp(model, n_threads=threads)
 
