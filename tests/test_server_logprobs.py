@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import math
 
-import torch
+from _server import RowByRowTarget
 from conftest import TinyTokenizer, tiny_llama
 
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.generation import LanguageModel
 
 PROMPT = "abcd abcd abcd abcd"
-
-
-class RowByRowTarget:
-    """A target whose multi-token passes are one-token passes in a row: row-invariant by
-    construction, so a verification row is bit for bit what plain decoding computes."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def forward(self, token_ids):
-        return torch.cat([self.inner.forward([token]) for token in token_ids])
 
 
 def row_invariant_lm() -> LanguageModel:
