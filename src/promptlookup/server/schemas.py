@@ -229,7 +229,7 @@ class CompletionRequest(_GenerationRequest):
     #: Text, or token ids; a list of one text or one token list is accepted too (no batching).
     prompt: Union[str, list[int], list[str], list[list[int]]]
     echo: Optional[bool] = False
-    best_of: Optional[int] = Field(1, ge=1, le=MAX_N)
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)  # must equal n when given
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: Optional[str] = None
 
