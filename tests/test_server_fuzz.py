@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptlookup.server.app import create_app
-from test_server import FIXED, GOOD, RunningServer, tiny_lm
+from _server import FIXED, RunningServer, tiny_lm
+from test_server import GOOD
 
 import pytest
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence, Union
 
 from .backends.base import Target
 from .drafters import DrafterSpec, NoDrafter, make_drafter
@@ -43,6 +43,8 @@ class GenerationStream:
     def __init__(self, events: Iterator[str]) -> None:
         self._events = events
         self.result: GenerationResult | None = None
+        #: The generation's statistics, filled in as it runs (``stats.logprobs`` included).
+        self.stats: GenerationStats | None = None
 
     def __iter__(self) -> Iterator[str]:
         return self._events
@@ -113,7 +115,8 @@ class LanguageModel:
                drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: Sequence[str] | str = (), chat: bool = False,
-               speculation: str = "adaptive", **drafter_options) -> GenerationStream:
+               speculation: str = "adaptive", should_stop: Callable[[], bool] | None = None,
+               logprobs: int | None = None, **drafter_options) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
         Invalid arguments raise here, before anything is generated."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -125,6 +128,9 @@ class LanguageModel:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens")
         check_speculation(speculation)
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                     or logprobs < 0):
+            raise InvalidParameterError(f"logprobs must be an integer >= 0, got {logprobs!r}")
         stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
@@ -139,17 +145,17 @@ class LanguageModel:
         policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
         stream = GenerationStream(iter(()))
         stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser,
-                                      stops, policy)
+                                      stops, policy, should_stop, logprobs)
         return stream
 
     def _events(self, stream, prompt_ids, max_new_tokens, drafter, chooser, stops,
-                policy) -> Iterator[str]:
-        stats = GenerationStats()
+                policy, should_stop=None, logprobs=None) -> Iterator[str]:
+        stats = stream.stats = GenerationStats()
         detok = IncrementalDetokenizer(self.tokenizer)
         tokens = speculative_generate(self.target, prompt_ids, max_new_tokens=max_new_tokens,
                                       drafter=drafter, chooser=chooser,
                                       eos_token_ids=self.eos_token_ids, stats=stats,
-                                      policy=policy)
+                                      policy=policy, should_stop=should_stop, logprobs=logprobs)
         finish_reason = "length"
         pieces: list[str] = []
         try:
@@ -185,7 +191,11 @@ class LanguageModel:
         ``repetition_penalty``, reproducible with ``seed``. ``stop``: strings that end the
         generation (not included in ``text``). ``speculation="adaptive"`` (default) verifies
         only as much of each draft as the measured costs and learned acceptance say pays off
-        (see :mod:`promptlookup.policy`); ``"fixed"`` verifies whole drafts. Extra keyword
+        (see :mod:`promptlookup.policy`); ``"fixed"`` verifies whole drafts. ``should_stop()``,
+        asked before every forward pass, ends the generation early when it returns true.
+        ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
+        alternatives in ``result.stats.logprobs`` (see
+        :class:`~promptlookup.sampling.TokenLogprob`). Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -28,7 +28,7 @@ from .backends.base import Target
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import SpeculationPolicy
-from .sampling import TokenChooser
+from .sampling import TokenChooser, TokenLogprob, token_logprob
 
 
 @dataclass
@@ -44,6 +44,8 @@ class GenerationStats:
     accepted_tokens: int = 0
     seconds: float = 0.0
     token_seconds: list[float] = field(default_factory=list, repr=False)
+    #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
+    logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_second(self) -> float:
@@ -80,6 +82,8 @@ def speculative_generate(
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
     policy: SpeculationPolicy | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine.
@@ -89,7 +93,13 @@ def speculative_generate(
     behind them; that is all the loop reads from a drafter. ``policy`` (optional) trims each
     draft to the length worth verifying, from measured forward-pass costs and learned
     acceptance; without it every draft is verified whole. A drafter that needs the policy too
-    (a draft model) is built with it (:func:`promptlookup.make_drafter`)."""
+    (a draft model) is built with it (:func:`promptlookup.make_drafter`).
+
+    ``should_stop()`` (optional) is asked before every forward pass, the prefill included; when
+    it returns true the generator ends there (a cancelled request). ``logprobs=N`` records each
+    yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
+    alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
+    token gets exactly the value plain decoding computes from the same row."""
     drafter = drafter or NoDrafter()
     chooser = chooser or TokenChooser(None, do_sample=False)
     stats = stats if stats is not None else GenerationStats()
@@ -102,6 +112,8 @@ def speculative_generate(
         raise UnsupportedModelError("this model's KV cache cannot be cropped after a rejected "
                                     "draft; use drafter='none' (plain decoding)")
     start = time.perf_counter()
+    if should_stop is not None and should_stop():
+        return
     # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
     #    target may keep the prompt's last chunk back and run it in the first step's pass).
     target.reset()
@@ -109,6 +121,8 @@ def speculative_generate(
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
     while stats.new_tokens < max_new_tokens:
+        if should_stop is not None and should_stop():
+            break
         # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
         room = max_new_tokens - stats.new_tokens - 1
         draft = Draft.of(drafter.propose(tokens, room)).cut(room) if room > 0 else Draft()
@@ -127,6 +141,9 @@ def speculative_generate(
         num_accepted = 0
         for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
                                                   draft.draft_probs if draft else None)):
+            if logprobs is not None:
+                stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token,
+                                                    logprobs))
             tokens.append(token)
             stats.new_tokens += 1
             is_accepted = i < len(draft) and token == draft[i]

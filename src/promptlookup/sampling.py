@@ -125,3 +125,33 @@ class TokenChooser:
             return int(scores[0].argmax())
         target_probs = torch.softmax(scores[0], dim=-1)  # (vocab,)
         return int(torch.multinomial(target_probs, 1, generator=self.generator))
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the ``top`` most likely tokens at its position,
+    as ``(token_id, logprob)`` pairs, most likely first.
+
+    The distribution is the *processed* one the chooser picks from: the softmax of the scores
+    after its logits processors (see :meth:`SamplingParams.logits_processor`). For greedy
+    decoding that is the raw logits with the repetition penalty applied; for sampling,
+    temperature, top-k and top-p are applied too, so tokens filtered out have ``-inf``."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(chooser: TokenChooser, tokens: list[int], target_logits: torch.Tensor,
+                  token: int, top_n: int) -> TokenLogprob:
+    """The :class:`TokenLogprob` of ``token`` chosen after ``tokens`` from ``target_logits``
+    (vocab,), computed exactly as :meth:`TokenChooser.choose` processes them, so that a
+    position's answer depends only on its tokens and its logits row."""
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=target_logits.device)
+    scores = chooser.processors(input_ids, target_logits[None].float())  # (1, vocab)
+    logprobs = torch.log_softmax(scores, dim=-1)[0]  # (vocab,)
+    top: tuple[tuple[int, float], ...] = ()
+    if top_n > 0:
+        values, ids = torch.topk(logprobs, min(top_n, logprobs.numel()))
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(int(token), float(logprobs[token]), top)

@@ -3,13 +3,16 @@
 >>> from promptlookup.server import create_app                      # doctest: +SKIP
 >>> app = create_app(promptlookup.load_model())                     # doctest: +SKIP
 
-See :mod:`.app` for the endpoints and policies, :mod:`.worker` for the queue.
+See :mod:`.app` for the endpoints and policies, :mod:`.worker` for the queue, and
+docs/server.md for everything the API supports and refuses. Serve the app with :class:`Server`
+(uvicorn's, with a graceful shutdown).
 """
 
 import importlib
 
-__all__ = ["APIError", "GenerationWorker", "create_app"]
-_MODULES = {"create_app": ".app", "APIError": ".schemas", "GenerationWorker": ".worker"}
+__all__ = ["APIError", "GenerationWorker", "Server", "create_app"]
+_MODULES = {"create_app": ".app", "APIError": ".schemas", "GenerationWorker": ".worker",
+            "Server": ".state"}
 
 
 def __getattr__(name: str):

@@ -32,6 +32,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="CPU threads for torch [default: torch's choice, one per core]. On a busy "
                    "machine, 1 can be much faster than oversubscribed cores.")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Seconds a request body may take to arrive; a client "
+                                      "that stalls longer gets HTTP 408 and is disconnected.")
 @click.option("--model-id", default=None,
               help="The name clients send as 'model' [default: the model's name].")
 @drafter_options
@@ -39,7 +42,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               default="info", show_default=True)
 @friendly_errors
 def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens,
-          threads, model_id, drafter, speculation, draft_tokens, min_match, max_match, log_level):
+          threads, body_timeout, model_id, drafter, speculation, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -47,18 +50,24 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
       POST /v1/chat/completions  chat; "stream": true for server-sent events
       POST /v1/completions       text completion (a prompt string or token ids)
       GET  /v1/models            the served model's id (send it as "model")
+      GET  /v1/models/{id}       that model (404 for any other id)
       GET  /health               503 while the model loads, 200 when ready
+      GET  /openapi.json         the request and response bodies (OpenAPI 3)
 
     The server listens at once and loads the model in the background. Requests take OpenAI's
     parameters (max_tokens, temperature [default 1; 0 = greedy], top_p, seed, stop, stream,
-    stream_options.include_usage, user; n=1 only) plus top_k and repetition_penalty.
+    stream_options.include_usage, user, n, logprobs, top_logprobs) plus top_k and
+    repetition_penalty; tools and structured output (response_format) are refused (400).
     OpenAI's "prediction" (predicted output) becomes the prompt lookup drafter's reference
     text. The response's usage.speculative reports forward passes, drafted and accepted tokens.
+    The full list: docs/server.md.
 
     One generation runs at a time; --max-queue more may wait, and further requests get HTTP 429.
     A client that disconnects cancels its generation. Without max_tokens a request generates at
     most --default-max-tokens tokens; a prompt plus max_tokens beyond the model's context is a
-    400 error.
+    400 error. 429 and 503 answers carry Retry-After. On SIGTERM the server stops taking
+    requests, answers the waiting ones with a 503 and ends the running stream with an error
+    event and [DONE].
 
     \b
     Example:
@@ -74,6 +83,7 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
     from ..drafters import check_drafter_spec
     from ..models import resolve_model
     from .app import create_app
+    from .state import Server
 
     options = drafter_kwargs(draft_tokens, min_match, max_match)
     check_drafter_spec(drafter, **options)  # bad drafter settings: one line, before anything starts
@@ -91,7 +101,7 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
     logger.addHandler(handler)
     logger.setLevel(log_level.upper())
 
-    server: uvicorn.Server | None = None
+    server: Server | None = None
 
     def load():
         lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
@@ -107,11 +117,12 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
     app = create_app(load, model_id=model_id or source.name, api_key=api_key,
                      max_queue=max_queue, default_max_tokens=default_max_tokens,
                      drafter=drafter, drafter_options=options, on_load_error=stop_on_load_error,
-                     generation_options={"speculation": speculation})
+                     generation_options={"speculation": speculation},
+                     body_timeout=body_timeout)
     logger.info("loading %s in the background (GET /health is 503 until it is ready)",
                 source.name)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                   timeout_graceful_shutdown=5))
     server.run()
     if app.state.server.load_error:
         raise click.ClickException(f"cannot load the model: {app.state.server.load_error}")

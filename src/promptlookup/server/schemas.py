@@ -1,52 +1,57 @@
-"""OpenAI's wire format: request bodies (validated), response bodies and chunks, errors.
+"""OpenAI's request bodies, validated at the edge; errors in OpenAI's JSON.
 
-Every model forbids unknown fields (``extra="forbid"``): a misspelt or unsupported parameter is
-a 400, never silently ignored. OpenAI parameters whose only supported value is the default
-(``n``, ``presence_penalty``, ``frequency_penalty``, ``logprobs``, ``echo``, ``best_of``,
-``suffix``) are accepted at that value and rejected otherwise. Extensions beyond OpenAI:
-``top_k`` and ``repetition_penalty`` (as in ``promptlookup generate``).
+Policies:
+
+- *Unknown fields* are a 400 (``extra="forbid"``): a misspelt parameter is never silently
+  ignored.
+- *Strict types*: integers must be JSON integers (not booleans, floats or strings), numbers
+  must be finite JSON numbers, booleans must be ``true``/``false``.
+- *Ranges* keep every number where torch's arithmetic stays finite (see :data:`LIMITS`):
+  ``temperature`` 0 (greedy) or in [1e-4, 2]; ``top_p`` in (0, 1]; ``repetition_penalty`` in
+  [0.01, 100]; ``seed`` a signed 64-bit integer; ``n`` in [1, 16]; ``top_logprobs`` in
+  [0, 20] (chat, with ``logprobs: true``); ``logprobs`` in [0, 5] (completions).
+- *Refused features*: parameters whose only supported value is the default (``echo``,
+  ``best_of``, ``suffix``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
+  ``response_format`` other than text, ``tools``/``functions``) are accepted at that value and
+  a 400 naming the parameter otherwise.
+- Extensions beyond OpenAI: ``top_k`` and ``repetition_penalty`` (as in
+  ``promptlookup generate``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
-                      ValidationError, field_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .._version import __version__
-
-if TYPE_CHECKING:
-    from ..generation import GenerationResult
-
-#: Names the software that answered (OpenAI's field): a new version may answer differently.
-SYSTEM_FINGERPRINT = f"promptlookup-{__version__}"
 #: Most stop strings per request (OpenAI's limit).
 MAX_STOP_STRINGS = 4
-#: A JSON number (an integer is a number too; a boolean or a string is not).
-Number = Union[StrictInt, StrictFloat]
-#: Seeds torch takes: a signed 64-bit integer.
-SEED_RANGE = (-(2 ** 63), 2 ** 63 - 1)
-#: The largest token count a request may ask for (beyond any model's context anyway).
-MAX_TOKENS = 2 ** 31 - 1
+#: Most sequences per request (``n``); they are generated one after another.
+MAX_N = 16
+#: The smallest positive temperature: below it ``logits / temperature`` overflows float32.
+MIN_TEMPERATURE = 1e-4
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+INT64 = (-(2**63), 2**63 - 1)
+INT32_MAX = 2**31 - 1
 
 
 class APIError(Exception):
-    """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``."""
+    """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``,
+    with optional extra response ``headers`` (``Retry-After``)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 retry_after: int | None = None) -> None:
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        #: Seconds a client should wait before trying again (429, 503): a Retry-After header.
-        self.retry_after = retry_after
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -54,7 +59,7 @@ class APIError(Exception):
 
 
 class _Forbid(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextPart(_Forbid):
@@ -94,54 +99,58 @@ class StreamOptions(_Forbid):
     include_obfuscation: Optional[bool] = None  # accepted, ignored (no obfuscation is added)
 
 
-def _only(default: Any, name: str):
+class ResponseFormat(_Forbid):
+    type: Literal["text"]  # structured output (json_object, json_schema) is not supported
+
+
+def _only(default: Any, name: str, why: str = ""):
     """A validator accepting ``default`` (or null) only."""
 
     def check(value):
         if value is not None and value != default:
-            raise ValueError(f"only {name}={default!r} is supported")
+            raise ValueError(f"only {name}={default!r} is supported{why}")
         return value
 
     return check
 
 
+def _float(default=None, **limits):
+    return Field(default, allow_inf_nan=False, **limits)
+
+
 class _GenerationRequest(_Forbid):
     model: str
-    max_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
-    # Absent: 1.0, as OpenAI. OpenAI's range; between 0 and MIN_TEMPERATURE the scaled logits
-    # overflow float32, so the range starts again there (see SamplingParams).
-    temperature: Optional[Number] = Field(None, ge=0, le=2)
-    top_p: Optional[Number] = Field(None, gt=0, le=1)
-    top_k: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOKENS)  # extension; 0 = off
-    repetition_penalty: Optional[Number] = Field(None, ge=0.01, le=100)  # extension
-    seed: Optional[StrictInt] = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    stop: Union[str, list[str], None] = None
-    stream: Optional[StrictBool] = False
+    max_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
+    temperature: Optional[float] = _float(ge=0, le=2)  # absent: 1.0, as OpenAI
+    top_p: Optional[float] = _float(gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=0, le=INT32_MAX)  # extension; 0 = off
+    repetition_penalty: Optional[float] = _float(ge=0.01, le=100)  # extension
+    seed: Optional[int] = Field(None, ge=INT64[0], le=INT64[1])
+    stop: Union[str, list[str], None] = Field(None, max_length=MAX_STOP_STRINGS)
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-    n: Optional[StrictInt] = 1
-    presence_penalty: Optional[Number] = Field(0.0, ge=-2, le=2)
-    frequency_penalty: Optional[Number] = Field(0.0, ge=-2, le=2)
+    n: Optional[int] = Field(1, ge=1, le=MAX_N)
+    presence_penalty: Optional[float] = _float(0.0, ge=-2, le=2)
+    frequency_penalty: Optional[float] = _float(0.0, ge=-2, le=2)
+    logit_bias: Optional[dict[str, float]] = None
     prediction: Optional[Prediction] = None
 
-    _n = field_validator("n")(_only(1, "n"))
     _presence = field_validator("presence_penalty")(_only(0, "presence_penalty"))
     _frequency = field_validator("frequency_penalty")(_only(0, "frequency_penalty"))
 
     @field_validator("temperature")
     @classmethod
-    def _check_temperature(cls, value):
-        from ..sampling import MIN_TEMPERATURE
-
+    def _finite_temperature(cls, value):
         if value is not None and 0 < value < MIN_TEMPERATURE:
-            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and 2")
         return value
 
-    @field_validator("stop")
+    @field_validator("logit_bias")
     @classmethod
-    def _check_stop(cls, value):
-        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported")
+    def _no_logit_bias(cls, value):
+        if value:
+            raise ValueError("logit_bias is not supported")
         return value
 
     @property
@@ -158,6 +167,15 @@ class _GenerationRequest(_Forbid):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        """How many alternatives to report per token; None: no logprobs at all."""
+        return None
+
     def sampling(self) -> dict:
         """Keyword arguments for :meth:`promptlookup.LanguageModel.stream`."""
         return {"temperature": 1.0 if self.temperature is None else self.temperature,
@@ -166,31 +184,56 @@ class _GenerationRequest(_Forbid):
                 "repetition_penalty": self.repetition_penalty or 1.0,
                 "seed": self.seed, "stop": self.stop_list}
 
+    def cross_check(self) -> None:
+        """Rules between fields, as a 400."""
+
+
+_UNSUPPORTED_TOOLS = " (tool calling is not supported)"
+
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[StrictInt] = Field(None, ge=1, le=MAX_TOKENS)
-    logprobs: Optional[StrictBool] = False
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Literal["none"]] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Literal["none"]] = None
 
-    _logprobs = field_validator("logprobs")(_only(False, "logprobs"))
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise ValueError("tools are not supported" + _UNSUPPORTED_TOOLS)
+        return value
 
     @property
     def requested_max_tokens(self) -> int | None:
         newer = self.max_completion_tokens
         return newer if newer is not None else self.max_tokens
 
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def cross_check(self) -> None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: logprobs must be true when top_logprobs is given",
+                           param="top_logprobs")
+
 
 class CompletionRequest(_GenerationRequest):
     #: Text, or token ids; a list of one text or one token list is accepted too (no batching).
     prompt: Union[str, list[int], list[str], list[list[int]]]
-    echo: Optional[StrictBool] = False
-    best_of: Optional[StrictInt] = 1
-    logprobs: Optional[StrictInt] = Field(None, ge=0, le=5)
+    echo: Optional[bool] = False
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)  # must equal n when given
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: Optional[str] = None
 
     _echo = field_validator("echo")(_only(False, "echo"))
-    _best_of = field_validator("best_of")(_only(1, "best_of"))
-    _logprobs = field_validator("logprobs")(_only(None, "logprobs"))
     _suffix = field_validator("suffix")(_only(None, "suffix"))
 
     @field_validator("prompt")
@@ -202,45 +245,50 @@ class CompletionRequest(_GenerationRequest):
             return value[0]
         return value
 
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
-def _no_constant(name: str):
-    """``NaN`` and ``Infinity`` are not JSON (Python's parser takes them): refused."""
-    raise ValueError(f"{name} is not a JSON number")
+    def cross_check(self) -> None:
+        if self.best_of is not None and self.best_of != self.choices:
+            raise APIError(400, "best_of: only best_of equal to n is supported", param="best_of")
 
 
 async def read_json(request, limit: int, timeout: float | None = None):
     """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
-    408 when the client sends nothing for ``timeout`` seconds in the middle of it."""
+    408 when the whole body has not arrived within ``timeout`` seconds (a stalled client)."""
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
+                            "JSON", code="invalid_json") from None
+
+
+async def _read_body(request, limit: int) -> bytes:
     too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
                          code="request_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     parts, size = [], 0
-    stream = request.stream().__aiter__()
-    while True:
-        try:
-            part = await asyncio.wait_for(stream.__anext__(), timeout)
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            raise APIError(408, f"the request body stopped arriving (nothing for {timeout} s)",
-                           code="request_timeout") from None
+    async for part in request.stream():
         size += len(part)
         if size > limit:
             raise too_large
         parts.append(part)
-    try:
-        return json.loads(b"".join(parts), parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
-                            "JSON", code="invalid_json") from None
+    return b"".join(parts)
 
 
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad field."""
     try:
-        return model.model_validate(body)
+        request = model.model_validate(body)
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
@@ -251,52 +299,5 @@ def parse_request(model: type[BaseModel], body: Any) -> Any:
             message = error["msg"].removeprefix("Value error, ")
             message = f"{where}: {message}" if where else message
         raise APIError(400, message, param=param) from None
-
-
-# -- responses ---------------------------------------------------------------------------
-
-
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def chunk(meta: dict, chat: bool, delta, finish_reason: str | None = None) -> dict:
-    """A streaming chunk; ``delta`` None gives the usage chunk's empty ``choices``."""
-    if delta is None:
-        choices = []
-    elif chat:
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-    else:
-        choices = [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}]
-    return {**meta, "object": "chat.completion.chunk" if chat else "text_completion",
-            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": choices}
-
-
-def completion_body(meta: dict, chat: bool, result: GenerationResult) -> dict:
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text,
-                                          "refusal": None},
-                  "logprobs": None, "finish_reason": result.finish_reason}
-    else:
-        choice = {"index": 0, "text": result.text, "logprobs": None,
-                  "finish_reason": result.finish_reason}
-    return {**meta, "object": "chat.completion" if chat else "text_completion",
-            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [choice], "usage": usage(result)}
-
-
-def usage(result: GenerationResult) -> dict:
-    """OpenAI's counts; ``completion_tokens_details`` counts the drafted tokens the model kept
-    and those it rejected as OpenAI's accepted and rejected prediction tokens (drafts come from
-    the prediction and the prompt alike), and ``speculative`` adds the loop's counters."""
-    stats = result.stats
-    prompt, completion = len(result.prompt_ids), len(result.token_ids)
-    details = {"accepted_prediction_tokens": stats.accepted_tokens,
-               "rejected_prediction_tokens": stats.drafted_tokens - stats.accepted_tokens}
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion, "completion_tokens_details": details,
-            "speculative": {"forward_passes": stats.forward_passes,
-                            "drafted_tokens": stats.drafted_tokens,
-                            "accepted_tokens": stats.accepted_tokens,
-                            "tokens_per_forward": round(stats.tokens_per_forward, 3),
-                            "acceptance_rate": round(stats.acceptance_rate, 3),
-                            "seconds": round(stats.seconds, 6)}}
+    request.cross_check()
+    return request

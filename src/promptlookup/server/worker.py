@@ -3,45 +3,68 @@ cache, so it is single-stream), fed by a bounded queue.
 
 Policies:
 
-- *Capacity*: one running generation plus at most ``max_queue`` waiting ones. A request beyond
-  that is refused at once (:class:`QueueFull`, HTTP 429) instead of growing the queue; a
-  waiting job whose client left holds no slot (it is dropped when the slot is needed).
+- *Capacity*: one running job plus at most ``max_queue`` waiting ones. A request beyond that
+  is refused at once (:class:`QueueFull`, HTTP 429, with :meth:`GenerationWorker.retry_after`
+  estimated from recent jobs' durations) instead of growing the queue.
 - *Cancellation*: :meth:`GenerationJob.cancel` (the client went away) stops the generation
-  within one decoding step: the flag is checked before every draft, i.e. before every forward
-  pass, and after every text delta. A job cancelled while still waiting never starts.
+  before its next forward pass (the loop's ``should_stop``); a job cancelled while waiting
+  leaves the queue at once, freeing its slot.
+- *n sequences*: a job with ``n > 1`` generates them one after another; with a ``seed``,
+  sequence ``i`` uses ``seed + i`` (so sequence 0 equals the same request with ``n=1``).
+- *Shutdown*: :meth:`GenerationWorker.shutdown` refuses new jobs, answers the waiting ones
+  with its error and ends the running one with it before its next forward pass.
 - *Isolation*: an exception in one generation reaches that job only (a
   :class:`~promptlookup.errors.PromptLookupError` as a 400, anything else as a 500 with the
   traceback logged); the worker goes on with the next job.
 
 Jobs talk to the asyncio side through ``events``, an :class:`asyncio.Queue` filled from the
-worker thread with ``(kind, value)`` pairs: ``("delta", text)`` (only for streaming jobs),
-then exactly one of ``("done", GenerationResult)``, ``("error", APIError)`` or
-``("cancelled", None)``.
+worker thread with ``(kind, value)`` pairs: ``("delta", (index, text, logprobs))`` (only for
+streaming jobs), ``("choice", Choice)`` as each sequence ends, then exactly one of
+``("done", [Choice, ...])``, ``("error", APIError)`` or ``("cancelled", None)``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-import queue
+import math
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from ..drafters import DrafterSpec, NoDrafter
+from ..drafters import DrafterSpec
 from ..errors import PromptLookupError
 from ..generation import GenerationResult, LanguageModel
+from ..sampling import TokenLogprob
 from .schemas import APIError
 
 log = logging.getLogger("promptlookup.server")
+
+#: What a logprob of -inf (a token filtered out by top-k/top-p) is reported as, as OpenAI does.
+FLOOR_LOGPROB = -9999.0
 
 
 class QueueFull(Exception):
     """Every queue slot is taken; the request should be answered with 429."""
 
 
-class GenerationCancelled(Exception):
-    """Raised inside the decoding loop (from the drafter) when a job is cancelled."""
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token's logprob as the API reports it: its text and up to N alternatives."""
+
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass
+class Choice:
+    """One finished sequence of a job."""
+
+    index: int
+    result: GenerationResult
+    logprobs: list[TokenInfo] | None = None
 
 
 @dataclass(eq=False)
@@ -55,15 +78,24 @@ class GenerationJob:
     drafter: DrafterSpec = "prompt-lookup"
     drafter_options: dict = field(default_factory=dict)
     generation_options: dict = field(default_factory=dict)  # more LanguageModel.stream arguments
+    n: int = 1
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
     wants_deltas: bool = False
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: Why the job was ended when not by its own client (server shutdown); None otherwise.
+    reason: APIError | None = None
 
     def __post_init__(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._withdraw = None  # set by the worker that queues the job
 
-    def cancel(self) -> None:
+    def cancel(self, reason: APIError | None = None) -> None:
+        if reason is not None and self.reason is None and not self.cancelled.is_set():
+            self.reason = reason
         self.cancelled.set()
+        if self._withdraw is not None:
+            self._withdraw(self)
 
     def emit(self, kind: str, value=None) -> None:
         """Send an event from the worker thread (dropped if the event loop is gone)."""
@@ -72,8 +104,14 @@ class GenerationJob:
         except RuntimeError:  # the loop was closed: nobody is listening any more
             pass
 
-    async def outcome(self) -> GenerationResult:
-        """Wait for the end of the job: its result, or raise its :class:`APIError`."""
+    def end_cancelled(self) -> None:
+        if self.reason is not None:
+            self.emit("error", self.reason)
+        else:
+            self.emit("cancelled")
+
+    async def outcome(self) -> list[Choice]:
+        """Wait for the end of the job: its choices, or raise its :class:`APIError`."""
         while True:
             kind, value = await self.events.get()
             if kind == "done":
@@ -85,59 +123,38 @@ class GenerationJob:
                                code="cancelled")
 
 
-class CancelCheck:
-    """A drafter that never drafts but raises :class:`GenerationCancelled` once the job is
-    cancelled. Put first in a chain, it is asked before every forward pass of the loop."""
-
-    def __init__(self, cancelled: threading.Event) -> None:
-        self._cancelled = cancelled
-
-    def propose(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
-        if self._cancelled.is_set():
-            raise GenerationCancelled()
-        return []
-
-    def update(self, draft: Sequence[int], num_accepted: int) -> None:
-        pass
-
-
-class CancellableNoDrafter(CancelCheck, NoDrafter):
-    """Plain decoding that can be cancelled (still a NoDrafter, for models that cannot crop)."""
-
-
-def cancellable(spec: DrafterSpec, cancelled: threading.Event) -> DrafterSpec:
-    """``spec`` as a chain led by a :class:`CancelCheck` (the model's own ``stream`` builds the
-    rest with its tokenizer, device and sampler); ``"none"`` as a cancellable plain decoder."""
-    if spec is None or spec == "none":
-        return CancellableNoDrafter(cancelled)
-    return [CancelCheck(cancelled), spec]
-
-
 class GenerationWorker:
     """Runs queued :class:`GenerationJob` s one by one on a daemon thread."""
 
-    def __init__(self, lm: LanguageModel, max_queue: int = 16) -> None:
+    def __init__(self, lm: LanguageModel, max_queue: int = 16,
+                 tokenizer_lock: threading.Lock | None = None) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.lm = lm
         self.max_queue = max_queue
-        self._queue: queue.Queue[GenerationJob | None] = queue.Queue(maxsize=max_queue)
+        self._tokenizer_lock = tokenizer_lock or nullcontext()
+        self._waiting: collections.deque[GenerationJob] = collections.deque()
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._job_seconds = 1.0  # a moving average of recent jobs' durations
         #: The job being generated, None when idle.
         self.current: GenerationJob | None = None
         self.completed = self.cancelled = self.failed = 0
 
     @property
     def waiting(self) -> int:
-        """Jobs in the queue whose clients still wait, not counting the running one."""
-        with self._queue.mutex:
-            return sum(1 for job in self._queue.queue
-                       if job is not None and not job.cancelled.is_set())
+        """Jobs in the queue, not counting the running one."""
+        return len(self._waiting)
 
     @property
     def idle(self) -> bool:
-        return self.current is None and self._queue.empty()
+        return self.current is None and not self._waiting
+
+    def retry_after(self) -> int:
+        """Seconds after which a refused request may find room: the queue's expected drain
+        time from recent jobs' durations, 1 to 60."""
+        return max(1, min(60, math.ceil(self._job_seconds * (self.waiting + 1))))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="promptlookup-generation",
@@ -145,54 +162,57 @@ class GenerationWorker:
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        """Queue ``job``, or raise :class:`QueueFull` when ``max_queue`` jobs already wait
-        (jobs whose clients left while waiting hold no slot: they are dropped first)."""
-        if self._stopping:
-            raise APIError(503, "the server is shutting down", type="server_error")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            if not self._drop_cancelled():
-                raise QueueFull() from None
-            self._queue.put_nowait(job)
+        """Queue ``job``, or raise :class:`QueueFull` when ``max_queue`` jobs already wait."""
+        with self._cond:
+            if self._stopping:
+                raise shutting_down()
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull()
+            job._withdraw = self._withdraw
+            self._waiting.append(job)
+            self._cond.notify()
 
-    def _drop_cancelled(self) -> int:
-        """Take the cancelled jobs out of the queue (each told so); how many there were."""
-        with self._queue.mutex:
-            waiting = self._queue.queue
-            gone = [job for job in waiting if job is not None and job.cancelled.is_set()]
-            for job in gone:
-                waiting.remove(job)
-                self._queue.unfinished_tasks -= 1
-            if gone:
-                self._queue.not_full.notify(len(gone))
-        for job in gone:
-            self.cancelled += 1
-            job.emit("cancelled")
-        return len(gone)
+    def _withdraw(self, job: GenerationJob) -> None:
+        """Take a cancelled job out of the queue (if it is still there) and end it."""
+        with self._cond:
+            if job not in self._waiting:
+                return
+            self._waiting.remove(job)
+        self.cancelled += 1
+        job.end_cancelled()
+
+    def shutdown(self, reason: APIError | None = None) -> None:
+        """Refuse new jobs; end the waiting ones and the running one with ``reason``."""
+        reason = reason or shutting_down()
+        with self._cond:
+            self._stopping = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._cond.notify_all()
+        for job in waiting:
+            job.reason = reason
+            job.emit("error", reason)
+        current = self.current
+        if current is not None:
+            current.cancel(reason)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the running job, fail the waiting ones, and end the thread."""
-        self._stopping = True
-        if self.current is not None:
-            self.current.cancel()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.emit("error", APIError(503, "the server is shutting down", type="server_error"))
-        self._queue.put(None)
+        """:meth:`shutdown`, then wait for the thread to end."""
+        self.shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def _next(self) -> GenerationJob | None:
+        with self._cond:
+            while not self._waiting and not self._stopping:
+                self._cond.wait()
+            if not self._waiting:
+                return None
+            self.current = self._waiting.popleft()
+            return self.current
+
     def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self.current = job
+        while (job := self._next()) is not None:
             try:
                 self._generate(job)
             except BaseException:  # pragma: no cover - _generate reports everything itself
@@ -204,34 +224,79 @@ class GenerationWorker:
     def _generate(self, job: GenerationJob) -> None:
         if job.cancelled.is_set():
             self.cancelled += 1
-            job.emit("cancelled")
+            job.end_cancelled()
             return
+        choices: list[Choice] = []
         try:
-            stream = self.lm.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
-                                    drafter=cancellable(job.drafter, job.cancelled),
-                                    **job.sampling, **job.generation_options,
-                                    **job.drafter_options)
-            with stream:
-                for piece in stream:
-                    if job.cancelled.is_set():
-                        raise GenerationCancelled()
-                    if job.wants_deltas:
-                        job.emit("delta", piece)
-        except GenerationCancelled:
-            self.cancelled += 1
-            job.emit("cancelled")
+            for index in range(job.n):
+                choice = self._sequence(job, index)
+                if choice is None:
+                    break
+                choices.append(choice)
+                job.emit("choice", choice)
         except PromptLookupError as exc:
             self.failed += 1
             job.emit("error", APIError(400, str(exc)))
+            return
         except Exception as exc:
             self.failed += 1
             log.exception("generation failed")
             job.emit("error", APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
                                        type="server_error"))
-        else:
-            if job.cancelled.is_set():  # cancelled during the last step, which then ended it
-                self.cancelled += 1
-                job.emit("cancelled")
-                return
-            self.completed += 1
-            job.emit("done", stream.result)
+            return
+        if job.cancelled.is_set():  # also when cancelled during the last step, which ended it
+            self.cancelled += 1
+            job.end_cancelled()
+            return
+        self.completed += 1
+        seconds = sum(c.result.stats.seconds for c in choices)
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
+        job.emit("done", choices)
+
+    def _sequence(self, job: GenerationJob, index: int) -> Choice | None:
+        """Generate sequence ``index`` of ``job`` (None if the job was cancelled)."""
+        sampling = dict(job.sampling)
+        if sampling.get("seed") is not None:
+            sampling["seed"] += index
+        stream = self.lm.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
+                                drafter=job.drafter, should_stop=job.cancelled.is_set,
+                                logprobs=job.logprobs, **sampling, **job.generation_options,
+                                **job.drafter_options)
+        names: dict[int, str] = {}
+        infos: list[TokenInfo] = []
+        with stream:
+            for piece in stream:
+                if job.cancelled.is_set():
+                    return None
+                if job.wants_deltas:
+                    new = self._token_infos(stream.stats.logprobs[len(infos):], names)
+                    infos += new
+                    job.emit("delta", (index, piece, new))
+        if job.cancelled.is_set():
+            return None
+        rest = self._token_infos(stream.stats.logprobs[len(infos):], names)
+        infos += rest
+        if job.wants_deltas and rest:
+            job.emit("delta", (index, "", rest))
+        return Choice(index, stream.result, infos if job.logprobs is not None else None)
+
+    def _token_infos(self, entries: list[TokenLogprob], names: dict[int, str]) -> list[TokenInfo]:
+        """The API's view of loop logprobs: token texts, and finite numbers."""
+
+        def name(token_id: int) -> str:
+            if token_id not in names:
+                with self._tokenizer_lock:
+                    names[token_id] = self.lm.tokenizer.decode([token_id])
+            return names[token_id]
+
+        def finite(value: float) -> float:
+            return value if math.isfinite(value) else FLOOR_LOGPROB
+
+        return [TokenInfo(name(e.token_id), finite(e.logprob),
+                          tuple((name(t), finite(lp)) for t, lp in e.top)) for e in entries]
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry against another instance or later",
+                    type="server_error", code="server_shutting_down",
+                    headers={"Retry-After": "5"})
