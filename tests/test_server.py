@@ -495,3 +495,37 @@ def test_a_queued_request_whose_client_left_frees_its_slot(gated):
     first.join(60)
     third.join(60)
     assert set(results) == {"first", "third"} and running.worker.cancelled == 1
+
+
+def test_sigterm_ends_the_running_stream_with_an_error_event_and_answers_the_queued(gated):
+    import signal
+
+    running, target = gated  # one generation runs, max_queue=1 may wait
+    target.gate.clear()
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 300, "stream": True}
+    lines, queued = [], {}
+
+    def stream():
+        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            lines.extend(response.iter_lines())
+
+    def waiting():
+        queued["response"] = httpx.post(running.url + "/v1/chat/completions", timeout=60,
+                                        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4})
+
+    first = threading.Thread(target=stream)
+    first.start()
+    wait_until(target.blocked.is_set, what="the stream's generation to start")
+    second = threading.Thread(target=waiting)
+    second.start()
+    wait_until(lambda: running.worker.waiting == 1, what="the second request to queue")
+    running.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+    second.join(60)
+    target.gate.set()
+    first.join(60)
+    assert queued["response"].status_code == 503
+    assert queued["response"].json()["error"]["type"] == "server_error"
+    events = [line for line in lines if line]  # blank lines separate server-sent events
+    assert "event: error" in events and events[-1] == "data: [DONE]"
+    assert "server_shutting_down" in events[events.index("event: error") + 1]
