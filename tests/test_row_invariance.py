@@ -168,3 +168,13 @@ def test_seeded_sampling_is_the_same_with_any_draft_length(dtype):
             assert lm.generate(prompt, max_new_tokens=30, speculation="fixed",
                                num_tokens=num_tokens, temperature=0.8,
                                seed=seed).token_ids == plain
+
+
+def test_row_invariant_passes_never_time_the_prompt_attention(monkeypatch):
+    """The bfloat16 prompt-attention choice (blocks or sdpa) is for the fastest mode only."""
+    from promptlookup.backends.attention import PromptAttention
+
+    monkeypatch.setattr(PromptAttention, "_fastest", lambda self: pytest.fail("timed"))
+    target = TransformersTarget(_tiny("llama", vocab_size=48, seed=0, layers=2).to(torch.bfloat16))
+    target.extend(list(range(1, 48)) * 3)  # a prompt chunk of 141 rows
+    assert target.attention.choice is None

@@ -44,11 +44,14 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     return lm
 
 
-def from_transformers(model, tokenizer, name: str | None = None) -> LanguageModel:
-    """Wrap an already loaded ``transformers`` causal LM and its tokenizer."""
+def from_transformers(model, tokenizer, name: str | None = None, *,
+                      row_invariant: bool = True) -> LanguageModel:
+    """Wrap an already loaded ``transformers`` causal LM and its tokenizer.
+    ``row_invariant=False``: the fastest kernels whatever their rounding (see
+    :class:`~promptlookup.backends.transformers_backend.TransformersTarget`)."""
     from .backends.transformers_backend import TransformersTarget
 
-    return LanguageModel(TransformersTarget(model), tokenizer,
+    return LanguageModel(TransformersTarget(model, row_invariant=row_invariant), tokenizer,
                          name=name or getattr(model.config, "_name_or_path", "model"), model=model)
 
 

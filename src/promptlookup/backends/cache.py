@@ -46,11 +46,6 @@ class GrowingLayer(DynamicLayer):
             buffers.append(buffer)
         self.key_buffer, self.value_buffer = buffers
 
-    def reserve(self, length: int) -> None:
-        """Make room for ``length`` positions (before the first update: nothing to do)."""
-        if self.is_initialized and self.key_buffer is not None:
-            self._reserve(length, self.key_buffer, self.value_buffer)
-
     def _expose(self) -> None:
         self.keys = self.key_buffer[..., : self.length, :]
         self.values = self.value_buffer[..., : self.length, :]

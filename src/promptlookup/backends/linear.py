@@ -14,9 +14,9 @@ the same order; a single row is therefore padded to two. That is the *reference*
 ``weight_first``: ``(W @ x.T).T``) are timed against it only where they give bit-identical
 float32 results on random rows at every row count that uses the choice (a bfloat16 result
 rounds most reorderings of a sum away, so a check there proves little and bfloat16 keeps the
-reference), so the choice by timing never changes a value. If the reference itself is found to depend on the row count on
-some machine (checked the same way), that weight shape's rows are multiplied one at a time
-(``rows``): exact by construction, and slow. The reordered copies double the weights' memory.
+reference), so the choice by timing never changes a value. If the reference itself is found
+to depend on the row count on some machine (checked the same way), that weight shape's rows
+are multiplied one at a time (``rows``): exact by construction, and slow. The reordered copies double the weights' memory.
 
 With ``row_invariant=False`` (the bench's ``promptlookup-fastest`` method, to measure what
 exactness costs) the fastest kernel by timing is used whatever its rounding, and float32

@@ -48,9 +48,7 @@ class TransformersTarget:
         #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
         #: model's own forward (bit-identical to transformers' plain decoding steps).
         self.written_out = LlamaForward(model, row_invariant) if supports(model) else None
-        #: Whether every pass computes each row as a one-token pass would (see the module doc).
-        self.row_invariant = (row_invariant and self.written_out is not None
-                              and self.kernels.row_invariant)
+        self._row_invariant = row_invariant  # as asked; see the row_invariant property
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
@@ -67,6 +65,13 @@ class TransformersTarget:
         self.attention.use_cache_file(cost_file.with_name(f"{cost_file.stem}-attention.json"))
 
     @property
+    def row_invariant(self) -> bool:
+        """Whether every pass computes each row as a one-token pass would (see the module
+        doc): the written-out pass, over row-invariant kernels."""
+        return (self._row_invariant and self.written_out is not None
+                and self.kernels.row_invariant)
+
+    @property
     def cache_length(self) -> int:
         return self.cache.get_seq_length() + len(self._pending)
 
@@ -74,7 +79,9 @@ class TransformersTarget:
     def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
-        blocked = length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
+        # Row-invariant passes have their own attention: no prompt-attention choice to time.
+        blocked = (not self.row_invariant and length > SDPA_MAX_ROWS
+                   and self.attention.prefers_blocks())
         with verification_attention(self.config, blocked), self.kernels.use(length):
             if self.written_out is not None and (self.row_invariant or length > 1
                                                  or self.dtype != torch.float32):

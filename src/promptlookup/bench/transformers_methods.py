@@ -207,11 +207,9 @@ register_method(BACKEND, "hf-custom",
 def fastest_twin(lm):
     """``lm``'s model behind a target that keeps the fastest kernels by timing, row-invariant
     or not (what exactness costs), with a policy of its own; same weights, no copy."""
-    from ..backends.transformers_backend import TransformersTarget
-    from ..generation import LanguageModel
+    from ..loading import from_transformers
 
-    twin = LanguageModel(TransformersTarget(lm.model, row_invariant=False), lm.tokenizer,
-                         name=lm.name, model=lm.model)
+    twin = from_transformers(lm.model, lm.tokenizer, name=lm.name, row_invariant=False)
     cost_file = getattr(lm.policy, "cost_file", None)
     if cost_file is not None:
         twin.policy.cost_file = cost_file.with_name(f"{cost_file.stem}-fastest.json")
