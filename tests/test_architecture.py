@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "promptlookup"
 
 #: Each module may import modules of its own layer or of lower ones, never of higher ones.
 LAYERS = [
-    ["_version", "errors", "machine", "cache_files", "text"],
+    ["_version", "errors", "limits", "machine", "cache_files", "text"],
     ["sampling", "rejection", "cost_model", "cost_store", "models", "drafters.base", "drafters.suffix_index",
      "drafters.prompt_lookup"],
     ["backends"],  # the target backends: forward passes over a KV cache

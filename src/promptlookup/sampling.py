@@ -17,12 +17,7 @@ from transformers import (
 )
 
 from .errors import InvalidParameterError
-
-
-#: The smallest temperature above 0 (greedy) that sampling takes.
-MIN_TEMPERATURE = 1e-4
-#: Repetition penalties taken (1.0: off).
-REPETITION_PENALTY_RANGE = (0.01, 100.0)
+from .limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
-from .schemas import MIN_TEMPERATURE, ChatCompletionRequest, CompletionRequest
+from ..limits import MIN_TEMPERATURE
+from .schemas import ChatCompletionRequest, CompletionRequest
 
 
 class _Open(BaseModel):

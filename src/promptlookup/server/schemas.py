@@ -26,12 +26,12 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
+
 #: Most stop strings per request (OpenAI's limit).
 MAX_STOP_STRINGS = 4
 #: Most sequences per request (``n``); they are generated one after another.
 MAX_N = 16
-#: The smallest positive temperature: below it ``logits / temperature`` overflows float32.
-MIN_TEMPERATURE = 1e-4
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 INT64 = (-(2**63), 2**63 - 1)
@@ -124,7 +124,8 @@ class _GenerationRequest(_Forbid):
     temperature: Optional[float] = _float(ge=0, le=2)  # absent: 1.0, as OpenAI
     top_p: Optional[float] = _float(gt=0, le=1)
     top_k: Optional[int] = Field(None, ge=0, le=INT32_MAX)  # extension; 0 = off
-    repetition_penalty: Optional[float] = _float(ge=0.01, le=100)  # extension
+    repetition_penalty: Optional[float] = _float(ge=REPETITION_PENALTY_RANGE[0],
+                                                 le=REPETITION_PENALTY_RANGE[1])  # extension
     seed: Optional[int] = Field(None, ge=INT64[0], le=INT64[1])
     stop: Union[str, list[str], None] = Field(None, max_length=MAX_STOP_STRINGS)
     stream: Optional[bool] = False
