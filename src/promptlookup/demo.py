@@ -8,6 +8,7 @@ import sys
 
 import promptlookup
 from promptlookup import text as text_module
+from promptlookup.bench.agreed import agreed_length
 
 MAX_NEW_TOKENS = 200
 
@@ -48,8 +49,7 @@ def compare(lm, fast, plain) -> str:
     one-token pass after the common prefix: a near-tie where passes are not row-invariant)."""
     if fast.token_ids == plain.token_ids:
         return "identical"
-    position = next((i for i, (a, b) in enumerate(zip(fast.token_ids, plain.token_ids)) if a != b),
-                    min(len(fast.token_ids), len(plain.token_ids)))
+    position = agreed_length([fast.token_ids, plain.token_ids])
     if position >= min(len(fast.token_ids), len(plain.token_ids)):
         return f"different: one output stops at token {position}, the other goes on"
     target = lm.target
