@@ -16,7 +16,7 @@ LAYERS = [
     ["sampling", "rejection", "cost_model", "cost_store", "models", "drafters.base", "drafters.suffix_index",
      "drafters.prompt_lookup"],
     ["backends"],  # the target backends: forward passes over a KV cache
-    ["drafters", "drafters.draft_model", "policy", "loop"],
+    ["drafters", "drafters.draft_model", "policy", "loop", "batching"],
     ["generation"],
     ["loading", "hf_generate"],
     ["cli", "demo", "server", "bench", "__main__", ""],  # "": the package face

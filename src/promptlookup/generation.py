@@ -7,9 +7,10 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence, Union
 
-from .backends.base import Target
-from .drafters import DrafterSpec, NoDrafter, make_drafter
-from .errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
+from .backends.base import BatchTarget, Target
+from .drafters import Drafter, DrafterSpec, NoDrafter, make_drafter
+from .errors import (EmptyPromptError, InvalidParameterError, PromptTooLongError,
+                     UnsupportedModelError)
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .sampling import SamplingParams, TokenChooser
@@ -57,6 +58,55 @@ class GenerationStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class _Request:
+    """One generation's checked inputs (see :meth:`LanguageModel.stream`)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    drafter: Drafter
+    chooser: TokenChooser
+    stops: list[str]
+    policy: SpeculationPolicy | None  # None: whole drafts are verified
+    should_stop: Callable[[], bool] | None
+    logprobs: int | None
+
+
+class TextAssembler:
+    """A generation's text as its tokens arrive: incremental detokenization, stop strings
+    and the finish reason (``"stop"`` after an EOS token or a stop string)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str], eos_token_ids: Sequence[int]) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stops = StopStrings(stops)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.pieces: list[str] = []
+        self.finish_reason = "length"
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string has appeared (the generation should end)."""
+        return self.stops.stopped
+
+    def add(self, token: int) -> str:
+        """Take one token; the text that may be shown now ("" while undecided)."""
+        piece = self.stops.feed(self.detokenizer.add(token))
+        if token in self.eos_token_ids or self.stops.stopped:
+            self.finish_reason = "stop"
+        self.pieces.append(piece)
+        return piece
+
+    def flush(self) -> str:
+        """The text held back at the end (an incomplete character, a possible stop string)."""
+        tail = self.stops.feed(self.detokenizer.flush()) + self.stops.flush()
+        self.pieces.append(tail)
+        return tail
+
+    def result(self, stats: GenerationStats, prompt_ids: Sequence[int]) -> GenerationResult:
+        return GenerationResult("".join(self.pieces), self.detokenizer.ids, stats,
+                                self.finish_reason, list(prompt_ids))
 
 
 class LanguageModel:
@@ -119,9 +169,19 @@ class LanguageModel:
                logprobs: int | None = None, **drafter_options) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
         Invalid arguments raise here, before anything is generated."""
+        request = self._request(prompt, max_new_tokens, drafter, SamplingParams(
+            temperature, top_k, top_p, repetition_penalty, seed), stop, chat, speculation,
+            should_stop, logprobs, drafter_options)
+        stream = GenerationStream(iter(()))
+        stream._request = request
+        stream._events = self._events(stream, request)
+        return stream
+
+    def _request(self, prompt, max_new_tokens, drafter, params, stop, chat, speculation,
+                 should_stop, logprobs, drafter_options) -> _Request:
+        """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        params = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
         prompt_ids = self.encode(prompt, chat=chat)
         if len(prompt_ids) + max_new_tokens > self.target.max_context:
             raise PromptTooLongError(
@@ -131,7 +191,7 @@ class LanguageModel:
         if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                      or logprobs < 0):
             raise InvalidParameterError(f"logprobs must be an integer >= 0, got {logprobs!r}")
-        stops = StopStrings([stop] if isinstance(stop, str) else list(stop))
+        stops = [stop] if isinstance(stop, str) else list(stop)
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
         adaptive = self.policy if speculation == "adaptive" else None
@@ -143,40 +203,30 @@ class LanguageModel:
                                    dtype=str(getattr(self.model, "dtype", "float32")),
                                    **drafter_options)
         policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
-        stream = GenerationStream(iter(()))
-        stream._events = self._events(stream, prompt_ids, max_new_tokens, drafter_obj, chooser,
-                                      stops, policy, should_stop, logprobs)
-        return stream
+        return _Request(prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy,
+                        should_stop, logprobs)
 
-    def _events(self, stream, prompt_ids, max_new_tokens, drafter, chooser, stops,
-                policy, should_stop=None, logprobs=None) -> Iterator[str]:
+    def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()
-        detok = IncrementalDetokenizer(self.tokenizer)
-        tokens = speculative_generate(self.target, prompt_ids, max_new_tokens=max_new_tokens,
-                                      drafter=drafter, chooser=chooser,
+        text = TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
+        tokens = speculative_generate(self.target, request.prompt_ids,
+                                      max_new_tokens=request.max_new_tokens,
+                                      drafter=request.drafter, chooser=request.chooser,
                                       eos_token_ids=self.eos_token_ids, stats=stats,
-                                      policy=policy, should_stop=should_stop, logprobs=logprobs)
-        finish_reason = "length"
-        pieces: list[str] = []
+                                      policy=request.policy, should_stop=request.should_stop,
+                                      logprobs=request.logprobs)
         try:
             for token in tokens:
-                piece = stops.feed(detok.add(token))
-                if token in self.eos_token_ids:
-                    finish_reason = "stop"
-                if stops.stopped:
-                    finish_reason = "stop"
+                piece = text.add(token)
+                if text.stopped:
                     tokens.close()  # a stop string: end the generation now
                 if piece:
-                    pieces.append(piece)
                     yield piece
-            tail = stops.feed(detok.flush()) + stops.flush()
-            if tail:
-                pieces.append(tail)
+            if tail := text.flush():
                 yield tail
         finally:
             tokens.close()
-            stream.result = GenerationResult("".join(pieces), detok.ids, stats, finish_reason,
-                                             list(prompt_ids))
+            stream.result = text.result(stats, request.prompt_ids)
 
     def generate(self, prompt: Prompt, **options) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``. The keyword arguments
@@ -207,6 +257,70 @@ class LanguageModel:
         for _ in stream:
             pass
         return stream.result
+
+
+    def generate_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
+                       **options) -> list[GenerationResult]:
+        """Generate after every prompt of ``prompts`` at once: one result per prompt, in order,
+        each equal to what :meth:`generate` with the same ``options`` returns for it alone
+        (every sequence's forward passes are computed as alone, see
+        :mod:`promptlookup.batching`), with its own stats. At most ``max_batch`` sequences
+        share a forward pass (default: :func:`~promptlookup.batching.default_max_batch`);
+        the others join as earlier ones finish. ``options`` are :meth:`generate`'s; a
+        ``seed`` seeds every prompt's sampler alike.
+
+        >>> results = lm.generate_batch(["Fix: x = 1 +", "Fix: y = 2 *"], chat=True)  # doctest: +SKIP
+        """
+        results: list[GenerationResult] = []
+        for _ in self._batch(prompts, max_batch, options, lambda *_: None, results):
+            pass
+        return results
+
+    def stream_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
+                     **options) -> Iterator[tuple[int, str]]:
+        """:meth:`generate_batch` as a stream of ``(prompt index, text delta)`` pairs, in the
+        order they are decided; closing the iterator ends every generation."""
+        deltas: list[tuple[int, str]] = []
+        for _ in self._batch(prompts, max_batch, options,
+                             lambda index, piece: deltas.append((index, piece)), []):
+            yield from deltas
+            deltas.clear()
+
+    def _batch(self, prompts, max_batch, options, emit, results: list) -> Iterator[None]:
+        """Run a batch, calling ``emit(index, piece)`` for each text delta and yielding after
+        every step; ``results`` ends with one :class:`GenerationResult` per prompt."""
+        from .batching import BatchDecoder, BatchSequence, default_max_batch
+
+        if not isinstance(self.target, BatchTarget):
+            raise UnsupportedModelError(f"{type(self.target).__name__} cannot run several "
+                                        "sequences in one forward pass; use generate")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InvalidParameterError("generate_batch takes a list of prompts")
+        requests = [self.stream(prompt, **options)._request for prompt in prompts]  # checked
+        decoder = BatchDecoder(self.target, self.policy,
+                               max_batch=max_batch or default_max_batch(self.target))
+        texts = {}
+        for index, request in enumerate(requests):
+            sequence = decoder.add(BatchSequence(
+                request.prompt_ids, request.max_new_tokens, request.drafter, request.chooser,
+                self.eos_token_ids, adaptive=request.policy is not None,
+                should_stop=request.should_stop, logprobs=request.logprobs))
+            texts[sequence] = (index, TextAssembler(self.tokenizer, request.stops,
+                                                    self.eos_token_ids))
+        results[:] = [None] * len(requests)
+        for sequence, new_tokens in decoder.run():
+            index, text = texts[sequence]
+            for position, token in enumerate(new_tokens):
+                if piece := text.add(token):
+                    emit(index, piece)
+                if text.stopped:  # a stop string: the step's later tokens never happened
+                    sequence.finish("stop", keep=len(new_tokens) - position - 1)
+                    break
+            if sequence.done:
+                if tail := text.flush():
+                    emit(index, tail)
+                results[index] = text.result(sequence.stats, sequence.prompt_ids)
+            yield
 
 
 # generate takes stream's keyword arguments; help() and inspect show them for both.

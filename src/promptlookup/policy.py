@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
@@ -38,7 +39,7 @@ from .cost_model import CostModel
 from .cost_store import LAST_CONTEXT_BUCKET, CostStore, context_bucket
 from .errors import InvalidParameterError
 
-__all__ = ["LAST_CONTEXT_BUCKET", "MAX_DRAFT", "AcceptanceModel", "SpeculationPolicy",
+__all__ = ["LAST_CONTEXT_BUCKET", "MAX_DRAFT", "AcceptanceModel", "SequenceDraft", "SpeculationPolicy",
            "check_speculation", "context_bucket", "match_bucket", "position_bucket",
            "prior_acceptance"]
 
@@ -93,6 +94,18 @@ def prior_acceptance(bucket: int) -> float:
     return (0.35, 0.3, 0.45, 0.55, 0.62, 0.7, 0.76, 0.82, 0.87, 0.92)[bucket]
 
 
+@dataclass(frozen=True)
+class SequenceDraft:
+    """One sequence's part in a joint decision: its draft's length and match length (see
+    :meth:`SpeculationPolicy.draft_length`), its own acceptance statistics and whether it
+    samples."""
+
+    length: int
+    match_length: int | None
+    request: AcceptanceModel
+    sampling: bool
+
+
 def check_speculation(speculation: str) -> str:
     """``"adaptive"`` (this policy decides) or ``"fixed"`` (whole drafts are verified)."""
     if speculation not in ("adaptive", "fixed"):
@@ -117,6 +130,8 @@ class SpeculationPolicy:
         self.sampling = False
         self.global_weight = global_weight
         self.prior_weight = prior_weight
+        #: Cost curves of passes over several sequences, by batch size (:meth:`batch_costs`).
+        self.batch_curves: dict[int, CostModel] = {}
 
     def start(self, target, probe_token: int, sampling: bool) -> None:
         """Begin a request (after the prompt's prefill): its own acceptance statistics, and the
@@ -150,15 +165,19 @@ class SpeculationPolicy:
     def cost_file(self, path: str | os.PathLike | None) -> None:
         self.store.cost_file = Path(path) if path else None
 
-    def acceptance(self, bucket: int, position: int) -> float:
+    def acceptance(self, bucket: int, position: int, request: AcceptanceModel | None = None,
+                   sampling: bool | None = None) -> float:
         """Estimated probability that draft token ``position`` is accepted given the ones
         before were, plus an exploration bonus that shrinks as evidence accumulates (so a
-        pessimistic start cannot keep the policy from ever trying, and learning)."""
+        pessimistic start cannot keep the policy from ever trying, and learning).
+        ``request``/``sampling``: whose statistics (default: the current request's)."""
+        request = self.request if request is None else request
+        sampling = self.sampling if sampling is None else sampling
         prior = prior_acceptance(bucket)
-        history = self.history[self.sampling]
+        history = self.history[sampling]
         rate = history.rate(bucket, position, prior, self.prior_weight)
-        rate = self.request.rate(bucket, position, rate, self.global_weight)
-        evidence = history.evidence(bucket, position) + self.request.evidence(bucket, position)
+        rate = request.rate(bucket, position, rate, self.global_weight)
+        evidence = history.evidence(bucket, position) + request.evidence(bucket, position)
         bonus = self.exploration * math.sqrt(rate * (1 - rate) / (evidence + 1))
         return min(rate + bonus, 0.999)
 
@@ -191,13 +210,67 @@ class SpeculationPolicy:
                 break
         return best_k
 
-    def record_forward(self, num_tokens: int, seconds: float) -> None:
-        self.costs.record(num_tokens, seconds)
+    def joint_draft_lengths(self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0) -> list[int]:
+        """How many leading tokens of each sequence's draft to verify in one forward pass over
+        all of them, which also carries ``fixed_tokens`` rows nobody decides (prompt chunks,
+        whole drafts of ``speculation="fixed"`` sequences):
 
-    def record_acceptance(self, match_length: int | None, num_drafted: int, num_accepted: int) -> None:
+            argmax over (k_1 .. k_B) of (B + sum_i E_i[accepted | k_i]) / cost(fixed + B + sum_i k_i)
+
+        with ``cost`` the curve of passes over ``B`` sequences (:meth:`batch_costs`). Draft
+        token j of sequence i adds ``prod_{l<=j} a_i(l)`` expected tokens, which falls with
+        j, so for every total the best choice takes the largest of these gains over all
+        sequences: the gains are merged, largest first, and the best prefix is kept.
+
+        Example: two sequences, one on a long trusted match (gains 0.9, 0.8, 0.7), one with no
+        match (gain 0.2): with 4 tokens costing about as much as 3, the first gets all three
+        draft tokens and the second none if ``cost(2 + 4)`` outweighs 0.2 more tokens.
+        """
+        costs = self.batch_costs(len(drafts))
+        gains: list[tuple[float, int]] = []  # (expected tokens it adds, sequence)
+        for index, entry in enumerate(drafts):
+            bucket, survive = match_bucket(entry.match_length), 1.0
+            for position in range(1, min(entry.length, MAX_DRAFT) + 1):
+                survive *= self.acceptance(bucket, position, entry.request, entry.sampling)
+                if survive < 1e-3:
+                    break
+                gains.append((survive, index))
+        gains.sort(key=lambda gain: -gain[0])  # stable: a sequence's own gains stay in order
+        base = fixed_tokens + len(drafts)
+        expected, best_count, best_rate = float(len(drafts)), 0, len(drafts) / costs.cost(base)
+        for count, (gain, _) in enumerate(gains, start=1):
+            expected += gain
+            rate = expected / costs.cost(base + count)
+            if rate > best_rate:
+                best_count, best_rate = count, rate
+        lengths = [0] * len(drafts)
+        for _, index in gains[:best_count]:
+            lengths[index] += 1
+        return lengths
+
+    def batch_costs(self, batch_size: int) -> CostModel:
+        """The cost curve of forward passes over ``batch_size`` sequences, by the total tokens
+        in the pass (one sequence: the current request's curve). A new batch size starts from
+        the one-sequence curve and learns its own from its passes (kept in memory only)."""
+        if batch_size <= 1:
+            return self.costs
+        curve = self.batch_curves.get(batch_size)
+        if curve is None:
+            curve = self.batch_curves[batch_size] = CostModel()
+            if self.costs.calibrated:
+                curve.seed(self.costs)
+        return curve
+
+    def record_forward(self, num_tokens: int, seconds: float, batch_size: int = 1) -> None:
+        self.batch_costs(batch_size).record(num_tokens, seconds)
+
+    def record_acceptance(self, match_length: int | None, num_drafted: int, num_accepted: int,
+                          request: AcceptanceModel | None = None,
+                          sampling: bool | None = None) -> None:
         bucket = match_bucket(match_length)
-        self.request.record(bucket, num_drafted, num_accepted)
-        self.history[self.sampling].record(bucket, num_drafted, num_accepted)
+        (self.request if request is None else request).record(bucket, num_drafted, num_accepted)
+        sampling = self.sampling if sampling is None else sampling
+        self.history[sampling].record(bucket, num_drafted, num_accepted)
 
     def __repr__(self) -> str:
         curve = ", ".join(f"{n}:{self.costs.cost(n) * 1e3:.1f}ms" for n in self.costs.sizes)

@@ -47,3 +47,33 @@ class Target(Protocol):
     @property
     def cache_length(self) -> int:
         """Number of positions in the cache."""
+
+
+class SequenceCache(Protocol):
+    """One sequence's KV cache in a :class:`BatchTarget` (a transformers ``DynamicCache``)."""
+
+    def get_seq_length(self) -> int:
+        """Number of positions in the cache."""
+
+    def crop(self, max_length: int) -> None:
+        """transformers' convention: a negative ``max_length`` removes that many positions."""
+
+
+@runtime_checkable
+class BatchTarget(Target, Protocol):
+    """A target that runs one forward pass over several sequences, each with its own cache
+    (continuous batching, :mod:`promptlookup.batching`)."""
+
+    #: Whether a sequence's logits in a pass over several are bit for bit those it gets
+    #: alone (row-invariant passes); when false, batched outputs may differ from single ones.
+    row_invariant: bool
+    #: Bytes of KV cache one token of one sequence takes.
+    kv_bytes_per_token: int
+
+    def new_sequence(self) -> SequenceCache:
+        """An empty cache for one more sequence."""
+
+    def forward_batch(self, caches: Sequence[SequenceCache], token_ids: Sequence[Sequence[int]],
+                      keep: Sequence[int]) -> list[torch.Tensor]:
+        """One forward pass: ``token_ids[i]`` appended to ``caches[i]``. Returns, per sequence,
+        float32 logits ``(keep[i], vocab)`` of its last ``keep[i]`` tokens (0: none)."""

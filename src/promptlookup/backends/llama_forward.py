@@ -112,21 +112,47 @@ class LlamaForward:
         :func:`~promptlookup.backends.attention.verification_attention`'s to say.
         """
         length = input_ids.shape[1]
+        if self.row_invariant:
+            return self.batch(input_ids, [cache], [length], [logits_to_keep or length])[None]
         start = cache.get_seq_length()  # tokens cached before this pass
         hidden = self.embed_tokens.forward(input_ids)  # (1, n, hidden)
         positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
-        end = start + length
         # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
         # cache (True: may attend), made once per pass; none for one token or a first chunk.
-        mask = (None if length == 1 or start == 0 or self.row_invariant
-                else torch.ones(length, end, dtype=torch.bool, device=input_ids.device)
+        mask = (None if length == 1 or start == 0
+                else torch.ones(length, start + length, dtype=torch.bool, device=input_ids.device)
                 .tril(start)[None, None])  # (1, 1, n, start + n)
         for layer, cache_layer in zip(self.layers, cache.layers):
-            hidden = layer.forward(hidden, cos, sin, cache_layer, mask, self.row_invariant)
+            hidden = layer.forward(hidden, cos, sin, [cache_layer], [length], mask, False)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
+
+    @torch.inference_mode()
+    def batch(self, input_ids: torch.Tensor, caches, lengths, keep) -> torch.Tensor:
+        """Logits ``(sum(keep), vocab)`` of one row-invariant pass over several sequences.
+
+        ``input_ids`` (1, sum(lengths)) holds sequence i's ``lengths[i]`` new tokens after
+        sequence i-1's (packed, no padding), each appended to its own cache ``caches[i]``;
+        ``keep[i]``: the logits of sequence i's last this many tokens (0: none), in order.
+        Every product runs over all rows at once; attention runs per sequence, each over its
+        own cache. Row-invariance makes each sequence's logits those it gets alone.
+        """
+        device = input_ids.device
+        hidden = self.embed_tokens.forward(input_ids)  # (1, total, hidden)
+        positions = torch.cat([torch.arange(cache.get_seq_length(), cache.get_seq_length() + n,
+                                            device=device)
+                               for cache, n in zip(caches, lengths)]).unsqueeze(0)
+        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
+        for index, layer in enumerate(self.layers):
+            cache_layers = [cache.layers[index] for cache in caches]
+            hidden = layer.forward(hidden, cos, sin, cache_layers, lengths, None, True)
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
+        if len(rows) != hidden.shape[1]:
+            hidden = hidden[:, rows]  # (1, sum(keep), hidden)
+        return self.lm_head.forward(self.norm.forward(hidden))[0]  # (sum(keep), vocab)
 
 
 class _LayerModules:
@@ -146,27 +172,37 @@ class _LayerModules:
         self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_layer,
-                mask: torch.Tensor | None, row_invariant: bool = True) -> torch.Tensor:
-        """``hidden`` (1, n, hidden_size) after this layer; it is updated in place."""
-        length, head_dim = hidden.shape[1], self.head_dim
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache_layers: list, lengths: list[int], mask: torch.Tensor | None,
+                row_invariant: bool = True) -> torch.Tensor:
+        """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
+        of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
+        (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``)."""
+        total, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
-        # (1, n, heads * head_dim) -> (1, heads, n, head_dim), and likewise for keys and values
-        query = self.q_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
-        key = self.k_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
-        value = self.v_proj.forward(normed).view(1, length, -1, head_dim).transpose(1, 2)
+        # (1, total, heads * head_dim) -> (1, heads, total, head_dim), and likewise for keys and values
+        query = self.q_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
+        key = self.k_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
+        value = self.v_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
         query, key = rotary(query, cos, sin), rotary(key, cos, sin)
-        start = cache_layer.get_seq_length()
-        keys, values = cache_layer.update(key, value)  # (1, kv_heads, start + n, head_dim)
-        if row_invariant:  # over the buffers: whole key blocks, masked past each query
-            attended = row_invariant_attention(query, cache_layer.key_buffer,
-                                               cache_layer.value_buffer, start, self.scaling)
+        if row_invariant:  # each sequence over its buffers: whole key blocks, masked
+            attended, first = [], 0
+            for cache_layer, length in zip(cache_layers, lengths):
+                rows = slice(first, first + length)
+                start = cache_layer.get_seq_length()
+                cache_layer.update(key[:, :, rows], value[:, :, rows])
+                attended.append(row_invariant_attention(
+                    query[:, :, rows], cache_layer.key_buffer, cache_layer.value_buffer, start,
+                    self.scaling))  # (1, length, heads, head_dim)
+                first += length
+            attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)
         else:
+            keys, values = cache_layers[0].update(key, value)  # (1, kv_heads, start + n, d)
             attended, _ = grouped_sdpa(self.attention, query, keys, values, mask,
                                        scaling=self.scaling)  # (1, n, heads, head_dim)
-        hidden.add_(self.o_proj.forward(attended.reshape(1, length, -1)))
+        hidden.add_(self.o_proj.forward(attended.reshape(1, total, -1)))
         normed = rms_norm(self.post_attention_layernorm, hidden)
-        gate = self.act_fn(self.gate_proj.forward(normed))  # (1, n, intermediate_size)
+        gate = self.act_fn(self.gate_proj.forward(normed))  # (1, total, intermediate_size)
         return hidden.add_(self.down_proj.forward(gate.mul_(self.up_proj.forward(normed))))
 
 

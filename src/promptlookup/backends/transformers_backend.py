@@ -125,6 +125,54 @@ class TransformersTarget:
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache per token of one sequence: keys and values of every layer."""
+        config = self.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        size = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * size
+
+    def new_sequence(self) -> DynamicCache:
+        """An empty cache for one more sequence of :meth:`forward_batch`."""
+        return growing_cache(self.model.config)
+
+    def forward_batch(self, caches: Sequence[DynamicCache], token_ids: Sequence[Sequence[int]],
+                      keep: Sequence[int]) -> list[torch.Tensor]:
+        """One forward pass over several sequences (see
+        :meth:`~promptlookup.backends.base.BatchTarget.forward_batch`): packed into one pass
+        when :attr:`row_invariant`, else one pass per sequence (the model's own forward
+        cannot run sequences of different cache lengths as one without padding them, and
+        padding rounds a row differently than it is rounded alone)."""
+        if not all(token_ids):  # sequences without new tokens sit this pass out
+            fed = [index for index, tokens in enumerate(token_ids) if tokens]
+            logits = self.forward_batch([caches[i] for i in fed], [token_ids[i] for i in fed],
+                                        [keep[i] for i in fed]) if fed else []
+            rows = dict(zip(fed, logits))
+            return [rows.get(index, torch.empty(0, self.config.vocab_size))
+                    for index in range(len(token_ids))]
+        lengths = [len(tokens) for tokens in token_ids]
+        if not self.row_invariant:
+            return [self._alone(cache, tokens, kept)
+                    for cache, tokens, kept in zip(caches, token_ids, keep)]
+        input_ids = torch.tensor([[t for tokens in token_ids for t in tokens]], dtype=torch.long,
+                                 device=self.device)
+        with self.kernels.use(sum(lengths)):
+            logits = self.written_out.batch(input_ids, caches, lengths, keep).float()
+        return list(logits.split(list(keep)))  # (keep[i], vocab) each
+
+    def _alone(self, cache: DynamicCache, token_ids: Sequence[int], keep: int) -> torch.Tensor:
+        """One sequence's pass on its own cache (what :meth:`forward_batch` falls back to)."""
+        own_cache, own_pending = self.cache, self._pending
+        self.cache, self._pending = cache, []
+        try:
+            logits = self._run(token_ids, logits_to_keep=max(keep, 1)).float()
+        finally:
+            self.cache, self._pending = own_cache, own_pending
+        return logits[len(logits) - keep:]  # (keep, vocab)
+
     def prepare(self, sizes: Sequence[int]) -> None:
         """Choose the kernels for verification passes of these sizes, and of every shorter
         one, now (they are timed on first use), so that the policy's calibration times the

@@ -1,0 +1,224 @@
+"""Continuous batching: many sequences in one forward pass never change a token. Each
+sequence's logits, greedy and seeded-sampling outputs equal what it gets alone, with ragged
+acceptance, EOS inside a batch, sequences joining and leaving mid-run and one cancelled."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import promptlookup
+from conftest import TinyTokenizer, tiny_llama
+from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.batching import BatchDecoder, BatchSequence, default_max_batch
+from promptlookup.drafters import make_drafter
+from promptlookup.errors import InvalidParameterError, UnsupportedModelError
+from promptlookup.loop import speculative_generate
+from promptlookup.policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
+from promptlookup.sampling import SamplingParams, TokenChooser
+from test_llama_forward import _tiny
+
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+
+
+def repetitive_prompts(seed: int, count: int, vocab: int = 32) -> list[list[int]]:
+    """Prompts of 3-200 tokens that repeat spans of themselves (so drafts are found, and
+    accepted to different lengths: ragged acceptance)."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        motif = [rng.randrange(1, vocab) for _ in range(rng.randint(2, 12))]
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(1, 8))]
+        while len(prompt) < rng.randint(3, 200):
+            prompt += motif[: rng.randint(1, len(motif))] + [rng.randrange(1, vocab)]
+        prompts.append(prompt)
+    return prompts
+
+
+def alone(target, prompt, max_new_tokens=32, drafter="none", params=SamplingParams(), eos=()):
+    return list(speculative_generate(target, prompt, max_new_tokens=max_new_tokens,
+                                     drafter=make_drafter(drafter),
+                                     chooser=TokenChooser.from_params(params),
+                                     eos_token_ids=eos))
+
+
+def batched(target, prompts, max_new_tokens=32, drafter="prompt-lookup", params=SamplingParams(),
+            eos=(), max_batch=3, prefill_tokens=48, policy=None):
+    decoder = BatchDecoder(target, policy or SpeculationPolicy(), max_batch=max_batch,
+                           prefill_tokens=prefill_tokens)
+    sequences = [decoder.add(BatchSequence(prompt, max_new_tokens, make_drafter(drafter),
+                                           TokenChooser.from_params(params), eos))
+                 for prompt in prompts]
+    for _ in decoder.run():
+        pass
+    return [sequence.tokens[len(sequence.prompt_ids):] for sequence in sequences], sequences
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
+def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architecture, dtype):
+    model = _tiny(architecture, vocab_size=32, seed=1, layers=2).to(dtype)
+    target = TransformersTarget(model)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(1, 32) for _ in range(n)] for n in (1, 5, 63, 64, 130)]
+    news = [[rng.randrange(1, 32) for _ in range(n)] for n in (1, 7, 2, 16, 3)]
+    expected = []
+    for prompt, new in zip(prompts, news):
+        target.reset()
+        target.prefill(prompt)
+        expected.append(target.forward(new))
+    caches = [target.new_sequence() for _ in prompts]
+    target.forward_batch(caches, [p[:-1] for p in prompts], [0] * len(prompts))  # prompts
+    # Each prompt's last token and the new tokens; logits of the new tokens only.
+    together = target.forward_batch(caches, [[p[-1], *n] for p, n in zip(prompts, news)],
+                                    [len(new) for new in news])
+    for want, got in zip(expected, together):
+        assert torch.equal(want, got)
+    assert [cache.get_seq_length() for cache in caches] == [
+        len(p) + len(n) for p, n in zip(prompts, news)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_greedy_equals_single_stream_with_ragged_acceptance(seed):
+    target = TransformersTarget(tiny_llama(seed=seed))
+    prompts = repetitive_prompts(seed, 7)
+    want = [alone(target, prompt) for prompt in prompts]
+    got, sequences = batched(target, prompts)  # 7 sequences through 3 slots: join and leave
+    assert got == want
+    accepted = [sequence.stats.accepted_tokens for sequence in sequences]
+    assert len(set(accepted)) > 1 and max(accepted) > 0  # drafts accepted, unevenly
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_seeded_sampling_equals_single_stream(seed):
+    target = TransformersTarget(tiny_llama(seed=seed))
+    prompts = repetitive_prompts(10 + seed, 5)
+    params = SamplingParams(temperature=0.9, top_k=8, repetition_penalty=1.1, seed=seed)
+    want = [alone(target, prompt, params=params) for prompt in prompts]
+    got, _ = batched(target, prompts, params=params, max_batch=5)
+    assert got == want
+
+
+def test_a_sequence_that_meets_eos_leaves_and_the_others_go_on():
+    target = TransformersTarget(tiny_llama(seed=3))
+    prompts = repetitive_prompts(3, 4)
+    free = [alone(target, prompt, max_new_tokens=24) for prompt in prompts]
+    eos = (free[0][5],)  # the first sequence's sixth token ends it
+    want = [alone(target, prompt, max_new_tokens=24, eos=eos) for prompt in prompts]
+    got, sequences = batched(target, prompts, max_new_tokens=24, eos=eos, max_batch=4)
+    assert got == want
+    assert sequences[0].finish_reason == "stop" and len(got[0]) <= 6
+    assert {s.finish_reason for s in sequences} <= {"stop", "length"}
+
+
+def test_a_cancelled_sequence_changes_no_other():
+    target = TransformersTarget(tiny_llama(seed=4))
+    prompts = repetitive_prompts(4, 4)
+    want = [alone(target, prompt) for prompt in prompts]
+    decoder = BatchDecoder(target, SpeculationPolicy(), max_batch=4)
+    sequences = [decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup")))
+                 for prompt in prompts]
+    steps = 0
+    for sequence, _ in decoder.run():
+        steps += sequence is sequences[0]
+        if steps == 2:
+            sequences[1].cancel()
+    assert sequences[1].finish_reason == "cancelled" and len(sequences[1].tokens) < len(
+        prompts[1]) + 32
+    for index in (0, 2, 3):
+        assert sequences[index].tokens[len(prompts[index]):] == want[index]
+
+
+def test_should_stop_ends_a_sequence_before_its_next_pass():
+    target = TransformersTarget(tiny_llama())
+    decoder = BatchDecoder(target, None, max_batch=2)
+    sequence = decoder.add(BatchSequence([3, 4, 5], 16, should_stop=lambda: True))
+    assert list(decoder.run()) == [(sequence, [])]
+    assert sequence.finish_reason == "cancelled" and sequence.stats.forward_passes == 0
+
+
+def test_long_prompts_are_prefilled_in_chunks_while_others_decode(monkeypatch):
+    target = TransformersTarget(tiny_llama())
+    passes: list[list[int]] = []
+    real = target.forward_batch
+
+    def spy(caches, token_ids, keep):
+        passes.append([len(tokens) for tokens in token_ids])
+        return real(caches, token_ids, keep)
+
+    monkeypatch.setattr(target, "forward_batch", spy)
+    short, long = [5, 6, 7], repetitive_prompts(5, 1)[0] * 3
+    want = [alone(target, short, 20, drafter="none"), alone(target, long, 20, drafter="none")]
+    got, _ = batched(target, [short, long], max_new_tokens=20, drafter="none", prefill_tokens=32)
+    assert got == want
+    # Once the short prompt decodes, each pass carries at most 32 of the long prompt's tokens.
+    decoding = passes[1:]
+    assert all(sizes[1] <= 32 + 1 for sizes in decoding if len(sizes) == 2)
+    assert len(passes) >= len(long) // 32
+
+
+def test_joint_draft_lengths_spend_the_pass_on_the_most_trusted_drafts():
+    policy = SpeculationPolicy()
+    for n in (1, 2, 4, 8, 16, 32, 64):  # a flat cost curve: every draft token is nearly free
+        for _ in range(3):
+            policy.costs.record(n, 0.010 + 0.0001 * n)
+    trusted, untrusted = AcceptanceModel(), AcceptanceModel()
+    for _ in range(50):
+        trusted.record(9, 16, 16)
+        untrusted.record(1, 4, 0)
+    lengths = policy.joint_draft_lengths([SequenceDraft(16, 40, trusted, False),
+                                          SequenceDraft(4, 1, untrusted, False)])
+    assert lengths[0] == 16 and lengths[1] < 4
+    for n in (1, 2, 4, 8, 16, 32, 64):  # now each token costs as much as a pass: no drafts
+        for _ in range(30):
+            policy.batch_costs(2).record(n, 0.010 * n)
+    assert policy.joint_draft_lengths([SequenceDraft(16, 1, untrusted, False),
+                                       SequenceDraft(4, 1, untrusted, False)]) == [0, 0]
+
+
+def test_generate_batch_equals_generate_prompt_by_prompt():
+    lm = promptlookup.from_transformers(tiny_llama(seed=5), TinyTokenizer(32), name="tiny")
+    prompts = ["abcabcabcabd" * k for k in range(1, 6)]
+    for options in ({}, {"temperature": 0.8, "seed": 3, "logprobs": 2}, {"stop": ["ab"]}):
+        one = [lm.generate(prompt, max_new_tokens=24, **options) for prompt in prompts]
+        many = lm.generate_batch(prompts, max_new_tokens=24, max_batch=3, **options)
+        for a, b in zip(one, many):
+            assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids,
+                                                              b.finish_reason)
+            assert a.stats.new_tokens == b.stats.new_tokens
+            assert [e.logprob for e in a.stats.logprobs] == [e.logprob for e in b.stats.logprobs]
+    deltas = list(lm.stream_batch(prompts[:2], max_new_tokens=8))
+    results = lm.generate_batch(prompts[:2], max_new_tokens=8)
+    for index in (0, 1):
+        assert "".join(piece for i, piece in deltas if i == index) == results[index].text
+
+
+def test_generate_batch_checks_every_prompt_before_generating():
+    lm = promptlookup.from_transformers(tiny_llama(), TinyTokenizer(32), name="tiny")
+    with pytest.raises(promptlookup.errors.EmptyPromptError):
+        lm.generate_batch(["abc", ""], max_new_tokens=4)
+    with pytest.raises(InvalidParameterError):
+        lm.generate_batch("abc", max_new_tokens=4)
+    with pytest.raises(InvalidParameterError):
+        BatchDecoder(lm.target, max_batch=0)
+
+
+def test_generate_batch_needs_a_target_that_batches():
+    class OneSequence:  # a Target without new_sequence / forward_batch
+        max_context, can_crop = 64, True
+    lm = promptlookup.LanguageModel(OneSequence(), TinyTokenizer(32))
+    with pytest.raises(UnsupportedModelError):
+        lm.generate_batch(["abc"], max_new_tokens=4)
+
+
+def test_default_max_batch_is_bounded_by_cores_and_memory(monkeypatch):
+    from promptlookup import machine
+
+    target = TransformersTarget(tiny_llama())
+    monkeypatch.setattr(machine, "default_threads", lambda: 2)
+    assert default_max_batch(target) == 8
+    per_sequence = target.kv_bytes_per_token * target.max_context
+    monkeypatch.setattr(machine, "memory_bytes", lambda: 4 * 3 * per_sequence)
+    assert default_max_batch(target) == 3
