@@ -49,6 +49,14 @@ class GatedTarget:
         return getattr(self.inner, name)
 
     def forward(self, token_ids):
+        self._pass()
+        return self.inner.forward(token_ids)
+
+    def forward_batch(self, caches, token_ids, keep):
+        self._pass()
+        return self.inner.forward_batch(caches, token_ids, keep)
+
+    def _pass(self) -> None:
         self.forward_calls += 1
         if self.fail:
             raise RuntimeError("injected failure")
@@ -57,7 +65,6 @@ class GatedTarget:
             if not self.gate.wait(timeout=60):
                 raise RuntimeError("the test never opened the gate")
             self.blocked.clear()
-        return self.inner.forward(token_ids)
 
 
 class RowByRowTarget:

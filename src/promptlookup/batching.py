@@ -165,8 +165,9 @@ class BatchDecoder:
         """One step (see the module doc): ``(sequence, its new tokens)`` for every sequence
         that took part, finished ones included (their ``finish_reason`` set)."""
         # 1. Admit waiting sequences; drop the ones that were cancelled or asked to stop.
-        if self.policy is not None and not self.policy.costs.calibrated and self.waiting:
-            self._calibrate(self.waiting[0].tokens[-1])
+        adaptive = [sequence for sequence in self.waiting if sequence.adaptive]
+        if self.policy is not None and not self.policy.costs.calibrated and adaptive:
+            self._calibrate(adaptive[0].tokens[-1])
         while self.waiting and len(self.running) < self.max_batch:
             sequence = self.waiting.popleft()
             sequence.cache = self.target.new_sequence()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence, Union
 
 from .backends.base import BatchTarget, Target
+from .batching import BatchDecoder, BatchSequence, default_max_batch
 from .drafters import Drafter, DrafterSpec, NoDrafter, make_drafter
 from .errors import (EmptyPromptError, InvalidParameterError, PromptTooLongError,
                      UnsupportedModelError)
@@ -286,28 +287,31 @@ class LanguageModel:
             yield from deltas
             deltas.clear()
 
+    def batch_sequence(self, prompt: Prompt, **options) -> tuple[BatchSequence, TextAssembler]:
+        """One prompt as a :class:`~promptlookup.batching.BatchSequence` (``options``: those
+        of :meth:`generate`, checked here) and the :class:`TextAssembler` of its text."""
+        request = self.stream(prompt, **options)._request
+        sequence = BatchSequence(request.prompt_ids, request.max_new_tokens, request.drafter,
+                                 request.chooser, self.eos_token_ids,
+                                 adaptive=request.policy is not None,
+                                 should_stop=request.should_stop, logprobs=request.logprobs)
+        return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
+
     def _batch(self, prompts, max_batch, options, emit, results: list) -> Iterator[None]:
         """Run a batch, calling ``emit(index, piece)`` for each text delta and yielding after
         every step; ``results`` ends with one :class:`GenerationResult` per prompt."""
-        from .batching import BatchDecoder, BatchSequence, default_max_batch
-
         if not isinstance(self.target, BatchTarget):
             raise UnsupportedModelError(f"{type(self.target).__name__} cannot run several "
                                         "sequences in one forward pass; use generate")
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidParameterError("generate_batch takes a list of prompts")
-        requests = [self.stream(prompt, **options)._request for prompt in prompts]  # checked
+        sequences = [self.batch_sequence(prompt, **options) for prompt in prompts]  # checked
         decoder = BatchDecoder(self.target, self.policy,
                                max_batch=max_batch or default_max_batch(self.target))
         texts = {}
-        for index, request in enumerate(requests):
-            sequence = decoder.add(BatchSequence(
-                request.prompt_ids, request.max_new_tokens, request.drafter, request.chooser,
-                self.eos_token_ids, adaptive=request.policy is not None,
-                should_stop=request.should_stop, logprobs=request.logprobs))
-            texts[sequence] = (index, TextAssembler(self.tokenizer, request.stops,
-                                                    self.eos_token_ids))
-        results[:] = [None] * len(requests)
+        for index, (sequence, text) in enumerate(sequences):
+            texts[decoder.add(sequence)] = (index, text)
+        results[:] = [None] * len(sequences)
         for sequence, new_tokens in decoder.run():
             index, text = texts[sequence]
             for position, token in enumerate(new_tokens):

@@ -72,7 +72,7 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
                default_max_tokens: int = DEFAULT_MAX_TOKENS, drafter: str = "prompt-lookup",
                drafter_options: dict | None = None, generation_options: dict | None = None,
                on_load_error: Callable[[str], None] | None = None,
-               body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+               body_timeout: float = BODY_TIMEOUT, max_batch: int | None = None) -> FastAPI:
     """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
     one (called on a background thread at startup). ``model_id``: the name clients must send as
     ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
@@ -81,14 +81,16 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     ``generation_options``: more keyword arguments for every
     :meth:`~promptlookup.LanguageModel.stream` call (e.g. ``{"speculation": "fixed"}``).
     ``on_load_error(message)`` is called if the loader fails. ``body_timeout``: seconds a
-    request body may take to arrive (then 408). Serve it with :class:`Server` for a graceful
+    request body may take to arrive (then 408). ``max_batch``: sequences that share each
+    forward pass (continuous batching; None: the default for the model and machine, 1: one
+    generation at a time). Serve it with :class:`Server` for a graceful
     shutdown."""
     check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
     state = ServerState(model, model_id=model_id, api_key=api_key, max_queue=max_queue,
                         max_body_bytes=max_body_bytes, default_max_tokens=default_max_tokens,
                         drafter=drafter, drafter_options=drafter_options,
                         generation_options=generation_options, on_load_error=on_load_error,
-                        body_timeout=body_timeout)
+                        body_timeout=body_timeout, max_batch=max_batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -119,8 +121,8 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
         status = "shutting_down" if state.shutting_down else status
         body = {"status": status, "model": state.model_id}
         if state.worker is not None:
-            body["queue"] = {"running": state.worker.current is not None,
-                             "waiting": state.worker.waiting, "capacity": state.max_queue}
+            body["queue"] = {"running": state.worker.running, "waiting": state.worker.waiting,
+                             "capacity": state.max_queue, "max_batch": state.max_batch}
         if state.load_error:
             body["error"] = state.load_error
         ok = state.status == "ready" and not state.shutting_down

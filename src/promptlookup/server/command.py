@@ -25,8 +25,12 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--api-key", envvar="PROMPTLOOKUP_API_KEY", default=None, metavar="KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/* (else HTTP 401). "
                    "Also read from PROMPTLOOKUP_API_KEY, which keeps it out of `ps`.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Sequences that share each forward pass (continuous batching); 1 runs one "
+                   "generation at a time [default: 4 per core, at most 16, fewer if the "
+                   "machine's memory cannot hold their caches at full context].")
 @click.option("--max-queue", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests that may wait while one generates; beyond that, HTTP 429.")
+              help="Requests that may wait beyond the running batch; then HTTP 429.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
               help="Token limit of requests without max_tokens (capped by the context left).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -41,7 +45,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @friendly_errors
-def serve(model, dtype, device, backend, host, port, api_key, max_queue, default_max_tokens,
+def serve(model, dtype, device, backend, host, port, api_key, max_batch, max_queue,
+          default_max_tokens,
           threads, body_timeout, model_id, drafter, speculation, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
 
@@ -62,8 +67,11 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
     text. The response's usage.speculative reports forward passes, drafted and accepted tokens.
     The full list: docs/server.md.
 
-    One generation runs at a time; --max-queue more may wait, and further requests get HTTP 429.
-    A client that disconnects cancels its generation. Without max_tokens a request generates at
+    Up to --max-batch sequences generate together, every step verifying all their drafts in
+    one forward pass; each gets exactly the text it would get alone. Requests join and leave
+    the batch between steps (a joining prompt is read in chunks, so running streams keep
+    going); --max-queue more may wait, and further requests get HTTP 429. A request with n > 1
+    is n sequences of the batch. A client that disconnects cancels its generation only. Without max_tokens a request generates at
     most --default-max-tokens tokens; a prompt plus max_tokens beyond the model's context is a
     400 error. 429 and 503 answers carry Retry-After. On SIGTERM the server stops taking
     requests, answers the waiting ones with a 503 and ends the running stream with an error
@@ -118,7 +126,7 @@ def serve(model, dtype, device, backend, host, port, api_key, max_queue, default
                      max_queue=max_queue, default_max_tokens=default_max_tokens,
                      drafter=drafter, drafter_options=options, on_load_error=stop_on_load_error,
                      generation_options={"speculation": speculation},
-                     body_timeout=body_timeout)
+                     body_timeout=body_timeout, max_batch=max_batch)
     logger.info("loading %s in the background (GET /health is 503 until it is ready)",
                 source.name)
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,

@@ -12,6 +12,9 @@ import uvicorn
 from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .schemas import APIError
+from ..backends.base import BatchTarget
+from ..batching import default_max_batch
+from .batch_worker import BatchWorker
 from .worker import GenerationWorker, shutting_down
 
 log = logging.getLogger("promptlookup.server")
@@ -24,13 +27,16 @@ class ServerState:
 
     def __init__(self, model: ModelOrLoader, *, model_id, api_key, max_queue, max_body_bytes,
                  default_max_tokens, drafter, drafter_options, generation_options,
-                 on_load_error, body_timeout) -> None:
+                 on_load_error, body_timeout, max_batch=None) -> None:
         self.loader = model if not isinstance(model, LanguageModel) else None
         self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
         self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
         self._named = model_id is not None
         self.api_key = api_key
         self.max_queue = max_queue
+        #: Sequences per forward pass (None: the default for the model and machine; 1: one
+        #: generation at a time).
+        self.max_batch = max_batch
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.default_max_tokens = default_max_tokens
@@ -67,7 +73,15 @@ class ServerState:
         if not self._named:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
-        self.worker = GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock)
+        max_batch = self.max_batch
+        if isinstance(lm.target, BatchTarget):
+            max_batch = max_batch or default_max_batch(lm.target)
+        else:  # a target that runs one sequence at a time (llama.cpp)
+            max_batch = 1
+        self.max_batch = max_batch
+        self.worker = (BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch)
+                       if max_batch > 1 else
+                       GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock))
         self.worker.start()
         self.status = "ready"
         if self.shutting_down:

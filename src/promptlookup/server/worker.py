@@ -148,6 +148,11 @@ class GenerationWorker:
         return len(self._waiting)
 
     @property
+    def running(self) -> int:
+        """Jobs being generated."""
+        return int(self.current is not None)
+
+    @property
     def idle(self) -> bool:
         return self.current is None and not self._waiting
 

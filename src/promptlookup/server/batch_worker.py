@@ -1,0 +1,171 @@
+"""The continuous-batching worker: one thread steps a
+:class:`~promptlookup.batching.BatchDecoder`, so that up to ``max_batch`` sequences share
+every forward pass.
+
+It keeps :class:`~promptlookup.server.worker.GenerationWorker`'s queue, capacity (429 beyond
+``max_queue`` waiting jobs), shutdown and event protocol, with these policies:
+
+- *Admission*: at every step boundary, waiting jobs move into the batch in arrival order while
+  their sequences fit (a job with ``n > 1`` brings its n sequences together: sequence ``i``
+  seeded with ``seed + i``, as one by one); a job whose ``n`` exceeds ``max_batch`` runs alone.
+- *Streaming*: each sequence's text deltas go to its own job as its tokens are accepted.
+- *Cancellation*: a job's disconnect ends its sequences before the next step; no other
+  sequence's tokens change (each is computed as alone).
+- *Isolation*: an invalid request fails alone, before it joins; an exception inside a step
+  (a failing forward pass or drafter) ends the jobs of that step with a 500 and the worker
+  goes on with a fresh batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..batching import BatchDecoder, BatchSequence
+from ..errors import PromptLookupError
+from ..generation import TextAssembler
+from .schemas import APIError
+from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo
+
+log = logging.getLogger("promptlookup.server")
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job in the batch: its sequences, their texts, and the choices finished so far."""
+
+    job: GenerationJob
+    texts: dict[BatchSequence, tuple[int, TextAssembler]]
+    choices: dict[int, Choice] = field(default_factory=dict)
+    infos: dict[int, list[TokenInfo]] = field(default_factory=dict)
+
+
+class BatchWorker(GenerationWorker):
+    """Runs queued jobs with continuous batching (see the module doc)."""
+
+    def __init__(self, lm, max_queue: int = 16, tokenizer_lock=None, max_batch: int = 8) -> None:
+        super().__init__(lm, max_queue, tokenizer_lock)
+        self.max_batch = max_batch
+        self.decoder = BatchDecoder(lm.target, lm.policy, max_batch=max_batch)
+        self.jobs: dict[BatchSequence, _Running] = {}  # each running sequence's job
+        self._names: dict[int, str] = {}  # token texts for logprobs
+
+    @property
+    def running(self) -> int:
+        return len({id(entry) for entry in self.jobs.values()})
+
+    @property
+    def idle(self) -> bool:
+        return not self.jobs and not self._waiting
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self.jobs and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and not self.jobs:
+                    return
+                self._admit()
+            if not self.jobs:
+                continue
+            try:
+                events = self.decoder.step()
+            except Exception as exc:  # a failing pass: its jobs end, the worker goes on
+                log.exception("a batched step failed")
+                self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
+                                        type="server_error"))
+                continue
+            for sequence, new_tokens in events:
+                self._deliver(sequence, new_tokens)
+
+    def _admit(self) -> None:
+        """Move waiting jobs into the batch while their sequences fit (under the lock)."""
+        while self._waiting:
+            job = self._waiting[0]
+            room = self.max_batch - len(self.jobs)
+            if job.n > room and (self.jobs or job.n <= self.max_batch):
+                return  # it waits for room (a job larger than the batch runs alone)
+            self._waiting.popleft()
+            if job.cancelled.is_set():
+                self.cancelled += 1
+                job.end_cancelled()
+                continue
+            try:
+                running = _Running(job, {})
+                for index in range(job.n):
+                    sampling = dict(job.sampling)
+                    if sampling.get("seed") is not None:
+                        sampling["seed"] += index
+                    sequence, text = self.lm.batch_sequence(
+                        job.prompt_ids, max_new_tokens=job.max_new_tokens, drafter=job.drafter,
+                        should_stop=job.cancelled.is_set, logprobs=job.logprobs, **sampling,
+                        **job.generation_options, **job.drafter_options)
+                    running.texts[sequence] = (index, text)
+            except PromptLookupError as exc:
+                self.failed += 1
+                job.emit("error", APIError(400, str(exc)))
+                continue
+            for sequence in running.texts:
+                self.decoder.add(sequence)
+                self.jobs[sequence] = running
+            self.current = job  # the latest admitted, for GenerationWorker.shutdown
+
+    def _deliver(self, sequence: BatchSequence, new_tokens: list[int]) -> None:
+        """Send a sequence's new text to its job; end the job when its last sequence ends."""
+        running = self.jobs.get(sequence)
+        if running is None:
+            return
+        job, (index, text) = running.job, running.texts[sequence]
+        infos = running.infos.setdefault(index, [])
+        for position, token in enumerate(new_tokens):
+            piece = text.add(token)
+            if text.stopped:  # a stop string: the step's later tokens never happened
+                sequence.finish("stop", keep=len(new_tokens) - position - 1)
+            self._send(running, index, piece, sequence)
+            if text.stopped:
+                break
+        if not sequence.done:
+            return
+        del self.jobs[sequence]
+        if sequence.finish_reason != "cancelled":
+            self._send(running, index, text.flush(), sequence)
+            result = text.result(sequence.stats, sequence.prompt_ids)
+            choice = Choice(index, result, infos if job.logprobs is not None else None)
+            running.choices[index] = choice
+            job.emit("choice", choice)
+        if any(entry is running for entry in self.jobs.values()):
+            return  # the job's other sequences go on
+        if not self.jobs:
+            self.current = None
+        if job.cancelled.is_set() or len(running.choices) < job.n:
+            self.cancelled += 1
+            job.end_cancelled()
+            return
+        self.completed += 1
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * max(
+            c.result.stats.seconds for c in running.choices.values())
+        job.emit("done", [running.choices[i] for i in range(job.n)])
+
+    def _send(self, running: _Running, index: int, piece: str, sequence: BatchSequence) -> None:
+        """Stream ``piece`` and the logprobs of the tokens behind it (streaming jobs only)."""
+        infos = running.infos[index]
+        new = self._token_infos(sequence.stats.logprobs[len(infos):], self._names)
+        infos += new
+        if running.job.wants_deltas and (piece or new):
+            running.job.emit("delta", (index, piece, new))
+
+    def _fail_all(self, error: APIError) -> None:
+        """End every running job with ``error`` and start a fresh batch."""
+        for running in {id(entry): entry for entry in self.jobs.values()}.values():
+            self.failed += 1
+            running.job.emit("error", error)
+        self.jobs.clear()
+        self.decoder = BatchDecoder(self.lm.target, self.lm.policy, max_batch=self.max_batch)
+
+    def shutdown(self, reason: APIError | None = None) -> None:
+        """Refuse new jobs; end the waiting ones and every running one with ``reason``."""
+        super().shutdown(reason)
+        for running in list(self.jobs.values()):
+            running.job.cancel(running.job.reason or reason)
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,113 @@
+"""Continuous batching in the server: concurrent requests share forward passes, and each
+gets exactly the answer it gets alone; one client's disconnect changes no other answer."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+
+from promptlookup.server import create_app
+from promptlookup.server.batch_worker import BatchWorker
+from promptlookup.server.worker import GenerationWorker
+
+from _server import MODEL, RunningServer, tiny_lm, wait_until
+
+PROMPTS = ["abcd abcd abcd", "xyz xyz xy", "hello hello hello he", "abab cdcd abab cd",
+           "the cat the cat the", "qrs qrs qrs qrs"]
+
+
+class WidestPass:
+    """Records the most sequences any forward pass carried."""
+
+    def __init__(self, target) -> None:
+        self.target, self.widest = target, 0
+        real = target.forward_batch
+
+        def forward_batch(caches, token_ids, keep):
+            self.widest = max(self.widest, len(caches))
+            return real(caches, token_ids, keep)
+
+        target.forward_batch = forward_batch
+
+
+def body(content: str, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 24, "temperature": 0, **extra}
+
+
+def answers_at_once(url: str, bodies: list[dict]) -> list[dict]:
+    """Send every body at the same time; the answers in order."""
+    answers: list[dict | None] = [None] * len(bodies)
+
+    def send(index: int) -> None:
+        answers[index] = httpx.post(url + "/v1/chat/completions", json=bodies[index],
+                                    timeout=60).json()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return answers
+
+
+def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
+    bodies = [body(p) for p in PROMPTS] + [body(PROMPTS[0], temperature=0.9, seed=7, n=3)]
+    with RunningServer(create_app(tiny_lm(), max_batch=1)) as alone:
+        assert type(alone.worker) is GenerationWorker
+        want = [httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
+                for b in bodies]
+    lm = tiny_lm()
+    widest = WidestPass(lm.target)
+    with RunningServer(create_app(lm, max_batch=4)) as batched:
+        assert isinstance(batched.worker, BatchWorker)
+        got = answers_at_once(batched.url, bodies)
+        health = httpx.get(batched.url + "/health").json()
+    assert widest.widest > 1  # requests did share forward passes
+    for want_answer, got_answer in zip(want, got):
+        assert [c["message"]["content"] for c in got_answer["choices"]] == [
+            c["message"]["content"] for c in want_answer["choices"]]
+        assert got_answer["usage"]["completion_tokens"] == want_answer["usage"]["completion_tokens"]
+    assert health["queue"]["max_batch"] == 4
+
+
+def test_one_disconnecting_stream_changes_no_other_answer():
+    lm = tiny_lm()
+    with RunningServer(create_app(lm, max_batch=4)) as running:
+        want = httpx.post(running.url + "/v1/chat/completions", json=body(PROMPTS[1]),
+                          timeout=60).json()["choices"][0]["message"]["content"]
+        client = httpx.Client(timeout=60)
+        leaving = client.stream("POST", running.url + "/v1/chat/completions",
+                                json=body(PROMPTS[0], max_tokens=400, stream=True))
+        response = leaving.__enter__()
+        lines = response.iter_lines()
+        next(lines)  # the first chunk: the generation runs
+        staying: dict = {}
+        thread = threading.Thread(target=lambda: staying.update(httpx.post(
+            running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60).json()))
+        thread.start()
+        wait_until(lambda: running.worker.running == 2, what="both requests in the batch")
+        leaving.__exit__(None, None, None)
+        client.close()
+        thread.join(60)
+        wait_until(lambda: running.worker.idle, what="the worker to become idle")
+        assert running.worker.cancelled == 1
+    assert staying["choices"][0]["message"]["content"] == want
+
+
+def test_a_streamed_batched_answer_concatenates_to_the_non_streamed_one():
+    lm = tiny_lm()
+    with RunningServer(create_app(lm, max_batch=3)) as running:
+        plain = answers_at_once(running.url, [body(p) for p in PROMPTS[:3]])
+        with httpx.stream("POST", running.url + "/v1/chat/completions",
+                          json=body(PROMPTS[2], stream=True, logprobs=True, top_logprobs=2),
+                          timeout=60) as response:
+            chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
+                      if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == plain[2]["choices"][0]["message"]["content"]
+    tokens = [entry for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
+              for entry in c["choices"][0]["logprobs"]["content"]]
+    assert "".join(entry["token"] for entry in tokens) == text
