@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from scipy.stats import chi2_contingency
-from transformers import (StopStringCriteria, StoppingCriteriaList, TextIteratorStreamer,
-                          TextStreamer)
+from transformers import (StoppingCriteria, StopStringCriteria, StoppingCriteriaList,
+                          TextIteratorStreamer, TextStreamer)
 
 import promptlookup
 from promptlookup.hf_generate import generate as promptlookup_generate
@@ -87,10 +87,7 @@ def test_unsupported_outputs_raise_instead_of_being_wrong(tiny_model, flag):
                             custom_generate=promptlookup.custom_generate, **{flag: True})
 
 
-def test_batch_above_one_raises_a_clear_error(tiny_model):
-    batch = torch.tensor([REPETITIVE, REPETITIVE])  # (2, n)
-    with pytest.raises(promptlookup.InvalidParameterError, match="one sequence at a time"):
-        tiny_model.generate(batch, max_new_tokens=5, custom_generate=promptlookup.custom_generate)
+def test_beam_search_and_several_return_sequences_raise(tiny_model):
     with pytest.raises(ValueError, match="num_return_sequences"):
         tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, do_sample=True,
                             num_return_sequences=2, custom_generate=promptlookup.custom_generate)
@@ -116,6 +113,120 @@ def test_attention_mask_zeros_that_are_not_left_padding_raise(tiny_model):
     with pytest.raises(promptlookup.InvalidParameterError, match="left padding"):
         tiny_model.generate(ids(REPETITIVE), attention_mask=mask, max_new_tokens=5,
                             custom_generate=promptlookup.custom_generate)
+
+
+# -- batches (left padded) ----------------------------------------------------------------
+
+
+def left_padded(prompts, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` (B, longest) as a left-padding tokenizer gives."""
+    longest = max(map(len, prompts))
+    input_ids = torch.tensor([[pad] * (longest - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts])
+    return input_ids, mask
+
+
+def batch_equals_plain(model, prompts, speculation="adaptive", **kwargs):
+    """Plain generate's output for the left-padded batch, after checking ours equals it, and
+    our last stats (summed over the rows)."""
+    input_ids, mask = left_padded(prompts)
+    kwargs = dict(attention_mask=mask, do_sample=False, **kwargs)
+    plain = model.generate(input_ids, **kwargs)
+    cg = make_custom_generate(speculation=speculation)
+    assert_same(plain, model.generate(input_ids, custom_generate=cg, **kwargs))
+    assert cg.last_stats.new_tokens > 0 and cg.last_stats.prompt_tokens == sum(map(len, prompts))
+    return plain, cg.last_stats
+
+
+@pytest.mark.parametrize("speculation", ["adaptive", "fixed"])
+@pytest.mark.parametrize("prompts, kwargs", [
+    ([REPETITIVE, [5, 6, 7, 5, 6]], {"max_new_tokens": 30, "eos_token_id": None}),
+    ([REPETITIVE, [5, 6, 7, 5, 6, 7, 5], [9, 8, 9]], {"max_new_tokens": 30}),
+    ([[9, 8, 9], REPETITIVE, [5, 6, 7, 5]], {"max_length": 40, "repetition_penalty": 1.3}),
+    ([REPETITIVE, [5, 6, 7, 5]], {"max_new_tokens": 25, "min_new_tokens": 20}),
+], ids=["B2-no-eos", "B3", "B3-max-length-repetition-penalty", "B2-min-new-tokens"])
+def test_left_padded_batch_greedy_equals_plain_generate(tiny_model, prompts, kwargs, speculation):
+    plain, stats = batch_equals_plain(tiny_model, prompts, speculation, **kwargs)
+    assert plain.shape[0] == len(prompts)
+    assert stats.accepted_tokens > 0 and stats.forward_passes < stats.new_tokens
+
+
+@pytest.mark.parametrize("kwargs, pad", [
+    ({}, 0),  # the model's pad_token_id (= its EOS here)
+    ({"pad_token_id": 5}, 5),
+    ({"pad_token_id": None, "eos_token_id": [22, 0]}, 22),  # no pad id: eos_token_id[0]
+], ids=["model-pad", "pad-5", "pad-falls-back-to-eos"])
+def test_batch_rows_that_stop_early_are_right_padded_like_plain(tiny_model, kwargs, pad):
+    prompts = [REACHES_EOS, REPETITIVE[:7], [9, 8, 9]]
+    plain, _ = batch_equals_plain(tiny_model, prompts, max_new_tokens=30, **kwargs)
+    eos = kwargs.get("eos_token_id", [0])
+    padded = 0
+    for row in plain[:, len(REACHES_EOS):].tolist():
+        stop = next((i for i, token in enumerate(row) if token in eos), len(row))
+        assert row[stop + 1:] == [pad] * len(row[stop + 1:])  # after EOS, only padding
+        padded += len(row) - stop > 2
+    assert padded  # a row stopped well before the longest one
+
+
+class LastTokenIn(StoppingCriteria):
+    def __init__(self, tokens):
+        self.tokens = torch.tensor(tokens)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.isin(input_ids[:, -1], self.tokens)  # (B,)
+
+
+@pytest.mark.parametrize("eos", [None, 0], ids=["no-eos-rows-go-on", "eos-rows-padded"])
+def test_batch_stopping_criteria_stop_each_row_like_plain(tiny_model, eos):
+    """Without an EOS criterion, plain generate keeps decoding a stopped row (only an EOS
+    criterion pads it) until every row has stopped; ours too."""
+    prompts = [REACHES_EOS, REPETITIVE[:7], [9, 8, 9]]
+    criteria = StoppingCriteriaList([LastTokenIn([6])])
+    for speculation in ("adaptive", "fixed"):
+        plain, _ = batch_equals_plain(tiny_model, prompts, speculation, max_new_tokens=30,
+                                   eos_token_id=eos, pad_token_id=0, stopping_criteria=criteria)
+        new = plain[:, len(REACHES_EOS):]
+        assert new.shape[1] < 30 and int((new[:, -1] == 6).sum()) == 1
+
+
+def test_batch_return_dict_and_streamer(tiny_model):
+    input_ids, mask = left_padded([REPETITIVE, [5, 6, 7]])
+    kwargs = dict(attention_mask=mask, max_new_tokens=10, return_dict_in_generate=True)
+    plain = tiny_model.generate(input_ids, **kwargs)
+    ours = tiny_model.generate(input_ids, custom_generate=promptlookup.custom_generate, **kwargs)
+    assert type(ours) is type(plain) and ours.cache is None
+    assert_same(plain.sequences, ours.sequences)
+    streamer = RecordingStreamer()
+    with pytest.raises(promptlookup.InvalidParameterError, match="stream"):
+        tiny_model.generate(input_ids, attention_mask=mask, max_new_tokens=5, streamer=streamer,
+                            custom_generate=promptlookup.custom_generate)
+    assert streamer.ended == 1
+
+
+def test_batch_prefix_allowed_tokens_fn_gets_each_rows_index(tiny_model):
+    input_ids, mask = left_padded([REPETITIVE, [5, 6, 7], [9, 8]])
+    calls = set()
+
+    def allowed(batch_id, row_ids):
+        calls.add(batch_id)
+        return [4 + batch_id, 7 + batch_id, 11]
+
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, prefix_allowed_tokens_fn=allowed)
+    plain = tiny_model.generate(input_ids, **kwargs)
+    ours = tiny_model.generate(input_ids, custom_generate=promptlookup.custom_generate, **kwargs)
+    assert_same(plain, ours)
+    assert calls == {0, 1, 2} and len({tuple(row) for row in plain[:, -8:].tolist()}) > 1
+
+
+def test_batch_with_right_padding_or_holes_raises(tiny_model):
+    input_ids, mask = left_padded([REPETITIVE, [5, 6, 7]])
+    right = torch.flip(mask, dims=[1])  # ones first, then zeros: right padding
+    holes = torch.ones_like(mask)
+    holes[1, 4] = 0
+    for bad in (right, holes):
+        with pytest.raises(promptlookup.InvalidParameterError, match="left padding"):
+            tiny_model.generate(input_ids, attention_mask=bad, max_new_tokens=5,
+                                custom_generate=promptlookup.custom_generate)
 
 
 class RecordingStreamer:

@@ -16,24 +16,30 @@ Policies:
   ``input_ids`` (max length, EOS, stop strings, max time); any one firing ends the generation.
 - Streamers get each new token as it is accepted and ``end()`` at the end (``generate`` itself
   streams the prompt first).
-- One sequence at a time: batch size above 1, beam search or ``num_return_sequences > 1`` raise
-  :class:`~promptlookup.errors.InvalidParameterError`. A batch-1 ``attention_mask`` may only mask
-  left padding, which is stripped for the model and kept in the returned sequences.
+- ``attention_mask`` may only mask left padding (zeros first, then ones, in every row); right
+  padding or holes raise :class:`~promptlookup.errors.InvalidParameterError`. Padding is
+  stripped for the model and kept in the returned sequences (processors and stopping criteria
+  see it, as in plain ``generate``).
+- Batches (``input_ids`` (B, L), left padded) run on :mod:`promptlookup.batching` and return
+  what plain ``generate`` does: with an EOS criterion a row that stops early is right-padded
+  with ``pad_token_id`` (else ``eos_token_id[0]``), without one it goes on until every row has
+  stopped. Greedy rows equal plain ``generate``'s; sampled ones follow its distribution, not
+  its draws. No streamer with a batch; beam search and ``num_return_sequences > 1`` raise.
 - ``return_dict_in_generate=True`` returns a ``GenerateDecoderOnlyOutput`` with ``sequences``
-  and ``cache``; asking for scores, logits, attentions or hidden states raises (not supported
-  yet, never silently wrong).
+  and ``cache`` (None for padded or batched inputs); asking for scores, logits, attentions or
+  hidden states raises (not supported yet, never silently wrong).
 
-Two quirks of ``transformers`` 5.24 (pinned) with a *callable* ``custom_generate``: it drops
-``streamer`` after streaming the prompt (we read it back from ``generate``'s frame), and it drops
-``tokenizer``, so ``stop_strings`` raise "could not locate a tokenizer" before our loop runs.
-For stop strings use :func:`generate` below (``promptlookup.hf_generate.generate(model, ...)``,
-same arguments as ``model.generate``), the repository folder (``custom_generate="<repo>"``,
-``trust_remote_code=True``), or pass ``stopping_criteria=[StopStringCriteria(tokenizer, stops)]``.
+With a *callable* ``custom_generate``, ``transformers`` 5.24 drops ``streamer`` after streaming
+the prompt (we read it back from ``generate``'s frame) and ``tokenizer``, so ``stop_strings``
+raise "could not locate a tokenizer". For stop strings use :func:`generate` below (same
+arguments as ``model.generate``), the repository folder (``custom_generate="<repo>"``,
+``trust_remote_code=True``), or ``stopping_criteria=[StopStringCriteria(tokenizer, stops)]``.
 """
 
 from __future__ import annotations
 
 # transformers' generation utilities are imported where used: importing them costs seconds.
+import copy
 import inspect
 import weakref
 from typing import Any, Sequence
@@ -41,6 +47,7 @@ from typing import Any, Sequence
 import torch
 
 from .backends.transformers_backend import TransformersTarget
+from .batching import BatchDecoder, BatchSequence
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
 from .loading import transformers_cost_file
@@ -132,8 +139,9 @@ class CustomGenerate:
     def _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                 synced_gpus, streamer, model_kwargs):
         _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
-        num_pad = _left_padding(model_kwargs.get("attention_mask"), input_ids.shape[1])
-        prompt_ids = input_ids[0].tolist()
+        mask = model_kwargs.get("attention_mask")
+        pads = [_left_padding(None if mask is None else mask[row], input_ids.shape[1])
+                for row in range(input_ids.shape[0])]
         eos = generation_config.eos_token_id
         eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
         # The model's policy (a draft model is built with it too, to size its drafts by cost).
@@ -141,13 +149,23 @@ class CustomGenerate:
         drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, policy=policy,
                                **self.drafter_options)
         policy = policy if not isinstance(drafter, NoDrafter) else None
+        if input_ids.shape[0] > 1:
+            if streamer is not None:
+                raise InvalidParameterError("promptlookup's custom_generate streams one sequence "
+                                            "at a time; drop the streamer or the batch")
+            drafters = [drafter] + [make_drafter(self.drafter, eos_token_ids=eos_token_ids,
+                                                 policy=policy, **self.drafter_options)
+                                    for _ in pads[1:]]
+            return self._decode_batch(model, input_ids, pads, drafters, policy, logits_processor,
+                                      stopping_criteria, generation_config)
+        num_pad = pads[0]
+        prompt_ids = input_ids[0].tolist()
         chooser = _PaddedChooser(prompt_ids[:num_pad], logits_processor,
                                  do_sample=bool(generation_config.do_sample))
         max_length = generation_config.max_length or len(prompt_ids) + 1
         # Like _sample, at least one token even when the prompt already reaches max_length.
         budget = max(1, max_length - len(prompt_ids))
         stats = self.last_stats = GenerationStats()
-
         was_training = model.training
         target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
@@ -168,17 +186,105 @@ class CustomGenerate:
         if not generation_config.return_dict_in_generate:
             return sequences
         from transformers.generation.utils import GenerateDecoderOnlyOutput
-
         # The cache holds every token but the last (as after _sample); none when we stripped
         # padding, since its positions would not line up with ``sequences``.
         target.crop(len(sequence) - num_pad - 1)
         return GenerateDecoderOnlyOutput(sequences=sequences,
                                          cache=target.cache if num_pad == 0 else None)
 
+    def _decode_batch(self, model, input_ids, pads, drafters, policy, logits_processor,
+                      stopping_criteria, generation_config):
+        """A batch (B, L) on the continuous-batching engine, returned as ``_sample`` would."""
+        # As _sample: rows stopped by an EOS-aware criterion get padding while others go on.
+        pad_rows = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+        pad_id = getattr(generation_config, "_pad_token_tensor", None)  # pad, else eos[0]
+        if pad_rows and pad_id is None:
+            raise InvalidParameterError("a batch that stops on EOS needs a pad_token_id")
+        rows, length = input_ids.tolist(), input_ids.shape[1]
+        budget = max(1, (generation_config.max_length or length + 1) - length)  # >= 1 like _sample
+        sequences = [BatchSequence(row[pad:], budget, drafter=drafter, adaptive=policy is not None,
+                                   chooser=_PaddedChooser(row[:pad], _row_processors(
+                                       logits_processor, i), bool(generation_config.do_sample)))
+                     for i, (row, pad, drafter) in enumerate(zip(rows, pads, drafters))]
+        stops: list[int | None] = [None] * len(rows)  # new tokens of each row when it stopped
+        was_training = model.training
+        decoder = BatchDecoder(target_for(model), policy, max_batch=len(rows))  # sets eval mode
+        try:
+            for sequence in sequences:
+                decoder.add(sequence)
+            for sequence, new_tokens in decoder.run():
+                i = sequences.index(sequence)  # by identity
+                if stops[i] is None:
+                    stops[i] = _stop(rows[i][:pads[i]], sequence, len(new_tokens),
+                                     stopping_criteria, input_ids.device)
+                    if stops[i] is not None and pad_rows:
+                        sequence.finish("stop", keep=sequence.stats.new_tokens - stops[i])
+                    elif stops[i] is not None and None not in stops:
+                        _settle(sequences, max(stops))  # every row runs to the longest stop
+        finally:
+            model.train(was_training)
+        longest = max(stops)
+        for row, sequence, stop in zip(rows, sequences, stops):
+            new = sequence.tokens[len(sequence.prompt_ids):]
+            row += new[:stop] + [int(pad_id)] * (longest - stop) if pad_rows else new[:longest]
+        self.last_stats = _summed([sequence.stats for sequence in sequences])
+        out = torch.tensor(rows, dtype=input_ids.dtype, device=input_ids.device)
+        if not generation_config.return_dict_in_generate:
+            return out
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+        return GenerateDecoderOnlyOutput(sequences=out, cache=None)  # row caches do not line up
+
+
+def _row_processors(processors, row: int):
+    """``generate``'s processors for one row of its batch, called with that row alone: the
+    repetition penalty gets only the row's padding length (which it skips) and
+    ``prefix_allowed_tokens_fn`` the row's index; the others work row by row."""
+    from transformers import (LogitsProcessorList, PrefixConstrainedLogitsProcessor,
+                              RepetitionPenaltyLogitsProcessor)
+
+    own = LogitsProcessorList()
+    for processor in processors or ():
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
+                processor.prompt_ignore_length, torch.Tensor):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row:row + 1]
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            processor, allowed = copy.copy(processor), processor._prefix_allowed_tokens_fn
+            processor._prefix_allowed_tokens_fn = lambda _, ids: allowed(row, ids)
+        own.append(processor)
+    return own
+
+
+def _stop(padding, sequence, num_new, stopping_criteria, device) -> int | None:
+    """The new-token count of ``sequence`` at which a stopping criterion fired on its running
+    ids (padding first) in its last ``num_new`` tokens, or when it finished, else None."""
+    done = sequence.stats.new_tokens
+    for count in range(done - num_new + 1, done + 1):
+        prefix = sequence.tokens[:len(sequence.prompt_ids) + count]
+        if bool(stopping_criteria(torch.tensor([padding + prefix], device=device), None).any()):
+            return count
+    return done if sequence.done else None
+
+
+def _settle(sequences, stop: int) -> None:
+    """Every row ends with ``stop`` new tokens: cut the ones past it, extend the others."""
+    for sequence in sequences:
+        if sequence.stats.new_tokens >= stop:
+            sequence.finish("stop", keep=sequence.stats.new_tokens - stop)
+        else:
+            sequence.max_new_tokens = stop
+
+
+def _summed(stats: Sequence[GenerationStats]) -> GenerationStats:
+    """The counters of a batch's rows added up (``seconds``: the longest row's)."""
+    return GenerationStats(*(sum(getattr(row, name) for row in stats) for name in (
+        "prompt_tokens", "new_tokens", "forward_passes", "drafted_tokens", "accepted_tokens")),
+        seconds=max(row.seconds for row in stats))
+
 
 class _PaddedChooser(TokenChooser):
     """A TokenChooser whose processors see the left padding before ``input_ids``, as in plain
-    ``generate`` (the repetition penalty, for one, counts pad tokens)."""
+    ``generate`` (the repetition penalty skips it; min length counts it)."""
 
     def __init__(self, padding: Sequence[int], processors, do_sample: bool) -> None:
         super().__init__(processors, do_sample=do_sample, generator=None)
@@ -201,10 +307,6 @@ def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwa
         raise InvalidParameterError(
             "promptlookup's custom_generate returns one sequence per call "
             f"(num_return_sequences={generation_config.num_return_sequences}); call it repeatedly")
-    if input_ids.shape[0] != 1:
-        raise InvalidParameterError(
-            f"promptlookup's custom_generate handles one sequence at a time, got a batch of "
-            f"{input_ids.shape[0]}; call generate once per prompt")
     if input_ids.shape[1] == 0:
         raise InvalidParameterError("promptlookup's custom_generate needs input_ids (the prompt "
                                     "is empty, or given only as inputs_embeds)")
@@ -223,16 +325,18 @@ def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwa
 
 
 def _left_padding(attention_mask: torch.Tensor | None, length: int) -> int:
-    """How many leading positions an attention mask (1, length) masks. Zeros anywhere else
-    raise: the loop has no mask, and dropping them would silently change the result."""
+    """How many leading positions one row (length,) of an attention mask masks. Zeros
+    anywhere else raise: the loop has no mask, and dropping them would silently change the
+    result."""
     if attention_mask is None:
         return 0
-    mask = attention_mask[0].tolist()  # (length,)
+    mask = attention_mask.tolist()  # (length,)
     num_pad = length - int(sum(mask))
     if num_pad >= length or any(mask[:num_pad]) or not all(mask[num_pad:]):
         raise InvalidParameterError(
             "promptlookup's custom_generate accepts an attention_mask only with left padding "
-            "(zeros first, then ones, at least one 1)")
+            "(zeros first, then ones, at least one 1, in every row); pad on the left "
+            "(tokenizer.padding_side = 'left')")
     return num_pad
 
 
