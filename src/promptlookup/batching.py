@@ -42,9 +42,9 @@ from .backends.base import BatchTarget
 from .backends.transformers_backend import PREFILL_CHUNK
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import InvalidParameterError
-from .loop import GenerationStats, verified_tokens
+from .loop import GenerationStats, kept_tokens
 from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
-from .sampling import TokenChooser, token_logprob
+from .sampling import TokenChooser
 
 def default_max_batch(target: BatchTarget) -> int:
     """Sequences per forward pass by default: 4 per core (a pass over a few dozen rows costs
@@ -114,7 +114,7 @@ class BatchSequence:
             self.finish_reason = reason
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     """What a sequence feeds into this step's pass, and how many rows of logits it wants
     back: none for a prompt chunk, its last token's and its draft's otherwise."""
@@ -247,26 +247,15 @@ class BatchDecoder:
     def _verify(self, entry: _Entry, target_logits) -> list[int]:
         """Step 5 for one sequence: its accepted tokens and bonus token, in order."""
         sequence, draft, stats = entry.sequence, entry.draft, entry.sequence.stats
-        eos = sequence.eos_token_ids
         stats.forward_passes += 1
-        new_tokens, num_accepted = [], 0
-        for i, token in enumerate(verified_tokens(sequence.chooser, sequence.tokens, draft,
-                                                  target_logits,
-                                                  draft.draft_probs if draft else None)):
-            if sequence.logprobs is not None:
-                stats.logprobs.append(token_logprob(sequence.chooser, sequence.tokens,
-                                                    target_logits[i], token, sequence.logprobs))
-            sequence.tokens.append(token)
+        new_tokens, accepted_before = [], stats.accepted_tokens
+        for token in kept_tokens(sequence.chooser, sequence.tokens, draft, target_logits, stats,
+                                 sequence.started, sequence.logprobs):
             new_tokens.append(token)
-            stats.new_tokens += 1
-            is_accepted = i < len(draft) and token == draft[i]
-            num_accepted += is_accepted
-            stats.accepted_tokens += is_accepted
-            stats.seconds = time.perf_counter() - sequence.started
-            stats.token_seconds.append(stats.seconds)
-            if token in eos:
+            if token in sequence.eos_token_ids:
                 sequence.finish_reason = "stop"
                 break
+        num_accepted = stats.accepted_tokens - accepted_before
         if sequence.finish_reason is None and stats.new_tokens >= sequence.max_new_tokens:
             sequence.finish_reason = "length"
         # Crop the cache back to the accepted tokens (the bonus token is fed next step).

@@ -138,22 +138,12 @@ def speculative_generate(
         if policy is not None and stats.forward_passes > 1:  # the first also ends the prompt
             policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
         # 4. Verify: the target's own choice at each position; keep drafts while they agree.
-        num_accepted = 0
-        for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
-                                                  draft.draft_probs if draft else None)):
-            if logprobs is not None:
-                stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token,
-                                                    logprobs))
-            tokens.append(token)
-            stats.new_tokens += 1
-            is_accepted = i < len(draft) and token == draft[i]
-            num_accepted += is_accepted
-            stats.accepted_tokens += is_accepted
-            stats.seconds = time.perf_counter() - start
-            stats.token_seconds.append(stats.seconds)
+        accepted_before = stats.accepted_tokens
+        for token in kept_tokens(chooser, tokens, draft, target_logits, stats, start, logprobs):
             yield token
             if token in eos:
                 return
+        num_accepted = stats.accepted_tokens - accepted_before
         # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step),
         #    and tell the drafter and the policy how the draft fared.
         target.crop(len(tokens) - 1)
@@ -161,6 +151,25 @@ def speculative_generate(
         if policy is not None and draft:
             policy.record_acceptance(draft.match_length, len(draft), num_accepted)
     stats.seconds = time.perf_counter() - start
+
+
+def kept_tokens(chooser: TokenChooser, tokens: list[int], draft: Draft,
+                target_logits: torch.Tensor, stats: GenerationStats, start: float,
+                logprobs: int | None = None) -> Iterator[int]:
+    """Step 4 for one sequence: each token it keeps from a forward pass (accepted draft tokens,
+    then the bonus token), appended to ``tokens`` and counted in ``stats`` (its logprob with
+    ``logprobs=N``, its time since ``start``) before it is yielded."""
+    for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
+                                              draft.draft_probs if draft else None)):
+        if logprobs is not None:
+            stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token,
+                                                logprobs))
+        tokens.append(token)
+        stats.new_tokens += 1
+        stats.accepted_tokens += i < len(draft) and token == draft[i]
+        stats.seconds = time.perf_counter() - start
+        stats.token_seconds.append(stats.seconds)
+        yield token
 
 
 def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],

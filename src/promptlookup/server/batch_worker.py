@@ -93,12 +93,10 @@ class BatchWorker(GenerationWorker):
             try:
                 running = _Running(job, {})
                 for index in range(job.n):
-                    sampling = dict(job.sampling)
-                    if sampling.get("seed") is not None:
-                        sampling["seed"] += index
                     sequence, text = self.lm.batch_sequence(
                         job.prompt_ids, max_new_tokens=job.max_new_tokens, drafter=job.drafter,
-                        should_stop=job.cancelled.is_set, logprobs=job.logprobs, **sampling,
+                        should_stop=job.cancelled.is_set, logprobs=job.logprobs,
+                        **job.sampling_of(index),
                         **job.generation_options, **job.drafter_options)
                     running.texts[sequence] = (index, text)
             except PromptLookupError as exc:

@@ -90,6 +90,13 @@ class GenerationJob:
         self.loop = asyncio.get_running_loop()
         self._withdraw = None  # set by the worker that queues the job
 
+    def sampling_of(self, index: int) -> dict:
+        """Sequence ``index``'s sampling arguments: with a ``seed``, ``seed + index``."""
+        sampling = dict(self.sampling)
+        if sampling.get("seed") is not None:
+            sampling["seed"] += index
+        return sampling
+
     def cancel(self, reason: APIError | None = None) -> None:
         if reason is not None and self.reason is None and not self.cancelled.is_set():
             self.reason = reason
@@ -260,12 +267,10 @@ class GenerationWorker:
 
     def _sequence(self, job: GenerationJob, index: int) -> Choice | None:
         """Generate sequence ``index`` of ``job`` (None if the job was cancelled)."""
-        sampling = dict(job.sampling)
-        if sampling.get("seed") is not None:
-            sampling["seed"] += index
         stream = self.lm.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
                                 drafter=job.drafter, should_stop=job.cancelled.is_set,
-                                logprobs=job.logprobs, **sampling, **job.generation_options,
+                                logprobs=job.logprobs, **job.sampling_of(index),
+                                **job.generation_options,
                                 **job.drafter_options)
         names: dict[int, str] = {}
         infos: list[TokenInfo] = []
