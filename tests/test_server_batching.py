@@ -37,8 +37,9 @@ def body(content: str, **extra) -> dict:
             "max_tokens": 24, "temperature": 0, **extra}
 
 
-def answers_at_once(url: str, bodies: list[dict]) -> list[dict]:
-    """Send every body at the same time; the answers in order."""
+def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dict]:
+    """Send every body at the same time; the answers in order (``sent()`` runs once every
+    request is on its way)."""
     answers: list[dict | None] = [None] * len(bodies)
 
     def send(index: int) -> None:
@@ -48,6 +49,7 @@ def answers_at_once(url: str, bodies: list[dict]) -> list[dict]:
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
     for thread in threads:
         thread.start()
+    sent()
     for thread in threads:
         thread.join(60)
     return answers
@@ -59,11 +61,18 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
         assert type(alone.worker) is GenerationWorker
         want = [httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
                 for b in bodies]
-    lm = tiny_lm()
+    lm = tiny_lm(gated=True)
     widest = WidestPass(lm.target)
+
+    def all_queued() -> None:  # the first request's first pass waits until the rest queue
+        wait_until(lambda: batched.worker.waiting + batched.worker.running == len(bodies),
+                   what="every request to be in")
+        lm.target.gate.set()
+
     with RunningServer(create_app(lm, max_batch=4)) as batched:
         assert isinstance(batched.worker, BatchWorker)
-        got = answers_at_once(batched.url, bodies)
+        lm.target.gate.clear()
+        got = answers_at_once(batched.url, bodies, all_queued)
         health = httpx.get(batched.url + "/health").json()
     assert widest.widest > 1  # requests did share forward passes
     for want_answer, got_answer in zip(want, got):
@@ -74,23 +83,41 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
 
 
 def test_one_disconnecting_stream_changes_no_other_answer():
-    lm = tiny_lm()
+    lm = tiny_lm(gated=True)
+    target, real, shared = lm.target, lm.target.forward_batch, threading.Event()
+
+    def forward_batch(caches, token_ids, keep):  # the first pass of both waits at the gate
+        if len(caches) == 2 and not shared.is_set():
+            shared.set()
+            target.gate.clear()
+        return real(caches, token_ids, keep)
+
+    target.forward_batch = forward_batch
     with RunningServer(create_app(lm, max_batch=4)) as running:
         want = httpx.post(running.url + "/v1/chat/completions", json=body(PROMPTS[1]),
                           timeout=60).json()["choices"][0]["message"]["content"]
+        target.gate.clear()  # the leaving request waits in its first pass ...
         client = httpx.Client(timeout=60)
         leaving = client.stream("POST", running.url + "/v1/chat/completions",
                                 json=body(PROMPTS[0], max_tokens=400, stream=True))
         response = leaving.__enter__()
         lines = response.iter_lines()
-        next(lines)  # the first chunk: the generation runs
+        next(lines)  # the first chunk: the request is in
+        wait_until(target.blocked.is_set, what="the leaving request's first pass")
         staying: dict = {}
         thread = threading.Thread(target=lambda: staying.update(httpx.post(
             running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60).json()))
         thread.start()
-        wait_until(lambda: running.worker.running == 2, what="both requests in the batch")
+        wait_until(lambda: running.worker.waiting == 1, what="the staying request to queue")
+        target.gate.set()  # ... until the staying one has queued, so that both share passes
+        wait_until(shared.is_set, what="a pass over both requests")
+        wait_until(target.blocked.is_set, what="that pass at the gate")
         leaving.__exit__(None, None, None)
         client.close()
+        wait_until(lambda: any(entry.job.cancelled.is_set()
+                               for entry in running.worker.jobs.values()),
+                   what="the disconnect to cancel the leaving request")
+        target.gate.set()
         thread.join(60)
         wait_until(lambda: running.worker.idle, what="the worker to become idle")
         assert running.worker.cancelled == 1
