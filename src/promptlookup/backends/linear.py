@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import time
 import types
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+
+from ..machine import memory_bytes
 
 #: Row counts at which kernels are timed; a pass uses the choice of the next one up, and a
 #: longer one (a chunk of the prompt) the choice of the last.
@@ -92,11 +93,8 @@ def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
         return False
     weight_bytes = sum(m.weight.numel() * m.weight.element_size()
                        for modules in groups.values() for m in modules)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
-        return False
-    return weight_bytes <= PACKING_MEMORY_SHARE * memory
+    memory = memory_bytes()  # 0 when unknown: no packing
+    return memory > 0 and weight_bytes <= PACKING_MEMORY_SHARE * memory
 
 
 class LinearKernels:

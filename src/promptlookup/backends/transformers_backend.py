@@ -128,12 +128,9 @@ class TransformersTarget:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache per token of one sequence: keys and values of every layer."""
-        config = self.config
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        _, kv_heads, head_dim = self.attention.shape  # read from the config once, there
         size = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * config.num_hidden_layers * kv_heads * head_dim * size
+        return 2 * self.config.num_hidden_layers * kv_heads * head_dim * size
 
     def new_sequence(self) -> DynamicCache:
         """An empty cache for one more sequence of :meth:`forward_batch`."""
