@@ -32,3 +32,16 @@ def cached_default_model(monkeypatch, default_lm):
 
     monkeypatch.setattr(promptlookup, "load_model", load_model)
     return default_lm
+
+
+@pytest.fixture(params=["native", "blas"])
+def attention_path(request, monkeypatch):
+    """Row-invariant attention in the native kernel, or (where no compiler built it) per
+    sequence over the BLAS: passes are row-invariant either way."""
+    from promptlookup.backends import llama_forward, native_attention
+
+    if request.param == "blas":
+        monkeypatch.setattr(llama_forward, "kernel", lambda: None)
+    elif native_attention.kernel() is None:
+        pytest.skip("no C compiler on this machine")
+    return request.param

@@ -20,7 +20,7 @@ from promptlookup.policy import AcceptanceModel, SequenceDraft, SpeculationPolic
 from promptlookup.sampling import SamplingParams, TokenChooser
 from test_llama_forward import _tiny
 
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 
 
 def repetitive_prompts(seed: int, count: int, vocab: int = 32) -> list[list[int]]:
@@ -58,7 +58,8 @@ def batched(target, prompts, max_new_tokens=32, drafter="prompt-lookup", params=
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
-def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architecture, dtype):
+def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architecture, dtype,
+                                                                       attention_path):
     model = _tiny(architecture, vocab_size=32, seed=1, layers=2).to(dtype)
     target = TransformersTarget(model)
     rng = random.Random(2)
@@ -81,7 +82,7 @@ def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architect
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_greedy_equals_single_stream_with_ragged_acceptance(seed):
+def test_batched_greedy_equals_single_stream_with_ragged_acceptance(seed, attention_path):
     target = TransformersTarget(tiny_llama(seed=seed))
     prompts = repetitive_prompts(seed, 7)
     want = [alone(target, prompt) for prompt in prompts]

@@ -16,7 +16,7 @@ from promptlookup.backends.row_invariant import key_length, row_invariant_attent
 from promptlookup.backends.transformers_backend import TransformersTarget
 from test_llama_forward import _tiny
 
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -65,12 +65,14 @@ def split_rows(target, prompt, tokens, sizes) -> tuple[torch.Tensor, list]:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_row_of_a_pass_is_the_one_token_pass_row(monkeypatch, architecture, dtype, seed):
+def test_every_row_of_a_pass_is_the_one_token_pass_row(monkeypatch, architecture, dtype, seed,
+                                                       attention_path):
     # Short prompt chunks: a chunk after a cache and a waiting last chunk run in the first pass.
     monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 48)
     rng = random.Random(seed)
     target = TransformersTarget(_tiny(architecture, vocab_size=48, seed=seed, layers=2).to(dtype))
     assert target.row_invariant
+    assert target.written_out.native_attention == (attention_path == "native")
     prompt = [rng.randrange(1, 48) for _ in range(rng.randint(60, 140))]
     tokens = [rng.randrange(1, 48) for _ in range(70)]  # crosses a key block of 64
     alone = one_token_rows(target, prompt, tokens)
@@ -79,7 +81,7 @@ def test_every_row_of_a_pass_is_the_one_token_pass_row(monkeypatch, architecture
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_passes_of_the_default_models_widths_are_row_invariant(dtype):
+def test_passes_of_the_default_models_widths_are_row_invariant(dtype, attention_path):
     target = TransformersTarget(default_shaped(dtype))
     rng = random.Random(5)
     prompt = [rng.randrange(49152) for _ in range(90)]

@@ -9,9 +9,15 @@ rejected draft tokens only moves the end. Attention sees the same numbers either
 Capacity is a multiple of :data:`~promptlookup.backends.row_invariant.KEY_BLOCK` and starts
 zeroed: row-invariant attention reads whole key blocks past a sequence's end (masked), so the
 slots there must hold finite values (zeros, or a rejected draft's keys and values).
+
+With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capacity)``
+(``key_storage``), the layout :mod:`~promptlookup.backends.native_attention` reads;
+``key_buffer`` is then a transposed view of it, so everything else sees the usual shape.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from transformers import DynamicCache
@@ -28,9 +34,13 @@ class GrowingLayer(DynamicLayer):
     ``(batch, kv_heads, capacity, head_dim)``; ``keys``/``values`` are views of the first
     ``length`` positions."""
 
+    def __init__(self, transposed_keys: bool = False) -> None:
+        super().__init__()
+        self.transposed_keys = transposed_keys
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self.key_buffer = self.value_buffer = None
+        self.key_buffer = self.value_buffer = self.key_storage = None
         self.length = 0
 
     def _reserve(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -40,11 +50,14 @@ class GrowingLayer(DynamicLayer):
         capacity = max(-(-needed // KEY_BLOCK) * KEY_BLOCK, 2 * capacity, MIN_CAPACITY)
         buffers = []
         for old, new in ((self.key_buffer, key_states), (self.value_buffer, value_states)):
-            buffer = new.new_zeros(*new.shape[:-2], capacity, new.shape[-1])
+            transposed = self.transposed_keys and new is key_states
+            shape = (capacity, new.shape[-1]) if not transposed else (new.shape[-1], capacity)
+            storage = new.new_zeros(*new.shape[:-2], *shape)
+            buffer = storage.transpose(-1, -2) if transposed else storage
             if old is not None:
                 buffer[..., : self.length, :] = old[..., : self.length, :]
-            buffers.append(buffer)
-        self.key_buffer, self.value_buffer = buffers
+            buffers.append((storage, buffer))
+        (self.key_storage, self.key_buffer), (_, self.value_buffer) = buffers
 
     def _expose(self) -> None:
         self.keys = self.key_buffer[..., : self.length, :]
@@ -74,7 +87,7 @@ class GrowingLayer(DynamicLayer):
         self._expose()
 
     def reset(self) -> None:
-        self.key_buffer = self.value_buffer = None
+        self.key_buffer = self.value_buffer = self.key_storage = None
         self.length = 0
         super().reset()
 
@@ -85,11 +98,12 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("GrowingLayer holds one sequence")
 
 
-def growing_cache(config) -> DynamicCache:
+def growing_cache(config, transposed_keys: bool = False) -> DynamicCache:
     """``DynamicCache(config=config)`` with each plain ``DynamicLayer`` made a :class:`GrowingLayer`
     (sliding-window and other special layers stay as transformers makes them)."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer(transposed_keys) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
-        cache.layer_class_to_replicate = GrowingLayer
+        cache.layer_class_to_replicate = functools.partial(GrowingLayer, transposed_keys)
     return cache

@@ -54,7 +54,7 @@ class TransformersTarget:
         self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
 
     def reset(self) -> None:
-        self.cache = growing_cache(self.model.config)
+        self.cache = self.new_sequence()
         #: Prompt tokens fed by :meth:`prefill` and not run yet (see there).
         self._pending: list[int] = []
 
@@ -133,8 +133,10 @@ class TransformersTarget:
         return 2 * self.config.num_hidden_layers * kv_heads * head_dim * size
 
     def new_sequence(self) -> DynamicCache:
-        """An empty cache for one more sequence of :meth:`forward_batch`."""
-        return growing_cache(self.model.config)
+        """An empty cache for one more sequence of :meth:`forward_batch` (keys transposed
+        where row-invariant passes take the native attention kernel)."""
+        native = self.written_out is not None and self.written_out.native_attention
+        return growing_cache(self.model.config, transposed_keys=native)
 
     def forward_batch(self, caches: Sequence[DynamicCache], token_ids: Sequence[Sequence[int]],
                       keep: Sequence[int]) -> list[torch.Tensor]:

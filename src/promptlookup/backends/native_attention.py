@@ -1,0 +1,139 @@
+"""Row-invariant attention over every sequence of a pass in one call: a small C kernel.
+
+:func:`~promptlookup.backends.row_invariant.row_invariant_attention` gets row invariance from a
+BLAS by padding (whole key blocks, row tiles) and checks on random data that the BLAS keeps it;
+it costs a dozen tensor operations per sequence per layer, which dominate a batched pass over
+many short drafts. ``row_attention.c`` computes each query row by one fixed formula (see its
+header): invariant by construction, whatever shares the call, and one call per layer for all
+sequences of a pass.
+
+It is compiled on first use with the machine's C compiler (``$CC``, else ``cc``; OpenMP, built
+for this CPU) into the cache folder, keyed by its source, the flags and the CPU's features.
+Where no compiler works (or ``PROMPTLOOKUP_NATIVE_ATTENTION=0``), :func:`kernel` is None and
+passes use the BLAS path: exact too, slower. The choice is made once per process, never by
+timing, so every pass of a process computes a row the same way.
+
+Keys go into the cache transposed (``[kv_heads][head_dim][capacity]``, see
+:class:`~promptlookup.backends.cache.GrowingLayer`), so that the kernel reads a block of keys as
+one vector per dimension.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..cache_files import cache_root
+
+SOURCE = Path(__file__).with_name("row_attention.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-fast-math",
+         "-std=gnu11", "-shared", "-fPIC")
+#: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
+ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
+
+_POINTER = ctypes.c_void_p
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _library_path(compiler: str) -> Path:
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
+                 _cpu_features().encode(), sys.platform.encode()):
+        key.update(part)
+    return cache_root() / "native" / f"row_attention-{key.hexdigest()[:16]}.so"
+
+
+def _compile(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        built = Path(folder) / target.name
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                       check=True, capture_output=True, timeout=120)
+        built.replace(target)  # atomic: another process may be building the same file
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built here (see the module doc)."""
+    if os.environ.get(ENVIRONMENT, "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler or not SOURCE.exists():
+        return None
+    target = _library_path(compiler)
+    try:
+        if not target.exists():
+            _compile(compiler, target)
+        library = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as error:
+        warnings.warn(f"row-invariant attention kernel not built ({error}); using the "
+                      "slower BLAS path", RuntimeWarning, stacklevel=2)
+        return None
+    function = library.row_attention
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_int, _POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER,
+                         _POINTER, _POINTER, _POINTER, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_float, ctypes.c_int]
+    return library
+
+
+class PassRows:
+    """What every layer of one pass tells the kernel about its rows: each row's sequence and
+    position (``row_sequence``, ``row_position``: int64 tensors kept alive for the calls)."""
+
+    def __init__(self, starts: list[int], lengths: list[int]) -> None:
+        sequence, position = [], []
+        for index, (start, length) in enumerate(zip(starts, lengths)):
+            sequence += [index] * length
+            position += range(start, start + length)
+        self.row_sequence = torch.tensor(sequence, dtype=torch.int64)
+        self.row_position = torch.tensor(position, dtype=torch.int64)
+
+
+def native_attention(query: torch.Tensor, cache_layers: list, rows: PassRows,
+                     scaling: float) -> torch.Tensor | None:
+    """Attention of ``query`` (1, heads, total, head_dim), the new rows of every sequence of a
+    pass, each over its own ``cache_layers[i]`` (already holding this pass's keys and values,
+    keys transposed). Returns (1, total, heads, head_dim), or None if the kernel cannot take
+    this shape (the caller then uses the BLAS path)."""
+    library = kernel()
+    _, heads, total, head_dim = query.shape
+    if library is None or query.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    queries = query.transpose(1, 2)  # (1, total, heads, head_dim): the layout the kernel reads
+    if not queries.is_contiguous():
+        queries = queries.contiguous()
+    out = torch.empty_like(queries)
+    keys = [layer.key_storage for layer in cache_layers]
+    values = [layer.value_buffer for layer in cache_layers]
+    key_pointers = torch.tensor([k.data_ptr() for k in keys], dtype=torch.int64)
+    value_pointers = torch.tensor([v.data_ptr() for v in values], dtype=torch.int64)
+    capacities = torch.tensor([v.shape[-2] for v in values], dtype=torch.int64)
+    kv_heads = values[0].shape[1]
+    status = library.row_attention(
+        int(query.dtype == torch.bfloat16), queries.data_ptr(), out.data_ptr(), total,
+        rows.row_sequence.data_ptr(), rows.row_position.data_ptr(), key_pointers.data_ptr(),
+        value_pointers.data_ptr(), capacities.data_ptr(), heads, kv_heads, head_dim,
+        scaling, torch.get_num_threads())
+    return out if status == 0 else None
