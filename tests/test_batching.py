@@ -185,6 +185,9 @@ def test_generate_batch_equals_generate_prompt_by_prompt():
     for options in ({}, {"temperature": 0.8, "seed": 3, "logprobs": 2}, {"stop": ["ab"]}):
         one = [lm.generate(prompt, max_new_tokens=24, **options) for prompt in prompts]
         many = lm.generate_batch(prompts, max_new_tokens=24, max_batch=3, **options)
+        chunked = lm.generate_batch(prompts, max_new_tokens=24, max_batch=3, prefill_tokens=4,
+                                    **options)  # prompts 4 tokens a step while others decode
+        assert [r.token_ids for r in chunked] == [r.token_ids for r in many]
         for a, b in zip(one, many):
             assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids,
                                                               b.finish_reason)

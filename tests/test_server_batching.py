@@ -69,8 +69,10 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
                    what="every request to be in")
         lm.target.gate.set()
 
-    with RunningServer(create_app(lm, max_batch=4)) as batched:
+    # Prompts go in 5 tokens a step while others decode (--prefill-tokens): chunked, unchanged.
+    with RunningServer(create_app(lm, max_batch=4, prefill_tokens=5)) as batched:
         assert isinstance(batched.worker, BatchWorker)
+        assert batched.worker.decoder.prefill_tokens == 5
         lm.target.gate.clear()
         got = answers_at_once(batched.url, bodies, all_queued)
         health = httpx.get(batched.url + "/health").json()

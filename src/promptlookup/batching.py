@@ -22,7 +22,8 @@ its passes, nor on the draft lengths chosen for it.
 Prefill policy (time to first token against inter-token latency): while other sequences are
 decoding, a step carries at most ``prefill_tokens`` prompt tokens (oldest joiner first), so
 a long prompt delays each running sequence's next step by about one pass over that many
-tokens rather than by a whole prefill; with nobody decoding, prompts go in whole chunks of
+tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; more lifts
+throughput, since every step also carries the running sequences' drafts); with nobody decoding, prompts go in whole chunks of
 :data:`~promptlookup.backends.transformers_backend.PREFILL_CHUNK` tokens. A prompt's last
 chunk goes into the same pass as its first draft, which yields its first token.
 

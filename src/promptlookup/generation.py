@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence, Union
 
 from .backends.base import BatchTarget, Target
-from .batching import BatchDecoder, BatchSequence, default_max_batch
+from .batching import PREFILL_TOKENS, BatchDecoder, BatchSequence, default_max_batch
 from .drafters import Drafter, DrafterSpec, NoDrafter, make_drafter
 from .errors import (EmptyPromptError, InvalidParameterError, PromptTooLongError,
                      UnsupportedModelError)
@@ -261,28 +261,31 @@ class LanguageModel:
 
 
     def generate_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
-                       **options) -> list[GenerationResult]:
+                       prefill_tokens: int = PREFILL_TOKENS, **options) -> list[GenerationResult]:
         """Generate after every prompt of ``prompts`` at once: one result per prompt, in order,
         each equal to what :meth:`generate` with the same ``options`` returns for it alone
         (every sequence's forward passes are computed as alone, see
         :mod:`promptlookup.batching`), with its own stats. At most ``max_batch`` sequences
         share a forward pass (default: :func:`~promptlookup.batching.default_max_batch`);
-        the others join as earlier ones finish. ``options`` are :meth:`generate`'s; a
+        the others join as earlier ones finish, their prompts ``prefill_tokens`` per step
+        while others decode (more: throughput; fewer: steadier streams). ``options`` are
+        :meth:`generate`'s; a
         ``seed`` seeds every prompt's sampler alike.
 
         >>> results = lm.generate_batch(["Fix: x = 1 +", "Fix: y = 2 *"], chat=True)  # doctest: +SKIP
         """
         results: list[GenerationResult] = []
-        for _ in self._batch(prompts, max_batch, options, lambda *_: None, results):
+        for _ in self._batch(prompts, max_batch, prefill_tokens, options, lambda *_: None,
+                             results):
             pass
         return results
 
     def stream_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
-                     **options) -> Iterator[tuple[int, str]]:
+                     prefill_tokens: int = PREFILL_TOKENS, **options) -> Iterator[tuple[int, str]]:
         """:meth:`generate_batch` as a stream of ``(prompt index, text delta)`` pairs, in the
         order they are decided; closing the iterator ends every generation."""
         deltas: list[tuple[int, str]] = []
-        for _ in self._batch(prompts, max_batch, options,
+        for _ in self._batch(prompts, max_batch, prefill_tokens, options,
                              lambda index, piece: deltas.append((index, piece)), []):
             yield from deltas
             deltas.clear()
@@ -297,7 +300,8 @@ class LanguageModel:
                                  should_stop=request.should_stop, logprobs=request.logprobs)
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 
-    def _batch(self, prompts, max_batch, options, emit, results: list) -> Iterator[None]:
+    def _batch(self, prompts, max_batch, prefill_tokens, options, emit,
+               results: list) -> Iterator[None]:
         """Run a batch, calling ``emit(index, piece)`` for each text delta and yielding after
         every step; ``results`` ends with one :class:`GenerationResult` per prompt."""
         if not isinstance(self.target, BatchTarget):
@@ -307,7 +311,8 @@ class LanguageModel:
             raise InvalidParameterError("generate_batch takes a list of prompts")
         sequences = [self.batch_sequence(prompt, **options) for prompt in prompts]  # checked
         decoder = BatchDecoder(self.target, self.policy,
-                               max_batch=max_batch or default_max_batch(self.target))
+                               max_batch=max_batch or default_max_batch(self.target),
+                               prefill_tokens=prefill_tokens)
         texts = {}
         for index, (sequence, text) in enumerate(sequences):
             texts[decoder.add(sequence)] = (index, text)

@@ -72,7 +72,8 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
                default_max_tokens: int = DEFAULT_MAX_TOKENS, drafter: str = "prompt-lookup",
                drafter_options: dict | None = None, generation_options: dict | None = None,
                on_load_error: Callable[[str], None] | None = None,
-               body_timeout: float = BODY_TIMEOUT, max_batch: int | None = None) -> FastAPI:
+               body_timeout: float = BODY_TIMEOUT, max_batch: int | None = None,
+               prefill_tokens: int | None = None) -> FastAPI:
     """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
     one (called on a background thread at startup). ``model_id``: the name clients must send as
     ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
@@ -83,14 +84,16 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     ``on_load_error(message)`` is called if the loader fails. ``body_timeout``: seconds a
     request body may take to arrive (then 408). ``max_batch``: sequences that share each
     forward pass (continuous batching; None: the default for the model and machine, 1: one
-    generation at a time). Serve it with :class:`Server` for a graceful
+    generation at a time). ``prefill_tokens``: prompt tokens a step carries while others
+    decode (None: :data:`~promptlookup.batching.PREFILL_TOKENS`). Serve it with :class:`Server` for a graceful
     shutdown."""
     check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
     state = ServerState(model, model_id=model_id, api_key=api_key, max_queue=max_queue,
                         max_body_bytes=max_body_bytes, default_max_tokens=default_max_tokens,
                         drafter=drafter, drafter_options=drafter_options,
                         generation_options=generation_options, on_load_error=on_load_error,
-                        body_timeout=body_timeout, max_batch=max_batch)
+                        body_timeout=body_timeout, max_batch=max_batch,
+                        prefill_tokens=prefill_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..batching import BatchDecoder, BatchSequence
+from ..batching import PREFILL_TOKENS, BatchDecoder, BatchSequence
 from ..errors import PromptLookupError
 from ..generation import TextAssembler
 from .schemas import APIError
@@ -43,10 +43,11 @@ class _Running:
 class BatchWorker(GenerationWorker):
     """Runs queued jobs with continuous batching (see the module doc)."""
 
-    def __init__(self, lm, max_queue: int = 16, tokenizer_lock=None, max_batch: int = 8) -> None:
+    def __init__(self, lm, max_queue: int = 16, tokenizer_lock=None, max_batch: int = 8,
+                 prefill_tokens: int = PREFILL_TOKENS) -> None:
         super().__init__(lm, max_queue, tokenizer_lock)
-        self.max_batch = max_batch
-        self.decoder = BatchDecoder(lm.target, lm.policy, max_batch=max_batch)
+        self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
+        self.decoder = self._new_decoder()
         self.jobs: dict[BatchSequence, _Running] = {}  # each running sequence's job
         self._names: dict[int, str] = {}  # token texts for logprobs
 
@@ -158,7 +159,11 @@ class BatchWorker(GenerationWorker):
             self.failed += 1
             running.job.emit("error", error)
         self.jobs.clear()
-        self.decoder = BatchDecoder(self.lm.target, self.lm.policy, max_batch=self.max_batch)
+        self.decoder = self._new_decoder()
+
+    def _new_decoder(self) -> BatchDecoder:
+        return BatchDecoder(self.lm.target, self.lm.policy, max_batch=self.max_batch,
+                            prefill_tokens=self.prefill_tokens)
 
     def shutdown(self, reason: APIError | None = None) -> None:
         """Refuse new jobs; end the waiting ones and every running one with ``reason``."""

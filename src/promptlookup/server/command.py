@@ -29,6 +29,11 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               help="Sequences that share each forward pass (continuous batching); 1 runs one "
                    "generation at a time [default: 4 per core, at most 16, fewer if the "
                    "machine's memory cannot hold their caches at full context].")
+@click.option("--prefill-tokens", type=click.IntRange(min=1), default=None,
+              help="Prompt tokens a step carries while other sequences decode: more lifts "
+                   "throughput and shortens later requests' time to first token; fewer keeps "
+                   "running streams' inter-token latency low (such a step costs about one pass "
+                   "over this many tokens) [default: 256].")
 @click.option("--max-queue", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests that may wait beyond the running batch; then HTTP 429.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
@@ -45,7 +50,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @friendly_errors
-def serve(model, dtype, device, backend, host, port, api_key, max_batch, max_queue,
+def serve(model, dtype, device, backend, host, port, api_key, max_batch, prefill_tokens, max_queue,
           default_max_tokens,
           threads, body_timeout, model_id, drafter, speculation, draft_tokens, min_match, max_match, log_level):
     """Run an OpenAI-compatible HTTP server over one model.
@@ -126,7 +131,8 @@ def serve(model, dtype, device, backend, host, port, api_key, max_batch, max_que
                      max_queue=max_queue, default_max_tokens=default_max_tokens,
                      drafter=drafter, drafter_options=options, on_load_error=stop_on_load_error,
                      generation_options={"speculation": speculation},
-                     body_timeout=body_timeout, max_batch=max_batch)
+                     body_timeout=body_timeout, max_batch=max_batch,
+                     prefill_tokens=prefill_tokens)
     logger.info("loading %s in the background (GET /health is 503 until it is ready)",
                 source.name)
     server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,

@@ -13,7 +13,7 @@ from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .schemas import APIError
 from ..backends.base import BatchTarget
-from ..batching import default_max_batch
+from ..batching import PREFILL_TOKENS, default_max_batch
 from .batch_worker import BatchWorker
 from .worker import GenerationWorker, shutting_down
 
@@ -27,7 +27,8 @@ class ServerState:
 
     def __init__(self, model: ModelOrLoader, *, model_id, api_key, max_queue, max_body_bytes,
                  default_max_tokens, drafter, drafter_options, generation_options,
-                 on_load_error, body_timeout, max_batch=None) -> None:
+                 on_load_error, body_timeout, max_batch=None,
+                 prefill_tokens=None) -> None:
         self.loader = model if not isinstance(model, LanguageModel) else None
         self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
         self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
@@ -37,6 +38,7 @@ class ServerState:
         #: Sequences per forward pass (None: the default for the model and machine; 1: one
         #: generation at a time).
         self.max_batch = max_batch
+        self.prefill_tokens = prefill_tokens or PREFILL_TOKENS  # while others decode
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
         self.default_max_tokens = default_max_tokens
@@ -79,7 +81,8 @@ class ServerState:
         else:  # a target that runs one sequence at a time (llama.cpp)
             max_batch = 1
         self.max_batch = max_batch
-        self.worker = (BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch)
+        self.worker = (BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch,
+                                   self.prefill_tokens)
                        if max_batch > 1 else
                        GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock))
         self.worker.start()
