@@ -26,14 +26,17 @@ RUNS = ROOT / "benchmarks" / "runs"
 OUT = ROOT / "docs" / "results.md"
 TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
 
-# The main command in each dtype, latest version: the table at the top comes from these.
+# The main command in each dtype, latest version: the table at the top comes from these. Its
+# methods include promptlookup-none (identity against promptlookup's own plain decoding) and
+# promptlookup-fastest (the fastest kernels whatever their rounding: what exactness costs).
 MAIN = [
-    ("xeon-float32-greedy-0.7.6",
-     "the main command, float32, version 0.7.6 (commit 91aad5c: 0.7.6's decoding with the "
-     "report code that states the noise of repeated runs). Alone on the machine."),
-    ("xeon-bfloat16-greedy-0.7.6",
-     "the main command, bfloat16, version 0.7.6 (commit e2a29d8: methods in a balanced "
-     "order). Alone on the machine."),
+    ("epyc-bfloat16-greedy-0.10.0",
+     "the main command plus `promptlookup-fastest`, bfloat16, version 0.10.0 (commit "
+     "9e2ccbe), on one core of the AMD EPYC while the other core ran a "
+     "concurrency bench, tests and one-off timings: no repeats, so no noise line."),
+    ("epyc-float32-greedy-0.10.0",
+     "the same command in float32, right after the bfloat16 run, with the same company on the "
+     "other core."),
 ]
 # The --sweep grid against the default, bfloat16, every method twice per prompt.
 SWEEPS = [
@@ -43,20 +46,7 @@ SWEEPS = [
      "regenerated from its unchanged results with the report code of 91aad5c (the noise line)."),
     ("xeon-bfloat16-sweep-4-repeat-2-alone-0.7.6",
      "the same command again, the same code (commit b074ae0), alone on the machine from start "
-     "to end."),
-]
-# Row invariance (0.8.0): identity against promptlookup's own plain decoding and the price of
-# exactness (promptlookup-fastest), a short run of the main command's methods.
-EXACTNESS = [
-    ("epyc-float32-exactness-0.8.0",
-     "version 0.8.0 (commit c2ea349), float32, 3 prompts per task, 128 new tokens, "
-     "2 threads of a 2-core AMD EPYC, 2 December 2026, beside the full test suite and two other "
-     "engineers' work: its identity columns hold, its timings do not (plain decoding ran at "
-     "4.7 tokens/s, a sixth of its usual speed, and ratios swing several-fold between tasks)."),
-    ("epyc-bfloat16-exactness-0.8.0",
-     "the same command in bfloat16, right after the float32 run, with the test suite over and "
-     "one other engineer's tests beside it (load average 2.95 on 2 cores): no repeats, so no "
-     "noise line."),
+     "to end. Its machine is a 2-core Intel Xeon with AMX."),
 ]
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
@@ -83,6 +73,15 @@ STUDIES = [
     ("draft-headroom/README.md",
      "`benchmarks/studies/draft_headroom.py` over the float32 greedy outputs of version 0.1.0 "
      "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026."),
+    ("concurrency-epyc-0.10.0/concurrency.md",
+     "`python benchmarks/concurrency.py --methods promptlookup,promptlookup-none --concurrency "
+     "1,2,4,8 --requests 8 --max-tokens 128 --out benchmarks/runs/concurrency-epyc-0.10.0`, "
+     "version 0.10.0 (native attention kernel), on the AMD EPYC (2 threads per server), "
+     "3 December 2026, alone on the machine, one sweep (no repeat). llama-server was not "
+     "rebuilt for this run: its figures are the 0.9.0 run's, below. The same 8 requests one "
+     "after another spend 4.49 s of their 11.08 s (promptlookup) before their first token "
+     "(prefill, which runs near the CPU's arithmetic peak and gains nothing from batching).",
+     "Throughput against concurrency, version 0.10.0: promptlookup serve --max-batch 8"),
     ("concurrency-epyc-0.9.0/concurrency.md",
      "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
      "--concurrency 1,2,4,8 --requests 8 --max-tokens 128 --out "
@@ -126,9 +125,13 @@ def glance() -> list[str]:
         whole = by_key(load(run, "summary.json"))
         agreed = by_key(load(run, "agreed_summary.json"))
         rows = [("outputs identical to plain's (share)", "", whole, "identical_fraction", None),
+                ("outputs identical to promptlookup-none's (share)", "", whole,
+                 "identical_to_none_fraction", None),
                 ("whole outputs", "plain", whole, "tokens_per_second", "plain"),
                 ("whole outputs", "`hf-pld`", whole, "tokens_per_second", "hf-pld"),
-                ("whole outputs, decode only", "`hf-pld`", whole, "decode_speedup", "hf-pld")]
+                ("whole outputs, decode only", "`hf-pld`", whole, "decode_speedup", "hf-pld"),
+                ("whole outputs (exactness's price)", "`promptlookup-fastest`", whole,
+                 "tokens_per_second", "promptlookup-fastest")]
         if agreed:
             rows += [("agreed prefixes", "`hf-pld`", agreed, "tokens_per_second", "hf-pld"),
                      ("agreed prefixes, decode only", "`hf-pld`", agreed, "decode_speedup",
@@ -200,7 +203,7 @@ def document() -> str:
         "defined and why the runs are made this way: [benchmarking.md](benchmarking.md). "
         "Compare methods within a run, not across runs.",
         "",
-        f"Bench runs: {machine['cpu']} ({machine['cores']} cores, with AMX; a shared cloud "
+        f"Bench runs: {machine['cpu']} ({machine['cores']} cores; a shared cloud "
         f"host), {machine['torch_threads']} torch thread, Python {machine['python']}, torch "
         f"{machine['torch']}, transformers {machine['transformers']}, promptlookup "
         f"{machine['promptlookup']}; model {meta['model']} (the default: the GGUF file of "
@@ -230,7 +233,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in MAIN + SWEEPS + EXACTNESS:
+    for run, note in MAIN + SWEEPS:
         parts += run_section(run, note)
     parts += ["## Studies", "",
               "One-off measurements for the design ([design.md](design.md)). The scripts are now "

@@ -5,8 +5,8 @@
  * nor on which thread computes it. Every value is defined by C's IEEE semantics (no
  * reassociation: built without -ffast-math and with -ffp-contract=off, products and sums
  * written as explicit fmaf, + and *), so a vectorised and a scalar evaluation of the same
- * expression give the same bits. Rows are tiled to share the loads of keys and values, never
- * any arithmetic.
+ * expression give the same bits. Rows are grouped in tasks (up to TILE rows of one sequence,
+ * one key/value head) for the threads; no arithmetic is shared between rows.
  *
  * For one row and one query head, with s = scale:
  *   score[j]  = fmaf chain over d = 0..D-1 of query[d] * key[j][d], from 0   (j = 0..p)
@@ -27,7 +27,7 @@
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
 #define BLOCK 64   /* keys scored side by side (cache capacities are multiples of it) */
-#define TILE 4     /* rows of one sequence sharing their key and value loads */
+#define TILE 4     /* rows of one sequence per task */
 #define MAX_GROUP 16
 #define MAX_DIM 256
 
@@ -121,6 +121,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     }                                                                                         \
     const int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;                             \
     float *scores = malloc(sizeof(float) * (size_t)vectors * (size_t)padded);                 \
+    if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */       \
     float queries[TILE * MAX_GROUP][MAX_DIM];                                                 \
     for (int v = 0; v < vectors; v++) {                                                       \
         const ELEMENT *from = query + ((first + v / group) * c->heads                          \
@@ -200,6 +201,11 @@ int row_attention(int bf16, const void *query, void *out, int64_t rows,
     /* Tiles: runs of up to TILE rows of one sequence. */
     int64_t *tile_first = malloc(sizeof(int64_t) * (size_t)(rows + 1));
     int *tile_count = malloc(sizeof(int) * (size_t)(rows + 1));
+    if (tile_first == NULL || tile_count == NULL) {
+        free(tile_first);
+        free(tile_count);
+        return -1;
+    }
     int64_t tiles = 0;
     for (int64_t r = 0; r < rows;) {
         int n = 1;
