@@ -2,7 +2,10 @@
 and with promptlookup's (folded grouped-query attention, a cache that appends in place, matrix
 products by the kernel measured fastest for the pass size, and since 0.7.0 a Llama's pass
 written out): modes ``stock``, ``own-forward`` (promptlookup's target running the model's own
-forward, as before 0.7.0 and for models other than Llama) and ``promptlookup``.
+forward, as before 0.7.0 and for models other than Llama), ``fastest`` (the written-out pass
+with the fastest kernels whatever their rounding: not row-invariant), ``blas-attention`` (the
+row-invariant pass with attention over the BLAS, where no C compiler builds the native kernel)
+and ``promptlookup`` (row-invariant, native attention: the default).
 
 Both run the same loaded model on the same random context; sizes and modes are interleaved
 round by round and each cell is the median over rounds. Prints a markdown table.
@@ -24,7 +27,7 @@ from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.models import load_pretrained
 
 SIZES = (1, 2, 4, 8, 16, 32)
-MODES = ("stock", "own-forward", "promptlookup")
+MODES = ("stock", "own-forward", "fastest", "blas-attention", "promptlookup")
 
 
 class StockTarget(TransformersTarget):
@@ -37,6 +40,7 @@ class StockTarget(TransformersTarget):
         self.written_out = None  # `_run` below is the model's own forward
 
     def reset(self) -> None:
+        super().reset()
         self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
@@ -51,14 +55,18 @@ def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, i
     generator = torch.Generator().manual_seed(context)
     ids = torch.randint(100, 40000, (context + max(SIZES),), generator=generator).tolist()
     targets = {"stock": StockTarget(model), "own-forward": TransformersTarget(model),
+               "fastest": TransformersTarget(model, row_invariant=False),
+               "blas-attention": TransformersTarget(model),
                "promptlookup": TransformersTarget(model)}
     targets["own-forward"].written_out = None
+    targets["blas-attention"].written_out.native_attention = False
+    targets["blas-attention"].reset()  # its caches: keys not transposed
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
         for mode, target in targets.items():
             target.reset()
             start = time.perf_counter()
-            target.prefill(ids[:context])
+            target.extend(ids[:context])  # runs the prompt now (prefill() would wait)
             times.setdefault((mode, 0), []).append(time.perf_counter() - start)
             for size in SIZES:
                 target.forward(ids[context : context + size])  # warm-up
@@ -86,7 +94,10 @@ def main() -> None:
           "target\n")
     print("Modes: `stock` (transformers' cache, attention and products), `own-forward` "
           "(promptlookup's target running the model's own forward: versions before 0.7.0, and "
-          "models other than Llama), `promptlookup` (the target as it is).\n")
+          "models other than Llama), `fastest` (the written-out pass, fastest kernels whatever "
+          "their rounding: `row_invariant=False`), `blas-attention` (row-invariant, attention "
+          "over the BLAS: no C compiler), `promptlookup` (row-invariant, native attention: the "
+          "target as it is).\n")
     print(f"`python benchmarks/studies/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
           f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
           "tokens after a context of the given length; in brackets, the ratio to the stock "
