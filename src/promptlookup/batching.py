@@ -61,7 +61,7 @@ def default_max_batch(target: BatchTarget) -> int:
 
 
 #: Prompt tokens a step carries while other sequences are decoding (see the module doc).
-PREFILL_TOKENS = 256
+PREFILL_TOKENS = 512
 
 
 @dataclass(eq=False)

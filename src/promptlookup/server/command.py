@@ -33,7 +33,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
               help="Prompt tokens a step carries while other sequences decode: more lifts "
                    "throughput and shortens later requests' time to first token; fewer keeps "
                    "running streams' inter-token latency low (such a step costs about one pass "
-                   "over this many tokens) [default: 256].")
+                   "over this many tokens) [default: 512].")
 @click.option("--max-queue", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests that may wait beyond the running batch; then HTTP 429.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
