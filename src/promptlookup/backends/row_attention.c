@@ -81,27 +81,28 @@ typedef struct {
 /* Rows first..first+count-1 (one sequence), key/value head h; ELEMENT is float or uint16_t
  * (bfloat16), TO_FLOAT reads one. Written once as a macro so that each element type gets its
  * own loops, vectorised without a branch on the type inside them. */
-#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, DIM, DIM_BOUND)                  \
+#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, DIM, DIM_BOUND, KEY_TYPE, AS_FLOAT_BLOCK, AS_FLOAT_ROWS, KEY_STRIDE)                  \
 /* score[l] = fmaf chain over d of query[d] * key[d][l], for a block of BLOCK keys (kept in  \
  * registers: its own function, small enough for the compiler to see that). */             \
-__attribute__((noinline)) static void NAME##_scores(const ELEMENT *keys, int64_t capacity,   \
+__attribute__((noinline)) static void NAME##_scores(const KEY_TYPE *keys, int64_t stride,    \
                                                     const float *query, int dim, float *to) { \
     float acc[BLOCK] = {0};                                                                   \
     for (int d = 0; d < (DIM); d++) {                                                         \
         const float q = query[d];                                                             \
-        const ELEMENT *key_row = keys + d * capacity;                                         \
-        for (int l = 0; l < BLOCK; l++) acc[l] = fmaf(q, TO_FLOAT(key_row[l]), acc[l]);       \
+        const KEY_TYPE *key_row = keys + d * stride;                                          \
+        for (int l = 0; l < BLOCK; l++) acc[l] = fmaf(q, key_row[l], acc[l]);                 \
     }                                                                                         \
     for (int l = 0; l < BLOCK; l++) to[l] = acc[l];                                           \
 }                                                                                             \
-/* sum[d] = fmaf chain over j < seen of weight[j] * value[j][d]. */                          \
-__attribute__((noinline)) static void NAME##_values(const ELEMENT *values, const float *weights, \
+/* sum[d] = fmaf chain over j < seen of weight[j] * value[j][d], continued from sum[d]. */   \
+__attribute__((noinline)) static void NAME##_values(const KEY_TYPE *values, const float *weights, \
                                                     int64_t seen, int dim, float *to) {       \
-    float sum[DIM_BOUND] = {0};                                                               \
+    float sum[DIM_BOUND];                                                                     \
+    for (int d = 0; d < (DIM); d++) sum[d] = to[d];                                           \
     for (int64_t j = 0; j < seen; j++) {                                                      \
         const float w = weights[j];                                                           \
-        const ELEMENT *value_row = values + j * (DIM);                                        \
-        for (int d = 0; d < (DIM); d++) sum[d] = fmaf(w, TO_FLOAT(value_row[d]), sum[d]);     \
+        const KEY_TYPE *value_row = values + j * (DIM);                                       \
+        for (int d = 0; d < (DIM); d++) sum[d] = fmaf(w, value_row[d], sum[d]);               \
     }                                                                                         \
     for (int d = 0; d < (DIM); d++) to[d] = sum[d];                                           \
 }                                                                                             \
@@ -128,10 +129,16 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
                                        + (int64_t)h * group + v % group) * dim;               \
         for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                      \
     }                                                                                         \
-    /* Scores: a block of keys at a time (contiguous per dimension). */                      \
-    for (int64_t j0 = 0; j0 < padded; j0 += BLOCK)                                            \
+    /* Scores: a block of keys at a time (contiguous per dimension), read as float once per  \
+     * block for all the task's vectors. */                                                   \
+    float block[MAX_DIM * BLOCK];  /* bfloat16 keys or values of one block, as float */    \
+    (void)block;                                                                              \
+    for (int64_t j0 = 0; j0 < padded; j0 += BLOCK) {                                          \
+        const KEY_TYPE *key_block = AS_FLOAT_BLOCK(keys + j0, capacity, dim, block);          \
+        const int64_t stride = KEY_STRIDE(capacity);                                          \
         for (int v = 0; v < vectors; v++)                                                     \
-            NAME##_scores(keys + j0, capacity, queries[v], dim, scores + (size_t)v * padded + j0); \
+            NAME##_scores(key_block, stride, queries[v], dim, scores + (size_t)v * padded + j0); \
+    }                                                                                         \
     /* Softmax weights per vector, over its own row's keys only (0 past them). */             \
     float totals[TILE * MAX_GROUP];                                                           \
     for (int v = 0; v < vectors; v++) {                                                       \
@@ -160,27 +167,58 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
             for (int l = 0; l < width; l++) lanes[l] = lanes[l] + lanes[l + width];           \
         totals[v] = lanes[0];                                                                 \
     }                                                                                         \
-    /* Weighted sums of the values, one fmaf chain over j per output element (in registers). */ \
+    /* Weighted sums of the values, one fmaf chain over j per output element, carried from   \
+     * block to block (values read as float once per block for all the task's vectors). */   \
+    float sums[TILE * MAX_GROUP][MAX_DIM];                                                    \
+    for (int v = 0; v < vectors; v++)                                                         \
+        for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                      \
+    for (int64_t j0 = 0; j0 < longest; j0 += BLOCK) {                                         \
+        const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                     \
+        const KEY_TYPE *value_block = AS_FLOAT_ROWS(values + j0 * dim, rows * dim, block);    \
+        for (int v = 0; v < vectors; v++) {                                                   \
+            const int64_t n = seen[v] - j0 < rows ? seen[v] - j0 : rows;                      \
+            if (n > 0)                                                                        \
+                NAME##_values(value_block, scores + (size_t)v * padded + j0, n, dim, sums[v]); \
+        }                                                                                     \
+    }                                                                                         \
     ELEMENT *out = (ELEMENT *)c->out;                                                         \
     for (int v = 0; v < vectors; v++) {                                                       \
-        const float *weights = scores + (size_t)v * padded;                                   \
-        float sum[DIM_BOUND];                                                                 \
-        NAME##_values(values, weights, seen[v], dim, sum);                                    \
         ELEMENT *to = out + ((first + v / group) * c->heads + (int64_t)h * group + v % group) * dim; \
-        for (int d = 0; d < dim; d++) to[d] = STORE(sum[d] / totals[v]);                      \
+        for (int d = 0; d < dim; d++) to[d] = STORE(sums[v][d] / totals[v]);                  \
     }                                                                                         \
     free(scores);                                                                             \
 }
 
 #define SAME(x) (x)
+/* float32 caches are read in place; bfloat16 blocks are converted into `block` first. */
+#define IN_PLACE(keys, capacity, dim, block) (keys)
+#define IN_PLACE_ROWS(values, count, block) (values)
+#define CAPACITY(capacity) (capacity)
+#define WHOLE_BLOCK(capacity) BLOCK
+
+static const float *bf16_key_block(const uint16_t *keys, int64_t capacity, int dim, float *block) {
+    for (int d = 0; d < dim; d++)
+        for (int l = 0; l < BLOCK; l++) block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
+    return block;
+}
+
+static const float *bf16_rows(const uint16_t *values, int64_t count, float *block) {
+    for (int64_t i = 0; i < count; i++) block[i] = bf16_to_float(values[i]);
+    return block;
+}
 /* Each element type for the common head sizes (64, 128: constant trip counts, accumulators in
  * registers) and for any other up to MAX_DIM. The formula is the same in all of them. */
-DEFINE_ATTEND_TILE(float_64, float, SAME, SAME, 64, 64)
-DEFINE_ATTEND_TILE(float_128, float, SAME, SAME, 128, 128)
-DEFINE_ATTEND_TILE(float_any, float, SAME, SAME, dim, MAX_DIM)
-DEFINE_ATTEND_TILE(bf16_64, uint16_t, bf16_to_float, float_to_bf16, 64, 64)
-DEFINE_ATTEND_TILE(bf16_128, uint16_t, bf16_to_float, float_to_bf16, 128, 128)
-DEFINE_ATTEND_TILE(bf16_any, uint16_t, bf16_to_float, float_to_bf16, dim, MAX_DIM)
+#define FLOAT_TILE(NAME, DIM, BOUND) \
+    DEFINE_ATTEND_TILE(NAME, float, SAME, SAME, DIM, BOUND, float, IN_PLACE, IN_PLACE_ROWS, CAPACITY)
+#define BF16_TILE(NAME, DIM, BOUND) \
+    DEFINE_ATTEND_TILE(NAME, uint16_t, bf16_to_float, float_to_bf16, DIM, BOUND, float, \
+                       bf16_key_block, bf16_rows, WHOLE_BLOCK)
+FLOAT_TILE(float_64, 64, 64)
+FLOAT_TILE(float_128, 128, 128)
+FLOAT_TILE(float_any, dim, MAX_DIM)
+BF16_TILE(bf16_64, 64, 64)
+BF16_TILE(bf16_128, 128, 128)
+BF16_TILE(bf16_any, dim, MAX_DIM)
 
 typedef void (*tile_function)(const call_t *, int64_t, int, int);
 
