@@ -51,6 +51,11 @@ SWEEPS = [
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    ("forward-cost-epyc-0.10.0.md",
+     "`python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 "
+     "--context 2000 --threads 1`, version 0.10.0, on the AMD EPYC, 3 December 2026, alone on "
+     "the machine. The per-pass price of exactness (`fastest` against `promptlookup`) and of "
+     "attention without the native kernel (`blas-attention`)."),
     ("forward-cost-xeon-0.7.0.md",
      "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
      "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
@@ -77,10 +82,11 @@ STUDIES = [
      "`python benchmarks/concurrency.py --methods promptlookup,promptlookup-none --concurrency "
      "1,2,4,8 --requests 8 --max-tokens 128 --out benchmarks/runs/concurrency-epyc-0.10.0`, "
      "version 0.10.0 (native attention kernel), on the AMD EPYC (2 threads per server), "
-     "3 December 2026, alone on the machine, one sweep (no repeat). llama-server was not "
-     "rebuilt for this run: its figures are the 0.9.0 run's, below. The same 8 requests one "
-     "after another spend 4.49 s of their 11.08 s (promptlookup) before their first token "
-     "(prefill, which runs near the CPU's arithmetic peak and gains nothing from batching).",
+     "3 December 2026, alone on the machine, one sweep (no repeat), default `--prefill-tokens` "
+     "(512). llama-server was not rebuilt for this run: its figures are the 0.9.0 run's, "
+     "below. The same 8 requests one after another spend 4.11 s of their 10.80 s "
+     "(promptlookup) before their first token: prefill, which runs near the CPU's arithmetic "
+     "peak and gains nothing from batching.",
      "Throughput against concurrency, version 0.10.0: promptlookup serve --max-batch 8"),
     ("concurrency-epyc-0.9.0/concurrency.md",
      "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
@@ -135,7 +141,9 @@ def glance() -> list[str]:
         if agreed:
             rows += [("agreed prefixes", "`hf-pld`", agreed, "tokens_per_second", "hf-pld"),
                      ("agreed prefixes, decode only", "`hf-pld`", agreed, "decode_speedup",
-                      "hf-pld")]
+                      "hf-pld"),
+                     ("agreed prefixes (exactness's price)", "`promptlookup-fastest`", agreed,
+                      "tokens_per_second", "promptlookup-fastest")]
         for measure, label, table, key, against in rows:
             cells = [ratio(table, task, key, against) for task in TASKS]
             lines.append(f"| {dtype}, {measure} | {label} | " + " | ".join(cells) + " |")
