@@ -88,15 +88,20 @@ def test_it_is_causal_attention(dtype):
 def test_without_the_kernel_passes_take_the_blas_path(monkeypatch):
     monkeypatch.setenv(native_attention.ENVIRONMENT, "0")
     monkeypatch.setattr(native_attention, "kernel", native_attention.kernel.__wrapped__)
-    from promptlookup.backends import llama_forward
-
-    monkeypatch.setattr(llama_forward, "kernel", native_attention.kernel)
     model = _tiny("llama", vocab_size=32, seed=0, layers=1)
     assert not LlamaForward(model).native_attention
     target = TransformersTarget(model)
     assert target.row_invariant and not target.written_out.native_attention
     target.extend([1, 2, 3])
     assert target.cache.layers[0].key_storage.stride(-1) == 1  # keys not transposed
+
+
+def test_shapes_beyond_the_kernels_bounds_take_the_blas_path():
+    assert native_attention.kernel_takes(9, 3, 64, torch.float32)
+    assert native_attention.kernel_takes(9, 3, 64, torch.bfloat16)
+    assert not native_attention.kernel_takes(9, 3, 64, torch.float16)
+    assert not native_attention.kernel_takes(64, 2, 64, torch.float32)  # 32 heads per kv head
+    assert not native_attention.kernel_takes(8, 8, 512, torch.float32)
 
 
 def test_passes_use_the_kernel_and_transposed_keys_when_it_is_built():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from .attention import grouped_sdpa
-from .native_attention import PassRows, kernel, native_attention
+from .native_attention import PassRows, kernel_takes, native_attention
 from .row_invariant import row_invariant_attention
 
 #: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
@@ -102,7 +102,10 @@ class LlamaForward:
         #: Whether row-invariant attention runs in the native kernel (one call per layer for
         #: every sequence of a pass; caches then keep their keys transposed), else per sequence
         #: over the BLAS. Fixed for the process, so every pass computes a row one way.
-        self.native_attention = row_invariant and kernel() is not None
+        attention = model.model.layers[0].self_attn
+        self.native_attention = row_invariant and kernel_takes(
+            model.config.num_attention_heads, model.config.num_key_value_heads,
+            attention.head_dim, base.embed_tokens.weight.dtype)
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
@@ -150,10 +153,10 @@ class LlamaForward:
         positions = torch.cat([torch.arange(start, start + n, device=device)
                                for start, n in zip(starts, lengths)]).unsqueeze(0)
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
-        rows = PassRows(starts, lengths) if self.native_attention else None
+        pass_rows = PassRows(starts, lengths) if self.native_attention else None
         for index, layer in enumerate(self.layers):
             cache_layers = [cache.layers[index] for cache in caches]
-            hidden = layer.forward(hidden, cos, sin, cache_layers, lengths, None, True, rows)
+            hidden = layer.forward(hidden, cos, sin, cache_layers, lengths, None, True, pass_rows)
         ends = torch.tensor(lengths).cumsum(0).tolist()
         rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
         if len(rows) != hidden.shape[1]:
@@ -180,11 +183,11 @@ class _LayerModules:
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache_layers: list, lengths: list[int], mask: torch.Tensor | None,
-                row_invariant: bool = True, rows: PassRows | None = None) -> torch.Tensor:
+                row_invariant: bool = True, pass_rows: PassRows | None = None) -> torch.Tensor:
         """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
         of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
         (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``;
-        the native kernel over all of them when ``rows`` describes the pass)."""
+        the native kernel over all of them when ``pass_rows`` describes the pass)."""
         total, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
         # (1, total, heads * head_dim) -> (1, heads, total, head_dim), and likewise for keys and values
@@ -192,19 +195,13 @@ class _LayerModules:
         key = self.k_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
         value = self.v_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
         query, key = rotary(query, cos, sin), rotary(key, cos, sin)
-        attended = None
-        if rows is not None:  # every sequence in one call, each row over its own cache
+        if pass_rows is not None:  # every sequence in one call, each row over its own cache
             first = 0
             for cache_layer, length in zip(cache_layers, lengths):
                 cache_layer.update(key[:, :, first : first + length],
                                    value[:, :, first : first + length])
                 first += length
-            attended = native_attention(query, cache_layers, rows, self.scaling)
-            if attended is None:  # a shape the kernel does not take: the BLAS path
-                for cache_layer, length in zip(cache_layers, lengths):
-                    cache_layer.crop(-length)
-        if attended is not None:
-            pass
+            attended = native_attention(query, cache_layers, pass_rows, self.scaling)
         elif row_invariant:  # each sequence over its buffers: whole key blocks, masked
             attended, first = [], 0
             for cache_layer, length in zip(cache_layers, lengths):

@@ -98,6 +98,17 @@ def kernel() -> ctypes.CDLL | None:
     return library
 
 
+#: The kernel's static bounds (``row_attention.c``): query heads per key/value head, head size.
+MAX_GROUP, MAX_DIM = 16, 256
+
+
+def kernel_takes(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether passes of this attention shape and dtype can run in the kernel (built here)."""
+    return (dtype in (torch.float32, torch.bfloat16) and kv_heads >= 1 and heads % kv_heads == 0
+            and heads // kv_heads <= MAX_GROUP and head_dim <= MAX_DIM
+            and kernel() is not None)
+
+
 class PassRows:
     """What every layer of one pass tells the kernel about its rows: each row's sequence and
     position (``row_sequence``, ``row_position``: int64 tensors kept alive for the calls)."""
@@ -112,15 +123,12 @@ class PassRows:
 
 
 def native_attention(query: torch.Tensor, cache_layers: list, rows: PassRows,
-                     scaling: float) -> torch.Tensor | None:
+                     scaling: float) -> torch.Tensor:
     """Attention of ``query`` (1, heads, total, head_dim), the new rows of every sequence of a
     pass, each over its own ``cache_layers[i]`` (already holding this pass's keys and values,
-    keys transposed). Returns (1, total, heads, head_dim), or None if the kernel cannot take
-    this shape (the caller then uses the BLAS path)."""
+    keys transposed), for a shape :func:`kernel_takes`. Returns (1, total, heads, head_dim)."""
     library = kernel()
     _, heads, total, head_dim = query.shape
-    if library is None or query.dtype not in (torch.float32, torch.bfloat16):
-        return None
     queries = query.transpose(1, 2)  # (1, total, heads, head_dim): the layout the kernel reads
     if not queries.is_contiguous():
         queries = queries.contiguous()
@@ -136,4 +144,6 @@ def native_attention(query: torch.Tensor, cache_layers: list, rows: PassRows,
         rows.row_sequence.data_ptr(), rows.row_position.data_ptr(), key_pointers.data_ptr(),
         value_pointers.data_ptr(), capacities.data_ptr(), heads, kv_heads, head_dim,
         scaling, torch.get_num_threads())
-    return out if status == 0 else None
+    if status != 0:
+        raise MemoryError("row-invariant attention kernel: out of memory or an unchecked shape")
+    return out
