@@ -207,6 +207,8 @@ def test_generate_batch_checks_every_prompt_before_generating():
         lm.generate_batch("abc", max_new_tokens=4)
     with pytest.raises(InvalidParameterError):
         BatchDecoder(lm.target, max_batch=0)
+    with pytest.raises(InvalidParameterError, match="prefill_tokens"):
+        lm.generate_batch(["abc"], max_new_tokens=4, prefill_tokens=0)
 
 
 def test_generate_batch_needs_a_target_that_batches():

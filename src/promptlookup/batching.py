@@ -23,7 +23,8 @@ Prefill policy (time to first token against inter-token latency): while other se
 decoding, a step carries at most ``prefill_tokens`` prompt tokens (oldest joiner first), so
 a long prompt delays each running sequence's next step by about one pass over that many
 tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; more lifts
-throughput, since every step also carries the running sequences' drafts); with nobody decoding, prompts go in whole chunks of
+throughput, since every step also carries the running sequences' drafts); with nobody
+decoding, prompts go in whole chunks of
 :data:`~promptlookup.backends.transformers_backend.PREFILL_CHUNK` tokens. A prompt's last
 chunk goes into the same pass as its first draft, which yields its first token.
 
@@ -139,6 +140,8 @@ class BatchDecoder:
                  max_batch: int = 8, prefill_tokens: int = PREFILL_TOKENS) -> None:
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
+        if prefill_tokens < 1:
+            raise InvalidParameterError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.target, self.policy = target, policy
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self.waiting: collections.deque[BatchSequence] = collections.deque()
