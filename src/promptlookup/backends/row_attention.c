@@ -5,12 +5,17 @@
  * nor on which thread computes it. Every value is defined by C's IEEE semantics (no
  * reassociation: built without -ffast-math and with -ffp-contract=off, products and sums
  * written as explicit fmaf, + and *), so a vectorised and a scalar evaluation of the same
- * expression give the same bits. Rows are grouped in tasks (up to TILE rows of one sequence,
- * one key/value head) for the threads; no arithmetic is shared between rows.
+ * expression give the same bits. Rows are grouped in tasks (rows of one sequence, one
+ * key/value head, up to MAX_VECTORS query vectors) for the threads. Within a task several query vectors go through the same
+ * keys and values at once (each key or value read once for all of them, as in a matrix
+ * product's micro-kernel), but each vector keeps its own accumulators: no arithmetic is shared
+ * between rows, and a vector's bits are the same whichever others it is grouped with.
  *
  * For one row and one query head, with s = scale:
  *   score[j]  = fmaf chain over d = 0..D-1 of query[d] * key[j][d], from 0   (j = 0..p)
- *   top       = max_j score[j] * s
+ *   top       = max_j score[j] * s   (in LANES lanes, j into lane j % LANES, then a tree; a
+ *               maximum is the same whatever the order, signed zeros aside, and exp below
+ *               gives the same bits for x - (+0) and x - (-0))
  *   weight[j] = exp(score[j] * s - top)                    (exp_approx below, fixed)
  *   total     = sum of weight[j] into lane j % LANES, in order of j, then a fixed tree
  *   out[d]    = (fmaf chain over j of weight[j] * value[j][d], from 0) / total
@@ -26,10 +31,13 @@
 #include <string.h>
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
-#define BLOCK 64   /* keys scored side by side (cache capacities are multiples of it) */
-#define TILE 4     /* rows of one sequence per task */
+#define BLOCK 64   /* keys per block (cache capacities are multiples of it) */
+#define MAX_VECTORS 64  /* query vectors per task: rows of one sequence times the group */
 #define MAX_GROUP 16
 #define MAX_DIM 256
+#define NV 2       /* query vectors a micro-kernel carries through the same keys or values */
+#define KEYS 64    /* keys scored per micro-kernel call */
+#define CHUNK 64   /* output elements summed per micro-kernel call */
 
 static inline float bf16_to_float(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -68,6 +76,132 @@ static inline float exp_approx(float x) {
     return x < -87.0f ? 0.0f : poly * scale;
 }
 
+
+/* max_j scores[j] * scale over j < n, in LANES lanes then a tree (the same maximum in any
+ * order). Vector extensions, as the compiler does not vectorise a maximum without fast-math. */
+typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t lane_mask_t __attribute__((vector_size(LANES * sizeof(int32_t))));
+static inline lanes_t lanes_max(lanes_t a, lanes_t b) {
+    const lane_mask_t greater = a > b;
+    return (lanes_t)(((lane_mask_t)a & greater) | ((lane_mask_t)b & ~greater));
+}
+static float top_score(const float *scores, int64_t n, float scale) {
+    lanes_t tops, scaled;
+    for (int l = 0; l < LANES; l++) tops[l] = -INFINITY;
+    int64_t j0 = 0;
+    for (; j0 + LANES <= n; j0 += LANES) {
+        memcpy(&scaled, scores + j0, sizeof scaled);
+        tops = lanes_max(scaled * scale, tops);
+    }
+    for (int l = 0; j0 + l < n; l++) {
+        const float x = scores[j0 + l] * scale;
+        tops[l] = x > tops[l] ? x : tops[l];
+    }
+    float top = -INFINITY;
+    for (int l = 0; l < LANES; l++) top = tops[l] > top ? tops[l] : top;
+    return top;
+}
+
+/* Micro-kernels over COUNT query vectors (1 or NV), on float blocks. */
+
+/* to[v][l] = fmaf chain over d of queries[v][d] * keys[d][l], for KEYS keys from `keys`
+ * (row stride BLOCK); queries[v] at queries + v * MAX_DIM, to[v] at to + v * to_stride. */
+#define DEFINE_SCORES(NAME, COUNT, DIM)                                                        \
+__attribute__((noinline)) static void NAME(const float *keys, const float *queries, int dim,  \
+                                           float *to, int64_t to_stride) {                    \
+    (void)dim;                                                                                \
+    float acc[COUNT][KEYS] = {{0}};                                                           \
+    for (int d = 0; d < (DIM); d++) {                                                         \
+        const float *key_row = keys + d * BLOCK;                                              \
+        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                          \
+            const float q = queries[v * MAX_DIM + d];                                         \
+            for (int l = 0; l < KEYS; l++) acc[v][l] = fmaf(q, key_row[l], acc[v][l]);        \
+        }                                                                                     \
+    }                                                                                         \
+    for (int v = 0; v < (COUNT); v++)                                                         \
+        for (int l = 0; l < KEYS; l++) to[v * to_stride + l] = acc[v][l];                     \
+}
+
+/* sums[v][c] = fmaf chain over j < seen[v] of weights[v][j] * values[j][c], continued from
+ * sums[v][c], for CHUNK elements c (or `width`, fewer; values: row stride `dim`; weights[v] at weights +
+ * v * weight_stride; sums[v] at sums + v * MAX_DIM). Rows of a tile see different numbers of
+ * keys: the vectors go together up to the fewest, then each alone, j always in order. */
+#define DEFINE_VALUES(NAME, COUNT, WIDTH)                                                      \
+__attribute__((noinline)) static void NAME(const float *values, int dim, const float *weights, \
+                                           int64_t weight_stride, const int64_t *seen,        \
+                                           float *sums, int width) {                          \
+    (void)width;                                                                              \
+    float acc[COUNT][CHUNK];                                                                  \
+    int64_t fewest = seen[0];                                                                 \
+    for (int v = 0; v < (COUNT); v++) {                                                       \
+        if (seen[v] < fewest) fewest = seen[v];                                               \
+        for (int c = 0; c < (WIDTH); c++) acc[v][c] = sums[v * MAX_DIM + c];                    \
+    }                                                                                         \
+    for (int64_t j = 0; j < fewest; j++) {                                                    \
+        const float *value_row = values + j * dim;                                            \
+        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                          \
+            const float w = weights[v * weight_stride + j];                                   \
+            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);     \
+        }                                                                                     \
+    }                                                                                         \
+    for (int v = 0; v < (COUNT); v++) {                                                       \
+        for (int64_t j = fewest; j < seen[v]; j++) {                                          \
+            const float w = weights[v * weight_stride + j];                                   \
+            const float *value_row = values + j * dim;                                        \
+            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);     \
+        }                                                                                     \
+        for (int c = 0; c < (WIDTH); c++) sums[v * MAX_DIM + c] = acc[v][c];                    \
+    }                                                                                         \
+}
+
+DEFINE_VALUES(values_one, 1, CHUNK)
+DEFINE_VALUES(values_many, NV, CHUNK)
+DEFINE_VALUES(values_tail, 1, width)  /* the last dim % CHUNK elements, a vector at a time */
+
+/* The scores of vectors [0, vectors) against one block of BLOCK keys. */
+#define DEFINE_BLOCK_SCORES(NAME, DIM)                                                         \
+DEFINE_SCORES(NAME##_one, 1, DIM)                                                              \
+DEFINE_SCORES(NAME##_many, NV, DIM)                                                            \
+static void NAME(const float *block, const float (*queries)[MAX_DIM], int vectors, int dim,   \
+                 float *scores, int64_t padded) {                                             \
+    for (int k = 0; k < BLOCK; k += KEYS) {                                                   \
+        int v = 0;                                                                            \
+        for (; v + NV <= vectors; v += NV)                                                    \
+            NAME##_many(block + k, queries[v], dim, scores + v * padded + k, padded);         \
+        for (; v < vectors; v++)                                                              \
+            NAME##_one(block + k, queries[v], dim, scores + v * padded + k, padded);          \
+    }                                                                                         \
+}
+DEFINE_BLOCK_SCORES(scores_64, 64)
+DEFINE_BLOCK_SCORES(scores_128, 128)
+DEFINE_BLOCK_SCORES(scores_any, dim)
+
+/* The weighted sums of values rows [0, rows) of one block (row j0 + 0 of the cache first) for
+ * vectors [0, vectors), each over its own first `seen[v] - j0` of them. */
+static void block_values(const float *block, int64_t rows, int64_t j0, const int64_t *seen,
+                         int vectors, int dim, const float *weights, int64_t padded,
+                         float (*sums)[MAX_DIM]) {
+    int64_t counts[MAX_VECTORS];
+    for (int v = 0; v < vectors; v++) {
+        const int64_t n = seen[v] - j0;
+        counts[v] = n < 0 ? 0 : n < rows ? n : rows;
+    }
+    int c = 0;
+    for (; c + CHUNK <= dim; c += CHUNK) {
+        int v = 0;
+        for (; v + NV <= vectors; v += NV)
+            values_many(block + c, dim, weights + v * padded + j0, padded, counts + v,
+                        sums[v] + c, CHUNK);
+        for (; v < vectors; v++)
+            values_one(block + c, dim, weights + v * padded + j0, padded, counts + v,
+                       sums[v] + c, CHUNK);
+    }
+    if (c < dim)
+        for (int v = 0; v < vectors; v++)
+            values_tail(block + c, dim, weights + v * padded + j0, padded, counts + v,
+                        sums[v] + c, dim - c);
+}
+
 typedef struct {
     const void *query;
     void *out;
@@ -78,34 +212,29 @@ typedef struct {
     float scale;
 } call_t;
 
-/* Rows first..first+count-1 (one sequence), key/value head h; ELEMENT is float or uint16_t
- * (bfloat16), TO_FLOAT reads one. Written once as a macro so that each element type gets its
- * own loops, vectorised without a branch on the type inside them. */
-#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, DIM, DIM_BOUND, KEY_TYPE, AS_FLOAT_BLOCK, AS_FLOAT_ROWS, KEY_STRIDE)                  \
-/* score[l] = fmaf chain over d of query[d] * key[d][l], for a block of BLOCK keys (kept in  \
- * registers: its own function, small enough for the compiler to see that). */             \
-__attribute__((noinline)) static void NAME##_scores(const KEY_TYPE *keys, int64_t stride,    \
-                                                    const float *query, int dim, float *to) { \
-    float acc[BLOCK] = {0};                                                                   \
-    for (int d = 0; d < (DIM); d++) {                                                         \
-        const float q = query[d];                                                             \
-        const KEY_TYPE *key_row = keys + d * stride;                                          \
-        for (int l = 0; l < BLOCK; l++) acc[l] = fmaf(q, key_row[l], acc[l]);                 \
-    }                                                                                         \
-    for (int l = 0; l < BLOCK; l++) to[l] = acc[l];                                           \
-}                                                                                             \
-/* sum[d] = fmaf chain over j < seen of weight[j] * value[j][d], continued from sum[d]. */   \
-__attribute__((noinline)) static void NAME##_values(const KEY_TYPE *values, const float *weights, \
-                                                    int64_t seen, int dim, float *to) {       \
-    float sum[DIM_BOUND];                                                                     \
-    for (int d = 0; d < (DIM); d++) sum[d] = to[d];                                           \
-    for (int64_t j = 0; j < seen; j++) {                                                      \
-        const float w = weights[j];                                                           \
-        const KEY_TYPE *value_row = values + j * (DIM);                                       \
-        for (int d = 0; d < (DIM); d++) sum[d] = fmaf(w, value_row[d], sum[d]);               \
-    }                                                                                         \
-    for (int d = 0; d < (DIM); d++) to[d] = sum[d];                                           \
-}                                                                                             \
+/* One key block (BLOCK keys from `keys`, row stride `capacity`) as contiguous floats. */
+static const float *float_key_block(const float *keys, int64_t capacity, int dim, float *block) {
+    for (int d = 0; d < dim; d++) memcpy(block + d * BLOCK, keys + d * capacity, sizeof(float) * BLOCK);
+    return block;
+}
+static const float *bf16_key_block(const uint16_t *keys, int64_t capacity, int dim, float *block) {
+    for (int d = 0; d < dim; d++)
+        for (int l = 0; l < BLOCK; l++) block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
+    return block;
+}
+static const float *float_rows(const float *values, int64_t count, float *block) {
+    (void)count;
+    (void)block;
+    return values;
+}
+static const float *bf16_rows(const uint16_t *values, int64_t count, float *block) {
+    for (int64_t i = 0; i < count; i++) block[i] = bf16_to_float(values[i]);
+    return block;
+}
+
+/* Rows first..first+count-1 (one sequence), key/value head h. ELEMENT is float or uint16_t
+ * (bfloat16): each gets its own function, read through KEY_BLOCK / VALUE_ROWS. */
+#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, KEY_BLOCK, VALUE_ROWS)               \
 static void NAME(const call_t *c, int64_t first, int count, int h) {                          \
     const int group = c->heads / c->kv_heads, dim = c->head_dim;                             \
     const int64_t sequence = c->row_sequence[first], capacity = c->capacities[sequence];     \
@@ -114,7 +243,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     const ELEMENT *values = (const ELEMENT *)(intptr_t)c->value_pointers[sequence]           \
                             + (int64_t)h * dim * capacity;                                    \
     const ELEMENT *query = (const ELEMENT *)c->query;                                         \
-    int64_t seen[TILE * MAX_GROUP], longest = 0;                                              \
+    int64_t seen[MAX_VECTORS], longest = 0;                                              \
     const int vectors = count * group;  /* query vectors of the tile: row-major, then head */ \
     for (int v = 0; v < vectors; v++) {                                                       \
         seen[v] = c->row_position[first + v / group] + 1;                                     \
@@ -123,36 +252,28 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     const int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;                             \
     float *scores = malloc(sizeof(float) * (size_t)vectors * (size_t)padded);                 \
     if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */       \
-    float queries[TILE * MAX_GROUP][MAX_DIM];                                                 \
+    float queries[MAX_VECTORS][MAX_DIM];                                                 \
     for (int v = 0; v < vectors; v++) {                                                       \
         const ELEMENT *from = query + ((first + v / group) * c->heads                          \
                                        + (int64_t)h * group + v % group) * dim;               \
         for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                      \
     }                                                                                         \
-    /* Scores: a block of keys at a time (contiguous per dimension), read as float once per  \
-     * block for all the task's vectors. */                                                   \
-    float block[MAX_DIM * BLOCK];  /* bfloat16 keys or values of one block, as float */    \
-    (void)block;                                                                              \
+    float block[MAX_DIM * BLOCK];  /* keys or values of one block, as contiguous floats */  \
     for (int64_t j0 = 0; j0 < padded; j0 += BLOCK) {                                          \
-        const KEY_TYPE *key_block = AS_FLOAT_BLOCK(keys + j0, capacity, dim, block);          \
-        const int64_t stride = KEY_STRIDE(capacity);                                          \
-        for (int v = 0; v < vectors; v++)                                                     \
-            NAME##_scores(key_block, stride, queries[v], dim, scores + (size_t)v * padded + j0); \
+        const float *key_block = KEY_BLOCK(keys + j0, capacity, dim, block);                  \
+        if (dim == 64) scores_64(key_block, queries, vectors, dim, scores + j0, padded);      \
+        else if (dim == 128) scores_128(key_block, queries, vectors, dim, scores + j0, padded); \
+        else scores_any(key_block, queries, vectors, dim, scores + j0, padded);               \
     }                                                                                         \
-    /* Softmax weights per vector, over its own row's keys only (0 past them). */             \
-    float totals[TILE * MAX_GROUP];                                                           \
+    /* Softmax weights per vector, over its own row's keys only. */                           \
+    float totals[MAX_VECTORS];                                                           \
     for (int v = 0; v < vectors; v++) {                                                       \
         float *row = scores + (size_t)v * padded;                                             \
         const int64_t n = seen[v];                                                            \
-        float top = -INFINITY;  /* a maximum does not depend on order */                     \
-        for (int64_t j = 0; j < n; j++) {                                                     \
-            const float scaled = row[j] * c->scale;                                           \
-            top = scaled > top ? scaled : top;                                                \
-        }                                                                                     \
-        /* Whole lanes first (vectorised), then the rest: the same formula either way. */     \
+        const float top = top_score(row, n, c->scale);                                        \
         float lanes[LANES] = {0};                                                             \
-        int64_t j0 = 0;                                                                       \
-        for (; j0 + LANES <= n; j0 += LANES)                                                  \
+        int64_t j0;                                                                           \
+        for (j0 = 0; j0 + LANES <= n; j0 += LANES)                                            \
             for (int l = 0; l < LANES; l++) {                                                 \
                 const float weight = exp_approx(row[j0 + l] * c->scale - top);                \
                 row[j0 + l] = weight;                                                         \
@@ -167,19 +288,14 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
             for (int l = 0; l < width; l++) lanes[l] = lanes[l] + lanes[l + width];           \
         totals[v] = lanes[0];                                                                 \
     }                                                                                         \
-    /* Weighted sums of the values, one fmaf chain over j per output element, carried from   \
-     * block to block (values read as float once per block for all the task's vectors). */   \
-    float sums[TILE * MAX_GROUP][MAX_DIM];                                                    \
+    /* Weighted sums of the values, carried from block to block. */                          \
+    float sums[MAX_VECTORS][MAX_DIM];                                                    \
     for (int v = 0; v < vectors; v++)                                                         \
         for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                      \
     for (int64_t j0 = 0; j0 < longest; j0 += BLOCK) {                                         \
         const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                     \
-        const KEY_TYPE *value_block = AS_FLOAT_ROWS(values + j0 * dim, rows * dim, block);    \
-        for (int v = 0; v < vectors; v++) {                                                   \
-            const int64_t n = seen[v] - j0 < rows ? seen[v] - j0 : rows;                      \
-            if (n > 0)                                                                        \
-                NAME##_values(value_block, scores + (size_t)v * padded + j0, n, dim, sums[v]); \
-        }                                                                                     \
+        const float *value_block = VALUE_ROWS(values + j0 * dim, rows * dim, block);          \
+        block_values(value_block, rows, j0, seen, vectors, dim, scores, padded, sums);        \
     }                                                                                         \
     ELEMENT *out = (ELEMENT *)c->out;                                                         \
     for (int v = 0; v < vectors; v++) {                                                       \
@@ -190,35 +306,8 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
 }
 
 #define SAME(x) (x)
-/* float32 caches are read in place; bfloat16 blocks are converted into `block` first. */
-#define IN_PLACE(keys, capacity, dim, block) (keys)
-#define IN_PLACE_ROWS(values, count, block) (values)
-#define CAPACITY(capacity) (capacity)
-#define WHOLE_BLOCK(capacity) BLOCK
-
-static const float *bf16_key_block(const uint16_t *keys, int64_t capacity, int dim, float *block) {
-    for (int d = 0; d < dim; d++)
-        for (int l = 0; l < BLOCK; l++) block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
-    return block;
-}
-
-static const float *bf16_rows(const uint16_t *values, int64_t count, float *block) {
-    for (int64_t i = 0; i < count; i++) block[i] = bf16_to_float(values[i]);
-    return block;
-}
-/* Each element type for the common head sizes (64, 128: constant trip counts, accumulators in
- * registers) and for any other up to MAX_DIM. The formula is the same in all of them. */
-#define FLOAT_TILE(NAME, DIM, BOUND) \
-    DEFINE_ATTEND_TILE(NAME, float, SAME, SAME, DIM, BOUND, float, IN_PLACE, IN_PLACE_ROWS, CAPACITY)
-#define BF16_TILE(NAME, DIM, BOUND) \
-    DEFINE_ATTEND_TILE(NAME, uint16_t, bf16_to_float, float_to_bf16, DIM, BOUND, float, \
-                       bf16_key_block, bf16_rows, WHOLE_BLOCK)
-FLOAT_TILE(float_64, 64, 64)
-FLOAT_TILE(float_128, 128, 128)
-FLOAT_TILE(float_any, dim, MAX_DIM)
-BF16_TILE(bf16_64, 64, 64)
-BF16_TILE(bf16_128, 128, 128)
-BF16_TILE(bf16_any, dim, MAX_DIM)
+DEFINE_ATTEND_TILE(float_tile, float, SAME, SAME, float_key_block, float_rows)
+DEFINE_ATTEND_TILE(bf16_tile, uint16_t, bf16_to_float, float_to_bf16, bf16_key_block, bf16_rows)
 
 typedef void (*tile_function)(const call_t *, int64_t, int, int);
 
@@ -233,10 +322,9 @@ int row_attention(int bf16, const void *query, void *out, int64_t rows,
         return -1;
     call_t c = {query, out, row_sequence, row_position, key_pointers, value_pointers,
                 capacities, heads, kv_heads, head_dim, scale};
-    const tile_function attend =
-        head_dim == 64 ? (bf16 ? bf16_64 : float_64)
-        : head_dim == 128 ? (bf16 ? bf16_128 : float_128) : (bf16 ? bf16_any : float_any);
-    /* Tiles: runs of up to TILE rows of one sequence. */
+    const tile_function attend = bf16 ? bf16_tile : float_tile;
+    /* Tiles: runs of rows of one sequence, as many as MAX_VECTORS query vectors allow. */
+    const int tile_rows = MAX_VECTORS / (heads / kv_heads);
     int64_t *tile_first = malloc(sizeof(int64_t) * (size_t)(rows + 1));
     int *tile_count = malloc(sizeof(int) * (size_t)(rows + 1));
     if (tile_first == NULL || tile_count == NULL) {
@@ -247,7 +335,7 @@ int row_attention(int bf16, const void *query, void *out, int64_t rows,
     int64_t tiles = 0;
     for (int64_t r = 0; r < rows;) {
         int n = 1;
-        while (n < TILE && r + n < rows && row_sequence[r + n] == row_sequence[r]) n++;
+        while (n < tile_rows && r + n < rows && row_sequence[r + n] == row_sequence[r]) n++;
         tile_first[tiles] = r;
         tile_count[tiles++] = n;
         r += n;
