@@ -51,11 +51,12 @@ SWEEPS = [
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
-    ("forward-cost-epyc-0.10.0.md",
+    ("forward-cost-epyc-0.10.1.md",
      "`python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 "
-     "--context 2000 --threads 1`, version 0.10.0, on the AMD EPYC, 3 December 2026, alone on "
-     "the machine. The per-pass price of exactness (`fastest` against `promptlookup`) and of "
-     "attention without the native kernel (`blas-attention`)."),
+     "--context 2000 --threads 1`, version 0.10.1 (register-blocked attention kernel), on the "
+     "AMD EPYC, 3 December 2026, beside a one-thread bench run on the other core. The per-pass "
+     "price of exactness (`fastest` against `promptlookup`) and of attention without the native "
+     "kernel (`blas-attention`)."),
     ("forward-cost-xeon-0.7.0.md",
      "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
      "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "

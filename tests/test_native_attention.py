@@ -40,7 +40,7 @@ def attend(query, keys, values, layers, starts, lengths):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [8, 64, 128])
+@pytest.mark.parametrize("head_dim", [8, 64, 96, 128])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rows_do_not_depend_on_what_shares_the_call(dtype, head_dim, threads):
     before = torch.get_num_threads()
@@ -50,7 +50,9 @@ def test_rows_do_not_depend_on_what_shares_the_call(dtype, head_dim, threads):
         kv_heads, heads = 2, 6
         starts = [rng.randrange(0, 150) for _ in range(4)]
         layers = [filled_layer(start, kv_heads, head_dim, dtype, generator) for start in starts]
-        lengths = [rng.randint(1, 17) for _ in starts]
+        # Up to 30 rows: a sequence's rows then span more than one task (21 rows of 3 query
+        # heads each), and head size 96 ends in a partial chunk of the value sums.
+        lengths = [rng.randint(1, 30) for _ in starts]
         total = sum(lengths)
         query = torch.randn(1, heads, total, head_dim, generator=generator).to(dtype)
         keys, values = (torch.randn(1, kv_heads, total, head_dim, generator=generator).to(dtype)
