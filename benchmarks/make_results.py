@@ -30,13 +30,14 @@ TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
 # methods include promptlookup-none (identity against promptlookup's own plain decoding) and
 # promptlookup-fastest (the fastest kernels whatever their rounding: what exactness costs).
 MAIN = [
-    ("epyc-bfloat16-greedy-0.10.0",
-     "the main command plus `promptlookup-fastest`, bfloat16, version 0.10.0 (commit "
-     "9e2ccbe), on one core of the AMD EPYC while the other core ran a "
-     "concurrency bench, tests and one-off timings: no repeats, so no noise line."),
-    ("epyc-float32-greedy-0.10.0",
-     "the same command in float32, right after the bfloat16 run, with the same company on the "
-     "other core."),
+    ("epyc-bfloat16-greedy-0.10.1",
+     "the main command plus `promptlookup-fastest` and `--repeat 2` (each method twice per "
+     "prompt, the faster kept; the noise line), bfloat16, version 0.10.1 (commit abf01be), on "
+     "one core of the AMD EPYC while the other core ran the forward-pass study, the test suite "
+     "and, from two fifths of the way on, the float32 run below."),
+    ("epyc-float32-greedy-0.10.1",
+     "the same command in float32 without `--repeat` (no noise line), the same code, started "
+     "two fifths of the way into the bfloat16 run, on the other core."),
 ]
 # The --sweep grid against the default, bfloat16, every method twice per prompt.
 SWEEPS = [
