@@ -6,14 +6,15 @@
  * reassociation: built without -ffast-math and with -ffp-contract=off, products and sums
  * written as explicit fmaf, + and *), so a vectorised and a scalar evaluation of the same
  * expression give the same bits. Rows are grouped in tasks (rows of one sequence, one
- * key/value head, up to MAX_VECTORS query vectors) for the threads. Within a task several query vectors go through the same
- * keys and values at once (each key or value read once for all of them, as in a matrix
- * product's micro-kernel), but each vector keeps its own accumulators: no arithmetic is shared
- * between rows, and a vector's bits are the same whichever others it is grouped with.
+ * key/value head, up to MAX_VECTORS query vectors) for the threads. Within a task several
+ * query vectors go through the same keys and values at once (each key or value read once for
+ * all of them, as in a matrix product's micro-kernel), but each vector keeps its own
+ * accumulators: no arithmetic is shared between rows, and a vector's bits are the same
+ * whichever others it is grouped with.
  *
  * For one row and one query head, with s = scale:
  *   score[j]  = fmaf chain over d = 0..D-1 of query[d] * key[j][d], from 0   (j = 0..p)
- *   top       = max_j score[j] * s   (in LANES lanes, j into lane j % LANES, then a tree; a
+ *   top       = max_j score[j] * s   (in LANES lanes, j into lane j % LANES, then across them; a
  *               maximum is the same whatever the order, signed zeros aside, and exp below
  *               gives the same bits for x - (+0) and x - (-0))
  *   weight[j] = exp(score[j] * s - top)                    (exp_approx below, fixed)
@@ -76,9 +77,8 @@ static inline float exp_approx(float x) {
     return x < -87.0f ? 0.0f : poly * scale;
 }
 
-
-/* max_j scores[j] * scale over j < n, in LANES lanes then a tree (the same maximum in any
- * order). Vector extensions, as the compiler does not vectorise a maximum without fast-math. */
+/* max_j scores[j] * scale over j < n, in LANES lanes then across them (the same maximum in
+ * any order). Vector extensions, as the compiler does not vectorise a maximum without fast-math. */
 typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t lane_mask_t __attribute__((vector_size(LANES * sizeof(int32_t))));
 static inline lanes_t lanes_max(lanes_t a, lanes_t b) {
@@ -107,51 +107,52 @@ static float top_score(const float *scores, int64_t n, float scale) {
 /* to[v][l] = fmaf chain over d of queries[v][d] * keys[d][l], for KEYS keys from `keys`
  * (row stride BLOCK); queries[v] at queries + v * MAX_DIM, to[v] at to + v * to_stride. */
 #define DEFINE_SCORES(NAME, COUNT, DIM)                                                        \
-__attribute__((noinline)) static void NAME(const float *keys, const float *queries, int dim,  \
-                                           float *to, int64_t to_stride) {                    \
-    (void)dim;                                                                                \
-    float acc[COUNT][KEYS] = {{0}};                                                           \
-    for (int d = 0; d < (DIM); d++) {                                                         \
-        const float *key_row = keys + d * BLOCK;                                              \
-        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                          \
-            const float q = queries[v * MAX_DIM + d];                                         \
-            for (int l = 0; l < KEYS; l++) acc[v][l] = fmaf(q, key_row[l], acc[v][l]);        \
-        }                                                                                     \
-    }                                                                                         \
-    for (int v = 0; v < (COUNT); v++)                                                         \
-        for (int l = 0; l < KEYS; l++) to[v * to_stride + l] = acc[v][l];                     \
+__attribute__((noinline)) static void NAME(const float *keys, const float *queries, int dim,   \
+                                           float *to, int64_t to_stride) {                     \
+    (void)dim;                                                                                 \
+    float acc[COUNT][KEYS] = {{0}};                                                            \
+    for (int d = 0; d < (DIM); d++) {                                                          \
+        const float *key_row = keys + d * BLOCK;                                               \
+        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                           \
+            const float q = queries[v * MAX_DIM + d];                                          \
+            for (int l = 0; l < KEYS; l++) acc[v][l] = fmaf(q, key_row[l], acc[v][l]);         \
+        }                                                                                      \
+    }                                                                                          \
+    for (int v = 0; v < (COUNT); v++)                                                          \
+        for (int l = 0; l < KEYS; l++) to[v * to_stride + l] = acc[v][l];                      \
 }
 
 /* sums[v][c] = fmaf chain over j < seen[v] of weights[v][j] * values[j][c], continued from
- * sums[v][c], for CHUNK elements c (or `width`, fewer; values: row stride `dim`; weights[v] at weights +
- * v * weight_stride; sums[v] at sums + v * MAX_DIM). Rows of a tile see different numbers of
- * keys: the vectors go together up to the fewest, then each alone, j always in order. */
+ * sums[v][c], for CHUNK elements c (values_tail: `width`, fewer); values: row stride `dim`;
+ * weights[v] at weights + v * weight_stride; sums[v] at sums + v * MAX_DIM. Rows of a tile
+ * see different numbers of keys: the vectors go together up to the fewest, then each alone,
+ * j always in order. */
 #define DEFINE_VALUES(NAME, COUNT, WIDTH)                                                      \
 __attribute__((noinline)) static void NAME(const float *values, int dim, const float *weights, \
-                                           int64_t weight_stride, const int64_t *seen,        \
-                                           float *sums, int width) {                          \
-    (void)width;                                                                              \
-    float acc[COUNT][CHUNK];                                                                  \
-    int64_t fewest = seen[0];                                                                 \
-    for (int v = 0; v < (COUNT); v++) {                                                       \
-        if (seen[v] < fewest) fewest = seen[v];                                               \
-        for (int c = 0; c < (WIDTH); c++) acc[v][c] = sums[v * MAX_DIM + c];                    \
-    }                                                                                         \
-    for (int64_t j = 0; j < fewest; j++) {                                                    \
-        const float *value_row = values + j * dim;                                            \
-        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                          \
-            const float w = weights[v * weight_stride + j];                                   \
-            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);     \
-        }                                                                                     \
-    }                                                                                         \
-    for (int v = 0; v < (COUNT); v++) {                                                       \
-        for (int64_t j = fewest; j < seen[v]; j++) {                                          \
-            const float w = weights[v * weight_stride + j];                                   \
-            const float *value_row = values + j * dim;                                        \
-            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);     \
-        }                                                                                     \
-        for (int c = 0; c < (WIDTH); c++) sums[v * MAX_DIM + c] = acc[v][c];                    \
-    }                                                                                         \
+                                           int64_t weight_stride, const int64_t *seen,         \
+                                           float *sums, int width) {                           \
+    (void)width;                                                                               \
+    float acc[COUNT][CHUNK];                                                                   \
+    int64_t fewest = seen[0];                                                                  \
+    for (int v = 0; v < (COUNT); v++) {                                                        \
+        if (seen[v] < fewest) fewest = seen[v];                                                \
+        for (int c = 0; c < (WIDTH); c++) acc[v][c] = sums[v * MAX_DIM + c];                   \
+    }                                                                                          \
+    for (int64_t j = 0; j < fewest; j++) {                                                     \
+        const float *value_row = values + j * dim;                                             \
+        _Pragma("GCC unroll 16") for (int v = 0; v < (COUNT); v++) {                           \
+            const float w = weights[v * weight_stride + j];                                    \
+            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);    \
+        }                                                                                      \
+    }                                                                                          \
+    for (int v = 0; v < (COUNT); v++) {                                                        \
+        for (int64_t j = fewest; j < seen[v]; j++) {                                           \
+            const float w = weights[v * weight_stride + j];                                    \
+            const float *value_row = values + j * dim;                                         \
+            for (int c = 0; c < (WIDTH); c++) acc[v][c] = fmaf(w, value_row[c], acc[v][c]);    \
+        }                                                                                      \
+        for (int c = 0; c < (WIDTH); c++) sums[v * MAX_DIM + c] = acc[v][c];                   \
+    }                                                                                          \
 }
 
 DEFINE_VALUES(values_one, 1, CHUNK)
@@ -162,15 +163,15 @@ DEFINE_VALUES(values_tail, 1, width)  /* the last dim % CHUNK elements, a vector
 #define DEFINE_BLOCK_SCORES(NAME, DIM)                                                         \
 DEFINE_SCORES(NAME##_one, 1, DIM)                                                              \
 DEFINE_SCORES(NAME##_many, NV, DIM)                                                            \
-static void NAME(const float *block, const float (*queries)[MAX_DIM], int vectors, int dim,   \
-                 float *scores, int64_t padded) {                                             \
-    for (int k = 0; k < BLOCK; k += KEYS) {                                                   \
-        int v = 0;                                                                            \
-        for (; v + NV <= vectors; v += NV)                                                    \
-            NAME##_many(block + k, queries[v], dim, scores + v * padded + k, padded);         \
-        for (; v < vectors; v++)                                                              \
-            NAME##_one(block + k, queries[v], dim, scores + v * padded + k, padded);          \
-    }                                                                                         \
+static void NAME(const float *block, const float (*queries)[MAX_DIM], int vectors, int dim,    \
+                 float *scores, int64_t padded) {                                              \
+    for (int k = 0; k < BLOCK; k += KEYS) {                                                    \
+        int v = 0;                                                                             \
+        for (; v + NV <= vectors; v += NV)                                                     \
+            NAME##_many(block + k, queries[v], dim, scores + v * padded + k, padded);          \
+        for (; v < vectors; v++)                                                               \
+            NAME##_one(block + k, queries[v], dim, scores + v * padded + k, padded);           \
+    }                                                                                          \
 }
 DEFINE_BLOCK_SCORES(scores_64, 64)
 DEFINE_BLOCK_SCORES(scores_128, 128)
@@ -214,12 +215,14 @@ typedef struct {
 
 /* One key block (BLOCK keys from `keys`, row stride `capacity`) as contiguous floats. */
 static const float *float_key_block(const float *keys, int64_t capacity, int dim, float *block) {
-    for (int d = 0; d < dim; d++) memcpy(block + d * BLOCK, keys + d * capacity, sizeof(float) * BLOCK);
+    for (int d = 0; d < dim; d++)
+        memcpy(block + d * BLOCK, keys + d * capacity, sizeof(float) * BLOCK);
     return block;
 }
 static const float *bf16_key_block(const uint16_t *keys, int64_t capacity, int dim, float *block) {
     for (int d = 0; d < dim; d++)
-        for (int l = 0; l < BLOCK; l++) block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
+        for (int l = 0; l < BLOCK; l++)
+            block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
     return block;
 }
 static const float *float_rows(const float *values, int64_t count, float *block) {
@@ -234,75 +237,75 @@ static const float *bf16_rows(const uint16_t *values, int64_t count, float *bloc
 
 /* Rows first..first+count-1 (one sequence), key/value head h. ELEMENT is float or uint16_t
  * (bfloat16): each gets its own function, read through KEY_BLOCK / VALUE_ROWS. */
-#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, KEY_BLOCK, VALUE_ROWS)               \
-static void NAME(const call_t *c, int64_t first, int count, int h) {                          \
-    const int group = c->heads / c->kv_heads, dim = c->head_dim;                             \
-    const int64_t sequence = c->row_sequence[first], capacity = c->capacities[sequence];     \
-    const ELEMENT *keys = (const ELEMENT *)(intptr_t)c->key_pointers[sequence]               \
-                          + (int64_t)h * dim * capacity;                                      \
-    const ELEMENT *values = (const ELEMENT *)(intptr_t)c->value_pointers[sequence]           \
-                            + (int64_t)h * dim * capacity;                                    \
-    const ELEMENT *query = (const ELEMENT *)c->query;                                         \
-    int64_t seen[MAX_VECTORS], longest = 0;                                              \
-    const int vectors = count * group;  /* query vectors of the tile: row-major, then head */ \
-    for (int v = 0; v < vectors; v++) {                                                       \
-        seen[v] = c->row_position[first + v / group] + 1;                                     \
-        if (seen[v] > longest) longest = seen[v];                                             \
-    }                                                                                         \
-    const int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;                             \
-    float *scores = malloc(sizeof(float) * (size_t)vectors * (size_t)padded);                 \
-    if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */       \
-    float queries[MAX_VECTORS][MAX_DIM];                                                 \
-    for (int v = 0; v < vectors; v++) {                                                       \
+#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, KEY_BLOCK, VALUE_ROWS)              \
+static void NAME(const call_t *c, int64_t first, int count, int h) {                           \
+    const int group = c->heads / c->kv_heads, dim = c->head_dim;                               \
+    const int64_t sequence = c->row_sequence[first], capacity = c->capacities[sequence];       \
+    const ELEMENT *keys = (const ELEMENT *)(intptr_t)c->key_pointers[sequence]                 \
+                          + (int64_t)h * dim * capacity;                                       \
+    const ELEMENT *values = (const ELEMENT *)(intptr_t)c->value_pointers[sequence]             \
+                            + (int64_t)h * dim * capacity;                                     \
+    const ELEMENT *query = (const ELEMENT *)c->query;                                          \
+    int64_t seen[MAX_VECTORS], longest = 0;                                                    \
+    const int vectors = count * group;  /* query vectors of the tile: row-major, then head */  \
+    for (int v = 0; v < vectors; v++) {                                                        \
+        seen[v] = c->row_position[first + v / group] + 1;                                      \
+        if (seen[v] > longest) longest = seen[v];                                              \
+    }                                                                                          \
+    const int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;                              \
+    float *scores = malloc(sizeof(float) * (size_t)vectors * (size_t)padded);                  \
+    if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */         \
+    float queries[MAX_VECTORS][MAX_DIM];                                                       \
+    for (int v = 0; v < vectors; v++) {                                                        \
         const ELEMENT *from = query + ((first + v / group) * c->heads                          \
-                                       + (int64_t)h * group + v % group) * dim;               \
-        for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                      \
-    }                                                                                         \
-    float block[MAX_DIM * BLOCK];  /* keys or values of one block, as contiguous floats */  \
-    for (int64_t j0 = 0; j0 < padded; j0 += BLOCK) {                                          \
-        const float *key_block = KEY_BLOCK(keys + j0, capacity, dim, block);                  \
-        if (dim == 64) scores_64(key_block, queries, vectors, dim, scores + j0, padded);      \
+                                       + (int64_t)h * group + v % group) * dim;                \
+        for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                       \
+    }                                                                                          \
+    float block[MAX_DIM * BLOCK];  /* keys or values of one block, as contiguous floats */     \
+    for (int64_t j0 = 0; j0 < padded; j0 += BLOCK) {                                           \
+        const float *key_block = KEY_BLOCK(keys + j0, capacity, dim, block);                   \
+        if (dim == 64) scores_64(key_block, queries, vectors, dim, scores + j0, padded);       \
         else if (dim == 128) scores_128(key_block, queries, vectors, dim, scores + j0, padded); \
-        else scores_any(key_block, queries, vectors, dim, scores + j0, padded);               \
-    }                                                                                         \
-    /* Softmax weights per vector, over its own row's keys only. */                           \
-    float totals[MAX_VECTORS];                                                           \
-    for (int v = 0; v < vectors; v++) {                                                       \
-        float *row = scores + (size_t)v * padded;                                             \
-        const int64_t n = seen[v];                                                            \
-        const float top = top_score(row, n, c->scale);                                        \
-        float lanes[LANES] = {0};                                                             \
-        int64_t j0;                                                                           \
-        for (j0 = 0; j0 + LANES <= n; j0 += LANES)                                            \
-            for (int l = 0; l < LANES; l++) {                                                 \
-                const float weight = exp_approx(row[j0 + l] * c->scale - top);                \
-                row[j0 + l] = weight;                                                         \
-                lanes[l] = lanes[l] + weight;                                                 \
-            }                                                                                 \
-        for (int l = 0; j0 + l < n; l++) {                                                    \
-            const float weight = exp_approx(row[j0 + l] * c->scale - top);                    \
-            row[j0 + l] = weight;                                                             \
-            lanes[l] = lanes[l] + weight;                                                     \
-        }                                                                                     \
-        for (int width = LANES / 2; width >= 1; width /= 2)                                   \
-            for (int l = 0; l < width; l++) lanes[l] = lanes[l] + lanes[l + width];           \
-        totals[v] = lanes[0];                                                                 \
-    }                                                                                         \
-    /* Weighted sums of the values, carried from block to block. */                          \
-    float sums[MAX_VECTORS][MAX_DIM];                                                    \
-    for (int v = 0; v < vectors; v++)                                                         \
-        for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                      \
-    for (int64_t j0 = 0; j0 < longest; j0 += BLOCK) {                                         \
-        const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                     \
-        const float *value_block = VALUE_ROWS(values + j0 * dim, rows * dim, block);          \
-        block_values(value_block, rows, j0, seen, vectors, dim, scores, padded, sums);        \
-    }                                                                                         \
-    ELEMENT *out = (ELEMENT *)c->out;                                                         \
-    for (int v = 0; v < vectors; v++) {                                                       \
+        else scores_any(key_block, queries, vectors, dim, scores + j0, padded);                \
+    }                                                                                          \
+    /* Softmax weights per vector, over its own row's keys only. */                            \
+    float totals[MAX_VECTORS];                                                                 \
+    for (int v = 0; v < vectors; v++) {                                                        \
+        float *row = scores + (size_t)v * padded;                                              \
+        const int64_t n = seen[v];                                                             \
+        const float top = top_score(row, n, c->scale);                                         \
+        float lanes[LANES] = {0};                                                              \
+        int64_t j0;                                                                            \
+        for (j0 = 0; j0 + LANES <= n; j0 += LANES)                                             \
+            for (int l = 0; l < LANES; l++) {                                                  \
+                const float weight = exp_approx(row[j0 + l] * c->scale - top);                 \
+                row[j0 + l] = weight;                                                          \
+                lanes[l] = lanes[l] + weight;                                                  \
+            }                                                                                  \
+        for (int l = 0; j0 + l < n; l++) {                                                     \
+            const float weight = exp_approx(row[j0 + l] * c->scale - top);                     \
+            row[j0 + l] = weight;                                                              \
+            lanes[l] = lanes[l] + weight;                                                      \
+        }                                                                                      \
+        for (int width = LANES / 2; width >= 1; width /= 2)                                    \
+            for (int l = 0; l < width; l++) lanes[l] = lanes[l] + lanes[l + width];            \
+        totals[v] = lanes[0];                                                                  \
+    }                                                                                          \
+    /* Weighted sums of the values, carried from block to block. */                            \
+    float sums[MAX_VECTORS][MAX_DIM];                                                          \
+    for (int v = 0; v < vectors; v++)                                                          \
+        for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                       \
+    for (int64_t j0 = 0; j0 < longest; j0 += BLOCK) {                                          \
+        const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                      \
+        const float *value_block = VALUE_ROWS(values + j0 * dim, rows * dim, block);           \
+        block_values(value_block, rows, j0, seen, vectors, dim, scores, padded, sums);         \
+    }                                                                                          \
+    ELEMENT *out = (ELEMENT *)c->out;                                                          \
+    for (int v = 0; v < vectors; v++) {                                                        \
         ELEMENT *to = out + ((first + v / group) * c->heads + (int64_t)h * group + v % group) * dim; \
-        for (int d = 0; d < dim; d++) to[d] = STORE(sums[v][d] / totals[v]);                  \
-    }                                                                                         \
-    free(scores);                                                                             \
+        for (int d = 0; d < dim; d++) to[d] = STORE(sums[v][d] / totals[v]);                   \
+    }                                                                                          \
+    free(scores);                                                                              \
 }
 
 #define SAME(x) (x)
