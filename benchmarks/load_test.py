@@ -146,8 +146,9 @@ def one_attempt(client: httpx.Client, path: str, body: dict) -> dict:
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     out["tokens"] = chunk["usage"]["completion_tokens"]
-                elif out["ttft"] is None and any(c.get("text") or c.get("delta", {}).get("content")
-                                                 for c in chunk["choices"]):
+                elif out["ttft"] is None and any(
+                    c.get("text") or c.get("delta", {}).get("content") for c in chunk["choices"]
+                ):
                     out["ttft"] = time.perf_counter() - start
         if not done and out["error"] is None:
             out["error"] = "stream ended without [DONE]"
@@ -164,8 +165,9 @@ def run_load(url: str, model: str, args) -> dict:
 
     def client_loop(client_id: int) -> None:
         rng = random.Random(client_id)
-        with httpx.Client(base_url=url, timeout=args.request_timeout,
-                          headers=auth_headers(args.api_key)) as client:
+        with httpx.Client(
+            base_url=url, timeout=args.request_timeout, headers=auth_headers(args.api_key)
+        ) as client:
             while time.monotonic() < stop_at:
                 with lock:
                     i = next(counter)
@@ -178,16 +180,26 @@ def run_load(url: str, model: str, args) -> dict:
                     try:
                         out = one_attempt(client, path, body)
                     except httpx.HTTPError as exc:
-                        out = {"status": None, "seconds": None, "ttft": None, "tokens": 0,
-                               "error": f"{type(exc).__name__}: {exc}"}
+                        out = {
+                            "status": None,
+                            "seconds": None,
+                            "ttft": None,
+                            "tokens": 0,
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
                     if out["status"] == 429:
                         with lock:
                             rejected[0] += 1
                     if out["status"] != 429 or time.perf_counter() > give_up:
                         break
-                    time.sleep(min(2.0, 0.1 * 2 ** attempt) * (0.5 + rng.random()))
-                out.update(index=i, stream=body["stream"], path=path, retries=attempt,
-                           end_to_end=time.perf_counter() - first_start)
+                    time.sleep(min(2.0, 0.1 * 2**attempt) * (0.5 + rng.random()))
+                out.update(
+                    index=i,
+                    stream=body["stream"],
+                    path=path,
+                    retries=attempt,
+                    end_to_end=time.perf_counter() - first_start,
+                )
                 if out["status"] == 429:
                     out["error"] = f"still 429 after {args.retry_window:g} s of retries"
                 with lock:
@@ -201,16 +213,23 @@ def run_load(url: str, model: str, args) -> dict:
     latencies = [r["seconds"] for r in ok]
     ttfts = [r["ttft"] for r in ok if r["stream"] and r["ttft"] is not None]
     return {
-        "requests_planned": args.requests, "requests_done": len(results), "succeeded": len(ok),
-        "errors": len(results) - len(ok), "rejected_429": rejected[0],
-        "wall_seconds": round(wall, 2), "requests_per_second": round(len(ok) / wall, 3),
+        "requests_planned": args.requests,
+        "requests_done": len(results),
+        "succeeded": len(ok),
+        "errors": len(results) - len(ok),
+        "rejected_429": rejected[0],
+        "wall_seconds": round(wall, 2),
+        "requests_per_second": round(len(ok) / wall, 3),
         "completion_tokens_per_second": round(sum(r["tokens"] for r in ok) / wall, 2),
-        "latency_p50": percentile(latencies, 50), "latency_p95": percentile(latencies, 95),
+        "latency_p50": percentile(latencies, 50),
+        "latency_p95": percentile(latencies, 95),
         "end_to_end_p50": percentile([r["end_to_end"] for r in ok], 50),
         "end_to_end_p95": percentile([r["end_to_end"] for r in ok], 95),
-        "ttft_p50": percentile(ttfts, 50), "ttft_p95": percentile(ttfts, 95),
-        "mean_completion_tokens": (round(statistics.mean(r["tokens"] for r in ok), 2)
-                                   if ok else None),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p95": percentile(ttfts, 95),
+        "mean_completion_tokens": (
+            round(statistics.mean(r["tokens"] for r in ok), 2) if ok else None
+        ),
         "error_samples": [r["error"] for r in results if r["error"]][:20],
     }
 
@@ -233,9 +252,11 @@ def markdown(summary: dict) -> str:
         ("streaming first token p50 / p95 (s)", f"{s(m['ttft_p50'])} / {s(m['ttft_p95'])}"),
         ("429 answers (deliberate, retried)", m["rejected_429"]),
         ("errors", m["errors"]),
-        ("server RSS ready / after warm-up / after load (MiB)",
-         f"{s(summary['rss_ready_mib'])} / {s(summary['rss_before_mib'])} / "
-         f"{s(summary['rss_after_mib'])}"),
+        (
+            "server RSS ready / after warm-up / after load (MiB)",
+            f"{s(summary['rss_ready_mib'])} / {s(summary['rss_before_mib'])} / "
+            f"{s(summary['rss_after_mib'])}",
+        ),
     ]
     lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines)
@@ -255,10 +276,15 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-queue", type=int, default=8, help="for the server it starts")
     parser.add_argument("--threads", type=int, help="serve --threads, for the server it starts")
-    parser.add_argument("--retry-window", type=float, default=600,
-                        help="seconds a request keeps retrying 429 answers (0.1-2 s apart)")
-    parser.add_argument("--time-limit", type=float, default=900,
-                        help="seconds after which no new request starts")
+    parser.add_argument(
+        "--retry-window",
+        type=float,
+        default=600,
+        help="seconds a request keeps retrying 429 answers (0.1-2 s apart)",
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=900, help="seconds after which no new request starts"
+    )
     parser.add_argument("--request-timeout", type=float, default=300)
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--out", help="write the results as JSON here")
@@ -275,8 +301,20 @@ def main(argv=None) -> int:
         max_queue = None
     else:
         port, max_queue = free_port(), args.max_queue
-        command = [sys.executable, "-m", "promptlookup", "serve", "--host", "127.0.0.1",
-                   "--port", str(port), "--max-queue", str(max_queue), "--log-level", "warning"]
+        command = [
+            sys.executable,
+            "-m",
+            "promptlookup",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-queue",
+            str(max_queue),
+            "--log-level",
+            "warning",
+        ]
         if args.model:
             command += ["--model", args.model]
         if args.threads:
@@ -285,14 +323,18 @@ def main(argv=None) -> int:
         url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, time.monotonic() + args.startup_timeout, process)
-        model = httpx.get(url + "/v1/models", timeout=10,
-                          headers=auth_headers(args.api_key)).json()["data"][0]["id"]
+        model = httpx.get(
+            url + "/v1/models", timeout=10, headers=auth_headers(args.api_key)
+        ).json()["data"][0]["id"]
         server = psutil.Process(process.pid) if process else server_process(port)
         rss_ready = rss_mib(server)
         # One warm-up request pages in the weights, so "before" vs "after" shows what load adds.
-        warm = httpx.post(url + "/v1/completions", timeout=args.request_timeout,
-                          headers=auth_headers(args.api_key),
-                          json={"model": model, "prompt": "Hello", "max_tokens": 4})
+        warm = httpx.post(
+            url + "/v1/completions",
+            timeout=args.request_timeout,
+            headers=auth_headers(args.api_key),
+            json={"model": model, "prompt": "Hello", "max_tokens": 4},
+        )
         warm.raise_for_status()
         rss_before = rss_mib(server)
         metrics = run_load(url, model, args)
@@ -304,11 +346,18 @@ def main(argv=None) -> int:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
-    summary = {"url": url, "model": model, "clients": args.clients, "max_queue": max_queue,
-               "server_threads": args.threads if process else None,
-               "cpu_count": os.cpu_count(), "rss_ready_mib": rss_ready,
-               "rss_before_mib": rss_before,
-               "rss_after_mib": rss_after, "metrics": metrics}
+    summary = {
+        "url": url,
+        "model": model,
+        "clients": args.clients,
+        "max_queue": max_queue,
+        "server_threads": args.threads if process else None,
+        "cpu_count": os.cpu_count(),
+        "rss_ready_mib": rss_ready,
+        "rss_before_mib": rss_before,
+        "rss_after_mib": rss_after,
+        "metrics": metrics,
+    }
     print(markdown(summary))
     if metrics["error_samples"]:
         print("\nerrors:", *metrics["error_samples"], sep="\n  ")

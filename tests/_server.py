@@ -92,8 +92,9 @@ class ShortContextTarget:
         return getattr(self.inner, name)
 
 
-def tiny_lm(gated: bool = False, row_by_row: bool = False,
-            max_context: int | None = None) -> LanguageModel:
+def tiny_lm(
+    gated: bool = False, row_by_row: bool = False, max_context: int | None = None
+) -> LanguageModel:
     model = tiny_llama()
     target = TransformersTarget(model)
     if row_by_row:
@@ -110,8 +111,9 @@ class RunningServer:
 
     def __init__(self, app) -> None:
         self.app = app
-        self.server = Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                            access_log=False))
+        self.server = Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> RunningServer:

@@ -20,9 +20,16 @@ def rows(n: int = 2) -> list[BenchRow]:
 
 
 def row(method, ids, times, prompt="p0", identical=True, task="t"):
-    return {"task": task, "id": prompt, "method": method, "identical_to_plain": identical,
-            "new_tokens": len(ids), "seconds": times[-1] if times else 0.0,
-            "token_ids": ids, "token_seconds": times}
+    return {
+        "task": task,
+        "id": prompt,
+        "method": method,
+        "identical_to_plain": identical,
+        "new_tokens": len(ids),
+        "seconds": times[-1] if times else 0.0,
+        "token_ids": ids,
+        "token_seconds": times,
+    }
 
 
 def test_agreed_prefix_is_the_longest_run_of_leading_tokens_every_method_produced():
@@ -52,8 +59,9 @@ def test_rows_are_cut_to_the_agreed_prefix_and_timed_until_its_last_token():
     ]
     cut = {(r["id"], r["method"]): r for r in agreed_records(records)}
     assert set(cut) == {("p0", "plain"), ("p0", "fast"), ("p0", "other")}
-    assert [(cut["p0", m]["new_tokens"], cut["p0", m]["seconds"])
-            for m in ("plain", "fast", "other")] == [(3, 3.0), (3, 0.9), (3, 0.7)]
+    assert [
+        (cut["p0", m]["new_tokens"], cut["p0", m]["seconds"]) for m in ("plain", "fast", "other")
+    ] == [(3, 3.0), (3, 0.9), (3, 0.7)]
     assert all(r["forward_passes"] is None for r in cut.values())
 
 
@@ -83,8 +91,14 @@ def test_every_method_records_when_each_of_its_tokens_arrived(tiny_lm):
 
 def test_report_adds_agreed_prefix_speeds_only_when_outputs_part(tiny_lm, tmp_path):
     same = tmp_path / "same"
-    run_bench(tiny_lm, rows(2), ["plain", "promptlookup"], Settings(max_new_tokens=8),
-              out_dir=same, warmup=False)
+    run_bench(
+        tiny_lm,
+        rows(2),
+        ["plain", "promptlookup"],
+        Settings(max_new_tokens=8),
+        out_dir=same,
+        warmup=False,
+    )
     assert "agreed prefixes" not in (same / "report.md").read_text()
     assert not (same / "agreed_summary.json").exists()
     same_records = read_results(same / "results.jsonl")
@@ -92,19 +106,28 @@ def test_report_adds_agreed_prefix_speeds_only_when_outputs_part(tiny_lm, tmp_pa
 
     parted = tmp_path / "parted"
     changed = ChangedLastToken(make_method("transformers", "promptlookup", tiny_lm))
-    run_bench(tiny_lm, rows(2), ["plain", changed], Settings(max_new_tokens=8), out_dir=parted,
-              warmup=False)
+    run_bench(
+        tiny_lm,
+        rows(2),
+        ["plain", changed],
+        Settings(max_new_tokens=8),
+        out_dir=parted,
+        warmup=False,
+    )
     records = read_results(parted / "results.jsonl")
     assert "## Speed on agreed prefixes" in (parted / "report.md").read_text()
     printed = console_tables(records, summarize(records))
     assert "On agreed prefixes" in printed and "share" in printed.split("agreed prefixes")[1]
-    agreed = {(r["task"], r["method"]): r
-              for r in json.loads((parted / "agreed_summary.json").read_text())}
+    agreed = {
+        (r["task"], r["method"]): r
+        for r in json.loads((parted / "agreed_summary.json").read_text())
+    }
     plain = [r for r in records if r["method"] == "plain"]
     assert all(r["new_tokens"] >= 2 for r in plain)  # so every prompt keeps an agreed prefix
     # Each prompt loses its last token, and is timed until the one before it.
     assert agreed[("t", "plain")]["agreed_share"] == pytest.approx(
-        sum(r["new_tokens"] - 1 for r in plain) / sum(r["new_tokens"] for r in plain), abs=1e-4)
+        sum(r["new_tokens"] - 1 for r in plain) / sum(r["new_tokens"] for r in plain), abs=1e-4
+    )
     for method in ("plain", "changed"):
         mine = [r for r in records if r["method"] == method]
         rate = sum(r["new_tokens"] - 1 for r in mine) / sum(r["token_seconds"][-2] for r in mine)

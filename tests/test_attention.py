@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from promptlookup.backends.attention import NAME, verification_attention
 from promptlookup.backends.transformers_backend import TransformersTarget
 
@@ -25,8 +25,9 @@ def _verification_logits(target: TransformersTarget, prompt, draft):
 
 
 def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
-    import promptlookup.backends.transformers_backend as backend
     from contextlib import nullcontext
+
+    import promptlookup.backends.transformers_backend as backend
 
     model = tiny_llama(vocab_size=48, seed=3)  # 4 query heads share 2 key/value heads
     target = _own_forward_target(model)
@@ -68,7 +69,8 @@ def test_switch_lasts_only_for_our_forward_pass():
     model = tiny_llama(seed=4)
     seen = []
     hook = model.model.layers[0].self_attn.register_forward_pre_hook(
-        lambda module, args: seen.append(module.config._attn_implementation))
+        lambda module, args: seen.append(module.config._attn_implementation)
+    )
     try:
         target = _own_forward_target(model)
         target.extend([1, 2, 3])
@@ -96,11 +98,14 @@ def _reference_attention(query, key, value, mask):
     return (scores.softmax(-1) @ value).transpose(1, 2)
 
 
-@pytest.mark.parametrize("q_len, kv_len, layout", [
-    (150, 150, "causal"),          # a prompt: no mask, not a multiple of the block
-    (130, 200, "causal-mask"),     # a later chunk after 70 cached tokens, causal mask given
-    (100, 120, "sees-ahead"),      # a mask that lets early queries see later keys
-])
+@pytest.mark.parametrize(
+    "q_len, kv_len, layout",
+    [
+        (150, 150, "causal"),  # a prompt: no mask, not a multiple of the block
+        (130, 200, "causal-mask"),  # a later chunk after 70 cached tokens, causal mask given
+        (100, 120, "sees-ahead"),  # a mask that lets early queries see later keys
+    ],
+)
 def test_blocked_attention_matches_reference(q_len, kv_len, layout):
     from promptlookup.backends.attention import blocked_attention
 
@@ -145,8 +150,9 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
     prompt_chunk, later_chunk = (torch.bfloat16, len(prompt), True), (torch.bfloat16, 70, True)
     assert calls == [prompt_chunk] * layers + [later_chunk] * layers
     for name in ("draft", "chunk"):
-        assert torch.allclose(logits[torch.bfloat16, name], logits[torch.float32, name],
-                              atol=0.1, rtol=0)
+        assert torch.allclose(
+            logits[torch.bfloat16, name], logits[torch.float32, name], atol=0.1, rtol=0
+        )
 
 
 def test_bfloat16_prompt_chunks_keep_sdpa_where_it_was_timed_faster(monkeypatch):
@@ -171,8 +177,9 @@ def test_prompt_attention_is_timed_once_per_shape_and_kept_in_its_file(monkeypat
     import promptlookup.backends.attention as attention
 
     timed = []
-    monkeypatch.setattr(attention.PromptAttention, "_fastest",
-                        lambda self: timed.append(self.shape) or "blocked")
+    monkeypatch.setattr(
+        attention.PromptAttention, "_fastest", lambda self: timed.append(self.shape) or "blocked"
+    )
     monkeypatch.setattr(attention, "_timed_choices", {})
     config = SimpleNamespace(num_attention_heads=6, num_key_value_heads=2, hidden_size=48)
     cpu = torch.device("cpu")
@@ -201,8 +208,10 @@ def test_prompt_attention_timing_returns_a_kernel_it_knows():
     from promptlookup.backends.attention import PromptAttention
 
     config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
-    assert PromptAttention(config, torch.bfloat16, torch.device("cpu"))._fastest() \
+    assert (
+        PromptAttention(config, torch.bfloat16, torch.device("cpu"))._fastest()
         in PromptAttention.KERNELS
+    )
 
 
 def test_causal_masks_are_recognised_and_others_kept():

@@ -8,9 +8,11 @@ import random
 
 import pytest
 import torch
+from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
+from conftest import TinyTokenizer, tiny_llama
+from test_llama_forward import _tiny
 
 import promptlookup
-from conftest import TinyTokenizer, tiny_llama
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.batching import BatchDecoder, BatchSequence, default_max_batch
 from promptlookup.drafters import make_drafter
@@ -18,9 +20,6 @@ from promptlookup.errors import InvalidParameterError, UnsupportedModelError
 from promptlookup.loop import speculative_generate
 from promptlookup.policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
 from promptlookup.sampling import SamplingParams, TokenChooser
-from test_llama_forward import _tiny
-
-from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 
 
 def repetitive_prompts(seed: int, count: int, vocab: int = 32) -> list[list[int]]:
@@ -38,28 +37,50 @@ def repetitive_prompts(seed: int, count: int, vocab: int = 32) -> list[list[int]
 
 
 def alone(target, prompt, max_new_tokens=32, drafter="none", params=SamplingParams(), eos=()):
-    return list(speculative_generate(target, prompt, max_new_tokens=max_new_tokens,
-                                     drafter=make_drafter(drafter),
-                                     chooser=TokenChooser.from_params(params),
-                                     eos_token_ids=eos))
+    return list(
+        speculative_generate(
+            target,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            drafter=make_drafter(drafter),
+            chooser=TokenChooser.from_params(params),
+            eos_token_ids=eos,
+        )
+    )
 
 
-def batched(target, prompts, max_new_tokens=32, drafter="prompt-lookup", params=SamplingParams(),
-            eos=(), max_batch=3, prefill_tokens=48, policy=None):
-    decoder = BatchDecoder(target, policy or SpeculationPolicy(), max_batch=max_batch,
-                           prefill_tokens=prefill_tokens)
-    sequences = [decoder.add(BatchSequence(prompt, max_new_tokens, make_drafter(drafter),
-                                           TokenChooser.from_params(params), eos))
-                 for prompt in prompts]
+def batched(
+    target,
+    prompts,
+    max_new_tokens=32,
+    drafter="prompt-lookup",
+    params=SamplingParams(),
+    eos=(),
+    max_batch=3,
+    prefill_tokens=48,
+    policy=None,
+):
+    decoder = BatchDecoder(
+        target, policy or SpeculationPolicy(), max_batch=max_batch, prefill_tokens=prefill_tokens
+    )
+    sequences = [
+        decoder.add(
+            BatchSequence(
+                prompt, max_new_tokens, make_drafter(drafter), TokenChooser.from_params(params), eos
+            )
+        )
+        for prompt in prompts
+    ]
     for _ in decoder.run():
         pass
-    return [sequence.tokens[len(sequence.prompt_ids):] for sequence in sequences], sequences
+    return [sequence.tokens[len(sequence.prompt_ids) :] for sequence in sequences], sequences
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
-def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architecture, dtype,
-                                                                       attention_path):
+def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(
+    architecture, dtype, attention_path
+):
     model = _tiny(architecture, vocab_size=32, seed=1, layers=2).to(dtype)
     target = TransformersTarget(model)
     rng = random.Random(2)
@@ -73,12 +94,14 @@ def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(architect
     caches = [target.new_sequence() for _ in prompts]
     target.forward_batch(caches, [p[:-1] for p in prompts], [0] * len(prompts))  # prompts
     # Each prompt's last token and the new tokens; logits of the new tokens only.
-    together = target.forward_batch(caches, [[p[-1], *n] for p, n in zip(prompts, news)],
-                                    [len(new) for new in news])
+    together = target.forward_batch(
+        caches, [[p[-1], *n] for p, n in zip(prompts, news)], [len(new) for new in news]
+    )
     for want, got in zip(expected, together):
         assert torch.equal(want, got)
     assert [cache.get_seq_length() for cache in caches] == [
-        len(p) + len(n) for p, n in zip(prompts, news)]
+        len(p) + len(n) for p, n in zip(prompts, news)
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -119,17 +142,20 @@ def test_a_cancelled_sequence_changes_no_other():
     prompts = repetitive_prompts(4, 4)
     want = [alone(target, prompt) for prompt in prompts]
     decoder = BatchDecoder(target, SpeculationPolicy(), max_batch=4)
-    sequences = [decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup")))
-                 for prompt in prompts]
+    sequences = [
+        decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup"))) for prompt in prompts
+    ]
     steps = 0
     for sequence, _ in decoder.run():
         steps += sequence is sequences[0]
         if steps == 2:
             sequences[1].cancel()
-    assert sequences[1].finish_reason == "cancelled" and len(sequences[1].tokens) < len(
-        prompts[1]) + 32
+    assert (
+        sequences[1].finish_reason == "cancelled"
+        and len(sequences[1].tokens) < len(prompts[1]) + 32
+    )
     for index in (0, 2, 3):
-        assert sequences[index].tokens[len(prompts[index]):] == want[index]
+        assert sequences[index].tokens[len(prompts[index]) :] == want[index]
 
 
 def test_should_stop_ends_a_sequence_before_its_next_pass():
@@ -169,14 +195,16 @@ def test_joint_draft_lengths_spend_the_pass_on_the_most_trusted_drafts():
     for _ in range(50):
         trusted.record(9, 16, 16)
         untrusted.record(1, 4, 0)
-    lengths = policy.joint_draft_lengths([SequenceDraft(16, 40, trusted, False),
-                                          SequenceDraft(4, 1, untrusted, False)])
+    lengths = policy.joint_draft_lengths(
+        [SequenceDraft(16, 40, trusted, False), SequenceDraft(4, 1, untrusted, False)]
+    )
     assert lengths[0] == 16 and lengths[1] < 4
     for n in (1, 2, 4, 8, 16, 32, 64):  # now each token costs as much as a pass: no drafts
         for _ in range(30):
             policy.batch_costs(2).record(n, 0.010 * n)
-    assert policy.joint_draft_lengths([SequenceDraft(16, 1, untrusted, False),
-                                       SequenceDraft(4, 1, untrusted, False)]) == [0, 0]
+    assert policy.joint_draft_lengths(
+        [SequenceDraft(16, 1, untrusted, False), SequenceDraft(4, 1, untrusted, False)]
+    ) == [0, 0]
 
 
 def test_generate_batch_equals_generate_prompt_by_prompt():
@@ -185,12 +213,12 @@ def test_generate_batch_equals_generate_prompt_by_prompt():
     for options in ({}, {"temperature": 0.8, "seed": 3, "logprobs": 2}, {"stop": ["ab"]}):
         one = [lm.generate(prompt, max_new_tokens=24, **options) for prompt in prompts]
         many = lm.generate_batch(prompts, max_new_tokens=24, max_batch=3, **options)
-        chunked = lm.generate_batch(prompts, max_new_tokens=24, max_batch=3, prefill_tokens=4,
-                                    **options)  # prompts 4 tokens a step while others decode
+        chunked = lm.generate_batch(
+            prompts, max_new_tokens=24, max_batch=3, prefill_tokens=4, **options
+        )  # prompts 4 tokens a step while others decode
         assert [r.token_ids for r in chunked] == [r.token_ids for r in many]
         for a, b in zip(one, many):
-            assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids,
-                                                              b.finish_reason)
+            assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
             assert a.stats.new_tokens == b.stats.new_tokens
             assert [e.logprob for e in a.stats.logprobs] == [e.logprob for e in b.stats.logprobs]
     deltas = list(lm.stream_batch(prompts[:2], max_new_tokens=8))
@@ -214,6 +242,7 @@ def test_generate_batch_checks_every_prompt_before_generating():
 def test_generate_batch_needs_a_target_that_batches():
     class OneSequence:  # a Target without new_sequence / forward_batch
         max_context, can_crop = 64, True
+
     lm = promptlookup.LanguageModel(OneSequence(), TinyTokenizer(32))
     with pytest.raises(UnsupportedModelError):
         lm.generate_batch(["abc"], max_new_tokens=4)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_llama
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
-from conftest import tiny_llama
 from promptlookup.backends.cache import GrowingLayer, growing_cache
 
 # Each step appends `new` tokens, then removes `drop` of the newest (as after rejected drafts).

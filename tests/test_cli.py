@@ -6,15 +6,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from _fixtures import cached_default_model, one_thread  # noqa: F401 (fixtures)
 from click.testing import CliRunner
 
 import promptlookup
 from promptlookup.cli import main
 
-from _fixtures import cached_default_model, one_thread  # noqa: F401 (fixtures)
-
-STATS_KEYS = {"new_tokens", "forward_passes", "drafted_tokens", "accepted_tokens", "seconds",
-              "tokens_per_second"}
+STATS_KEYS = {
+    "new_tokens",
+    "forward_passes",
+    "drafted_tokens",
+    "accepted_tokens",
+    "seconds",
+    "tokens_per_second",
+}
 PROMPT = "Repeat exactly: the quick brown fox jumps over the lazy dog."
 
 
@@ -40,6 +45,7 @@ def assert_one_line_error(result, *needles: str) -> str:
 
 # -- help ----------------------------------------------------------------------------------------
 
+
 def test_main_help_lists_the_commands(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0
@@ -51,9 +57,23 @@ def test_main_help_lists_the_commands(runner):
 def test_generate_help_documents_the_options(runner):
     result = runner.invoke(main, ["generate", "--help"])
     assert result.exit_code == 0
-    for option in ("--prompt-file", "--chat", "--model", "--max-new-tokens", "--temperature",
-                   "--top-k", "--top-p", "--repetition-penalty", "--seed", "--stop", "--drafter",
-                   "--draft-tokens", "--json", "Examples:", "stdin"):
+    for option in (
+        "--prompt-file",
+        "--chat",
+        "--model",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--repetition-penalty",
+        "--seed",
+        "--stop",
+        "--drafter",
+        "--draft-tokens",
+        "--json",
+        "Examples:",
+        "stdin",
+    ):
         assert option in result.output, option
 
 
@@ -64,18 +84,22 @@ def test_version(runner):
 
 # -- bad input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, needles", [
-    (["--max-new-tokens", "0"], ["max-new-tokens"]),
-    (["--temperature", "-1"], ["temperature"]),
-    (["--temperature", "nan"], ["temperature"]),
-    (["--top-p", "0"], ["top_p"]),
-    (["--top-p", "1.5"], ["top_p"]),
-    (["--top-k", "-1"], ["top-k"]),
-    (["--repetition-penalty", "0"], ["repetition_penalty"]),
-    (["--draft-tokens", "0"], ["draft-tokens"]),
-    (["--drafter", "magic"], ["magic"]),
-    (["--dtype", "float64"], ["dtype"]),
-])
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--max-new-tokens", "0"], ["max-new-tokens"]),
+        (["--temperature", "-1"], ["temperature"]),
+        (["--temperature", "nan"], ["temperature"]),
+        (["--top-p", "0"], ["top_p"]),
+        (["--top-p", "1.5"], ["top_p"]),
+        (["--top-k", "-1"], ["top-k"]),
+        (["--repetition-penalty", "0"], ["repetition_penalty"]),
+        (["--draft-tokens", "0"], ["draft-tokens"]),
+        (["--drafter", "magic"], ["magic"]),
+        (["--dtype", "float64"], ["dtype"]),
+    ],
+)
 def test_bad_parameter_gives_one_line(runner, args, needles):
     # Checked before any model is loaded: a missing model would be reported otherwise.
     result = runner.invoke(main, ["generate", "--model", "./nope.gguf", *args, PROMPT])
@@ -100,7 +124,9 @@ def test_unknown_hub_id_fails_fast_with_one_line(runner, monkeypatch, offline_en
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", no_network)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline_env)
     result = runner.invoke(main, ["generate", "--model", "no-such-model-xyz", PROMPT])
-    assert_one_line_error(result, "no-such-model-xyz", "HF_HUB_OFFLINE" if offline_env else "offline")
+    assert_one_line_error(
+        result, "no-such-model-xyz", "HF_HUB_OFFLINE" if offline_env else "offline"
+    )
 
 
 def test_folder_without_config(runner, tmp_path):
@@ -154,6 +180,7 @@ def test_prompt_beyond_the_context(runner, cached_default_model):
 
 # -- good runs -----------------------------------------------------------------------------------
 
+
 def check_json(result) -> dict:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -180,16 +207,34 @@ def test_prompt_from_file_and_stdin_give_the_same_output(runner, cached_default_
     from_file = check_json(runner.invoke(main, [*args, "--prompt-file", str(path)]))
     from_stdin = check_json(runner.invoke(main, args, input=PROMPT))
     from_dash = check_json(runner.invoke(main, [*args, "-"], input=PROMPT))
-    assert from_arg["token_ids"] == from_file["token_ids"] == from_stdin["token_ids"] \
+    assert (
+        from_arg["token_ids"]
+        == from_file["token_ids"]
+        == from_stdin["token_ids"]
         == from_dash["token_ids"]
+    )
     plain = check_json(runner.invoke(main, [*args, "--drafter", "none", PROMPT]))
     assert plain["token_ids"] == from_arg["token_ids"]
     assert plain["stats"]["drafted_tokens"] == 0
 
 
 def test_streaming_output_and_summary(runner, cached_default_model):
-    result = runner.invoke(main, ["generate", "--chat", "-n", "16", "--draft-tokens", "4",
-                                  "--min-match", "2", "--max-match", "8", PROMPT])
+    result = runner.invoke(
+        main,
+        [
+            "generate",
+            "--chat",
+            "-n",
+            "16",
+            "--draft-tokens",
+            "4",
+            "--min-match",
+            "2",
+            "--max-match",
+            "8",
+            PROMPT,
+        ],
+    )
     assert result.exit_code == 0, result.output
     expected = cached_default_model.generate(PROMPT, chat=True, max_new_tokens=16, drafter="none")
     assert result.stdout == expected.text + "\n"
@@ -197,8 +242,24 @@ def test_streaming_output_and_summary(runner, cached_default_model):
 
 
 def test_stop_and_sampling_options(runner, cached_default_model):
-    args = ["generate", "--json", "--chat", "-n", "24", "--temperature", "0.7", "--top-k", "20",
-            "--top-p", "0.9", "--repetition-penalty", "1.1", "--seed", "3", PROMPT]
+    args = [
+        "generate",
+        "--json",
+        "--chat",
+        "-n",
+        "24",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--repetition-penalty",
+        "1.1",
+        "--seed",
+        "3",
+        PROMPT,
+    ]
     first = check_json(runner.invoke(main, args))
     assert check_json(runner.invoke(main, args))["token_ids"] == first["token_ids"]
     words = first["text"].split()
@@ -214,10 +275,12 @@ def test_importing_the_package_and_cli_help_do_not_load_torch():
     import subprocess
     import sys
 
-    code = ("import sys, promptlookup; from promptlookup import PromptLookupDrafter, make_drafter\n"
-            "from promptlookup.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n"
-            "assert 'fastapi' not in sys.modules, 'fastapi was imported'\n")
+    code = (
+        "import sys, promptlookup; from promptlookup import PromptLookupDrafter, make_drafter\n"
+        "from promptlookup.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'fastapi' not in sys.modules, 'fastapi was imported'\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -13,19 +13,43 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 
-def record(method, concurrency, request, text, *, repeat=0, tokens=10, ttft=0.1, itl=0.02,
-           latency=0.3, error=None):
-    return {"method": method, "concurrency": concurrency, "request": request, "repeat": repeat,
-            "text": text, "completion_tokens": tokens, "ttft": ttft, "itl": itl,
-            "latency": latency, "error": error}
+def record(
+    method,
+    concurrency,
+    request,
+    text,
+    *,
+    repeat=0,
+    tokens=10,
+    ttft=0.1,
+    itl=0.02,
+    latency=0.3,
+    error=None,
+):
+    return {
+        "method": method,
+        "concurrency": concurrency,
+        "request": request,
+        "repeat": repeat,
+        "text": text,
+        "completion_tokens": tokens,
+        "ttft": ttft,
+        "itl": itl,
+        "latency": latency,
+        "error": error,
+    }
 
 
 def test_identical_counts_compare_with_the_same_method_at_the_lowest_level():
     records = [
-        record("a", 1, 0, "x"), record("a", 1, 1, "y"),
-        record("a", 4, 0, "x"), record("a", 4, 1, "y!"),       # request 1 changed
-        record("b", 1, 0, "x!"), record("b", 1, 1, "y"),
-        record("b", 4, 0, "x!"), record("b", 4, 1, "y"),       # b's own level 1, not a's
+        record("a", 1, 0, "x"),
+        record("a", 1, 1, "y"),
+        record("a", 4, 0, "x"),
+        record("a", 4, 1, "y!"),  # request 1 changed
+        record("b", 1, 0, "x!"),
+        record("b", 1, 1, "y"),
+        record("b", 4, 0, "x!"),
+        record("b", 4, 1, "y"),  # b's own level 1, not a's
     ]
     counts = bench.identical_counts(records)
     assert counts == {("a", 1): (2, 2), ("a", 4): (1, 2), ("b", 1): (2, 2), ("b", 4): (2, 2)}
@@ -33,10 +57,14 @@ def test_identical_counts_compare_with_the_same_method_at_the_lowest_level():
 
 def test_identical_counts_treat_failures_as_different_and_use_the_first_repeat():
     records = [
-        record("a", 2, 0, "x"), record("a", 2, 1, "", error="HTTP 500"),  # lowest level is 2
-        record("a", 8, 0, "x"), record("a", 8, 1, ""),         # its reference failed
-        record("a", 2, 0, "x2", repeat=1), record("a", 2, 1, "", repeat=1),
-        record("a", 8, 0, "x", repeat=1, error="timeout"), record("a", 8, 1, "", repeat=1),
+        record("a", 2, 0, "x"),
+        record("a", 2, 1, "", error="HTTP 500"),  # lowest level is 2
+        record("a", 8, 0, "x"),
+        record("a", 8, 1, ""),  # its reference failed
+        record("a", 2, 0, "x2", repeat=1),
+        record("a", 2, 1, "", repeat=1),
+        record("a", 8, 0, "x", repeat=1, error="timeout"),
+        record("a", 8, 1, "", repeat=1),
     ]
     counts = bench.identical_counts(records)
     # level 2: repeat 0 request 0 matches itself; repeat 1's "x2" differs from repeat 0's "x"
@@ -46,40 +74,75 @@ def test_identical_counts_treat_failures_as_different_and_use_the_first_repeat()
 
 
 def test_level_result_counts_only_successful_tokens_over_wall_time():
-    records = [record("a", 2, 0, "x", tokens=30), record("a", 2, 1, "y", tokens=10),
-               record("a", 2, 2, "", tokens=99, error="HTTP 429")]
+    records = [
+        record("a", 2, 0, "x", tokens=30),
+        record("a", 2, 1, "y", tokens=10),
+        record("a", 2, 2, "", tokens=99, error="HTTP 429"),
+    ]
     level = bench.level_result("a", 0, 2, 4.0, records)
     assert level["completion_tokens"] == 40
     assert level["tokens_per_second"] == 10.0
 
 
 def test_summary_speedup_medians_and_order():
-    levels = [bench.level_result("m", r, c, wall, [record("m", c, 0, "t", tokens=100)])
-              for r, c, wall in [(0, 1, 10.0), (1, 1, 5.0), (2, 1, 2.5),    # 10, 20, 40 tok/s
-                                 (0, 4, 2.0), (1, 4, 2.5), (2, 4, 20.0)]]   # 50, 40, 5 tok/s
-    records = [record("m", 1, 0, "t", ttft=0.1, itl=0.01, latency=1.0),
-               record("m", 1, 1, "u", ttft=0.3, itl=0.03, latency=3.0),
-               record("m", 4, 0, "t", ttft=0.5, itl=0.05, latency=2.0),
-               record("m", 4, 1, "v", ttft=0.7, itl=0.07, latency=4.0),
-               record("m", 4, 2, "", ttft=None, itl=None, latency=9.0, error="boom")]
+    levels = [
+        bench.level_result("m", r, c, wall, [record("m", c, 0, "t", tokens=100)])
+        for r, c, wall in [
+            (0, 1, 10.0),
+            (1, 1, 5.0),
+            (2, 1, 2.5),  # 10, 20, 40 tok/s
+            (0, 4, 2.0),
+            (1, 4, 2.5),
+            (2, 4, 20.0),
+        ]
+    ]  # 50, 40, 5 tok/s
+    records = [
+        record("m", 1, 0, "t", ttft=0.1, itl=0.01, latency=1.0),
+        record("m", 1, 1, "u", ttft=0.3, itl=0.03, latency=3.0),
+        record("m", 4, 0, "t", ttft=0.5, itl=0.05, latency=2.0),
+        record("m", 4, 1, "v", ttft=0.7, itl=0.07, latency=4.0),
+        record("m", 4, 2, "", ttft=None, itl=None, latency=9.0, error="boom"),
+    ]
     rows = bench.summarize(levels, records)
     assert [(row["method"], row["concurrency"]) for row in rows] == [("m", 1), ("m", 4)]
     one, four = rows
-    assert one["tokens_per_second"] == 20.0 and sorted(one["tokens_per_second_runs"]) == [10, 20, 40]
+    assert one["tokens_per_second"] == 20.0 and sorted(one["tokens_per_second_runs"]) == [
+        10,
+        20,
+        40,
+    ]
     assert four["tokens_per_second"] == 40.0
     assert one["speedup"] == 1.0 and four["speedup"] == 2.0
     assert one["ttft_p50"] == pytest.approx(0.2) and one["itl_p50"] == pytest.approx(0.02)
-    assert four["latency_p50"] == pytest.approx(3.0)   # the failed request is left out
+    assert four["latency_p50"] == pytest.approx(3.0)  # the failed request is left out
     assert (four["identical"], four["requests"], four["errors"]) == (1, 3, 1)
 
 
 def test_markdown_table_rows_and_units():
-    rows = [{"method": "llama-server", "concurrency": 1, "tokens_per_second": 51.234,
-             "speedup": 1.0, "ttft_p50": 0.1234, "itl_p50": 0.0191, "latency_p50": 1.0,
-             "identical": 8, "requests": 8},
-            {"method": "llama-server", "concurrency": 8, "tokens_per_second": None,
-             "speedup": None, "ttft_p50": None, "itl_p50": None, "latency_p50": None,
-             "identical": 0, "requests": 8}]
+    rows = [
+        {
+            "method": "llama-server",
+            "concurrency": 1,
+            "tokens_per_second": 51.234,
+            "speedup": 1.0,
+            "ttft_p50": 0.1234,
+            "itl_p50": 0.0191,
+            "latency_p50": 1.0,
+            "identical": 8,
+            "requests": 8,
+        },
+        {
+            "method": "llama-server",
+            "concurrency": 8,
+            "tokens_per_second": None,
+            "speedup": None,
+            "ttft_p50": None,
+            "itl_p50": None,
+            "latency_p50": None,
+            "identical": 0,
+            "requests": 8,
+        },
+    ]
     lines = bench.markdown_table(rows).splitlines()
     assert len(lines) == 4 and lines[0].startswith("| method | concurrency | tokens/s")
     assert lines[2] == "| llama-server | 1 | 51.2 | 1.00x | 123 | 19.1 | 8/8 |"
@@ -87,38 +150,75 @@ def test_markdown_table_rows_and_units():
 
 
 def test_pick_requests_cycles_tasks_in_file_order():
-    rows = {task: [SimpleNamespace(task=task, id=f"{task}{i}", messages=[{"role": "user",
-                                                                          "content": f"{i}"}])
-                   for i in range(5)] for task in ("code_edit", "qa", "chat")}
+    rows = {
+        task: [
+            SimpleNamespace(
+                task=task, id=f"{task}{i}", messages=[{"role": "user", "content": f"{i}"}]
+            )
+            for i in range(5)
+        ]
+        for task in ("code_edit", "qa", "chat")
+    }
     picked = bench.pick_requests(rows, 8)
     assert [r["task"] for r in picked].count("code_edit") == 4
-    assert [r["id"] for r in picked] == ["code_edit0", "qa0", "code_edit1", "chat0",
-                                         "code_edit2", "qa1", "code_edit3", "chat1"]
+    assert [r["id"] for r in picked] == [
+        "code_edit0",
+        "qa0",
+        "code_edit1",
+        "chat0",
+        "code_edit2",
+        "qa1",
+        "code_edit3",
+        "chat1",
+    ]
     assert [r["index"] for r in picked] == list(range(8))
     with pytest.raises(ValueError, match="code_edit"):
         bench.pick_requests({**rows, "code_edit": rows["code_edit"][:1]}, 3)
 
 
 def test_server_commands():
-    pl = bench.server_command("promptlookup-none", port=9, model="m.gguf", threads=2, slots=8,
-                              max_batch=True)
+    pl = bench.server_command(
+        "promptlookup-none", port=9, model="m.gguf", threads=2, slots=8, max_batch=True
+    )
     assert pl[1:4] == ["-m", "promptlookup", "serve"]
     assert pl[pl.index("--max-batch") + 1] == "8" and pl[pl.index("--drafter") + 1] == "none"
-    assert "--drafter" not in bench.server_command("promptlookup", port=9, model="m", threads=2,
-                                                   slots=1)
-    assert "--max-batch" not in bench.server_command("promptlookup", port=9, model="m",
-                                                     threads=2, slots=4, max_batch=False)
-    ls = bench.server_command("llama-server", port=9, model="m.gguf", threads=2, slots=4,
-                              llama_server="/bin/llama-server", ctx_per_slot=1000)
+    assert "--drafter" not in bench.server_command(
+        "promptlookup", port=9, model="m", threads=2, slots=1
+    )
+    assert "--max-batch" not in bench.server_command(
+        "promptlookup", port=9, model="m", threads=2, slots=4, max_batch=False
+    )
+    ls = bench.server_command(
+        "llama-server",
+        port=9,
+        model="m.gguf",
+        threads=2,
+        slots=4,
+        llama_server="/bin/llama-server",
+        ctx_per_slot=1000,
+    )
     assert ls[0] == "/bin/llama-server" and ls[ls.index("-np") + 1] == "4"
     assert ls[ls.index("-c") + 1] == "4000" and ls[ls.index("-t") + 1] == "2"
     assert "--spec-type" not in ls
-    ngram = bench.server_command("llama-server-ngram", port=9, model="m.gguf", threads=2,
-                                 slots=4, llama_server="/bin/llama-server")
+    ngram = bench.server_command(
+        "llama-server-ngram",
+        port=9,
+        model="m.gguf",
+        threads=2,
+        slots=4,
+        llama_server="/bin/llama-server",
+    )
     assert ngram[ngram.index("--spec-type") + 1] == "ngram-mod"
     assert ngram[ngram.index("--cache-ram") + 1] == "0"
-    custom = bench.server_command("llama-server-ngram", port=9, model="m.gguf", threads=2,
-                                  slots=1, llama_server="ls", spec_args=("--spec-type", "x"))
+    custom = bench.server_command(
+        "llama-server-ngram",
+        port=9,
+        model="m.gguf",
+        threads=2,
+        slots=1,
+        llama_server="ls",
+        spec_args=("--spec-type", "x"),
+    )
     assert custom[-2:] == ["--spec-type", "x"] and "ngram-mod" not in custom
     with pytest.raises(ValueError):
         bench.server_command("llama-server", port=9, model="m", threads=2, slots=1)

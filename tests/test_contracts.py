@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from conftest import tiny_llama
+
 from promptlookup.backends.base import Target
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import ChainDrafter, Draft, NoDrafter, PromptLookupDrafter, make_drafter
@@ -17,9 +17,17 @@ PROMPT = [3, 5, 7, 9, 11, 3, 5, 7, 9, 11, 3, 5]
 def generate(drafter, policy=None, chooser=None, max_new_tokens=20):
     stats = GenerationStats()
     target = TransformersTarget(tiny_llama(seed=1))
-    tokens = list(speculative_generate(target, PROMPT, max_new_tokens=max_new_tokens,
-                                       drafter=drafter, chooser=chooser, stats=stats,
-                                       policy=policy))
+    tokens = list(
+        speculative_generate(
+            target,
+            PROMPT,
+            max_new_tokens=max_new_tokens,
+            drafter=drafter,
+            chooser=chooser,
+            stats=stats,
+            policy=policy,
+        )
+    )
     return tokens, stats
 
 
@@ -82,8 +90,9 @@ def test_prompt_lookup_drafts_carry_their_match_length():
 
 
 def test_a_draft_model_receives_its_sampler_and_policy_when_built():
-    import promptlookup
     from conftest import TinyTokenizer
+
+    import promptlookup
 
     lm = promptlookup.from_transformers(tiny_llama(seed=1), TinyTokenizer(32))
     chooser = TokenChooser.from_params(SamplingParams(temperature=1.0, seed=0))
@@ -109,18 +118,30 @@ def test_one_table_of_drafter_options_serves_every_front_end():
 
     assert BENCH_PARAMS == LOOKUP_PARAMS  # what the bench should import
     assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
-    assert OPTIONS["prompt-lookup"] == {"num_tokens", "min_match", "max_match", "reference_ids",
-                                        "reference_text"}
+    assert OPTIONS["prompt-lookup"] == {
+        "num_tokens",
+        "min_match",
+        "max_match",
+        "reference_ids",
+        "reference_text",
+    }
     assert OPTIONS["draft-model"] == {"num_tokens", "start_tokens", "confidence_threshold"}
-    assert OPTIONS["none"] == set() and len({o.name for o in DRAFTER_OPTIONS}) == len(DRAFTER_OPTIONS)
+    assert OPTIONS["none"] == set() and len({o.name for o in DRAFTER_OPTIONS}) == len(
+        DRAFTER_OPTIONS
+    )
     assert drafter_kwargs(8, None, 3) == {"num_tokens": 8, "max_match": 3}
 
 
 def test_sampling_settings_have_one_form():
     params = SamplingParams(temperature=0.7, top_k=5, seed=3)
     assert SamplingParams(**params.as_kwargs()) == params
-    assert SamplingParams.keywords() == ("temperature", "top_k", "top_p", "repetition_penalty",
-                                         "seed")
+    assert SamplingParams.keywords() == (
+        "temperature",
+        "top_k",
+        "top_p",
+        "repetition_penalty",
+        "seed",
+    )
 
 
 def test_generate_takes_exactly_the_keywords_of_stream():

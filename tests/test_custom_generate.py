@@ -11,16 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from conftest import tiny_llama
 from scipy.stats import chi2_contingency
-from transformers import (StoppingCriteria, StopStringCriteria, StoppingCriteriaList,
-                          TextIteratorStreamer, TextStreamer)
+from transformers import (
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+    TextIteratorStreamer,
+    TextStreamer,
+)
 
 import promptlookup
 from promptlookup.hf_generate import generate as promptlookup_generate
 from promptlookup.hf_generate import make_custom_generate
-
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
-from conftest import tiny_llama
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Greedy continuations of this prompt on tiny_llama() repeat, so drafts get accepted.
@@ -39,20 +43,26 @@ def assert_same(plain: torch.Tensor, ours: torch.Tensor) -> None:
 
 def test_exports_and_the_callable_signature():
     assert promptlookup.custom_generate is promptlookup.hf_generate.custom_generate
-    assert "custom_generate" in promptlookup.__all__ and "make_custom_generate" in promptlookup.__all__
+    assert (
+        "custom_generate" in promptlookup.__all__ and "make_custom_generate" in promptlookup.__all__
+    )
     cg = make_custom_generate("prompt-lookup", num_tokens=4)
     assert cg.drafter_options == {"num_tokens": 4}
     with pytest.raises(promptlookup.InvalidParameterError):
         make_custom_generate("prompt-lookup", no_such_option=1)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"max_new_tokens": 40},
-    {"max_new_tokens": 40, "eos_token_id": None, "pad_token_id": 0},
-    {"max_new_tokens": 40, "repetition_penalty": 1.3},
-    {"max_length": 30, "eos_token_id": 22, "pad_token_id": 0},
-    {"max_new_tokens": 40, "min_new_tokens": 20},
-], ids=["default", "no-eos", "repetition-penalty", "max-length-and-eos", "min-new-tokens"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_new_tokens": 40},
+        {"max_new_tokens": 40, "eos_token_id": None, "pad_token_id": 0},
+        {"max_new_tokens": 40, "repetition_penalty": 1.3},
+        {"max_length": 30, "eos_token_id": 22, "pad_token_id": 0},
+        {"max_new_tokens": 40, "min_new_tokens": 20},
+    ],
+    ids=["default", "no-eos", "repetition-penalty", "max-length-and-eos", "min-new-tokens"],
+)
 def test_greedy_equals_plain_generate(tiny_model, kwargs):
     cg = make_custom_generate()
     plain = tiny_model.generate(ids(REPETITIVE), do_sample=False, **kwargs)
@@ -64,36 +74,57 @@ def test_greedy_equals_plain_generate(tiny_model, kwargs):
 
 def test_default_callable_stops_at_eos_like_plain(tiny_model):
     plain = tiny_model.generate(ids(REACHES_EOS), max_new_tokens=40)
-    ours = tiny_model.generate(ids(REACHES_EOS), max_new_tokens=40,
-                               custom_generate=promptlookup.custom_generate)
+    ours = tiny_model.generate(
+        ids(REACHES_EOS), max_new_tokens=40, custom_generate=promptlookup.custom_generate
+    )
     assert_same(plain, ours)
     assert ours[0, -1].item() == 0 and ours.shape[1] < len(REACHES_EOS) + 40
 
 
 def test_return_dict_in_generate(tiny_model):
     plain = tiny_model.generate(ids(REPETITIVE), max_new_tokens=30, return_dict_in_generate=True)
-    ours = tiny_model.generate(ids(REPETITIVE), max_new_tokens=30, return_dict_in_generate=True,
-                               custom_generate=promptlookup.custom_generate)
+    ours = tiny_model.generate(
+        ids(REPETITIVE),
+        max_new_tokens=30,
+        return_dict_in_generate=True,
+        custom_generate=promptlookup.custom_generate,
+    )
     assert type(ours) is type(plain)
     assert_same(plain.sequences, ours.sequences)
     # Like plain generate's cache: every token but the last.
-    assert ours.cache.get_seq_length() == plain.cache.get_seq_length() == ours.sequences.shape[1] - 1
+    assert (
+        ours.cache.get_seq_length() == plain.cache.get_seq_length() == ours.sequences.shape[1] - 1
+    )
 
 
 @pytest.mark.parametrize("flag", ["output_scores", "output_logits", "output_attentions"])
 def test_unsupported_outputs_raise_instead_of_being_wrong(tiny_model, flag):
     with pytest.raises(promptlookup.InvalidParameterError, match=flag):
-        tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, return_dict_in_generate=True,
-                            custom_generate=promptlookup.custom_generate, **{flag: True})
+        tiny_model.generate(
+            ids(REPETITIVE),
+            max_new_tokens=5,
+            return_dict_in_generate=True,
+            custom_generate=promptlookup.custom_generate,
+            **{flag: True},
+        )
 
 
 def test_beam_search_and_several_return_sequences_raise(tiny_model):
     with pytest.raises(ValueError, match="num_return_sequences"):
-        tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, do_sample=True,
-                            num_return_sequences=2, custom_generate=promptlookup.custom_generate)
+        tiny_model.generate(
+            ids(REPETITIVE),
+            max_new_tokens=5,
+            do_sample=True,
+            num_return_sequences=2,
+            custom_generate=promptlookup.custom_generate,
+        )
     with pytest.raises(ValueError, match="beam search"):
-        tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, num_beams=2,
-                            custom_generate=promptlookup.custom_generate)
+        tiny_model.generate(
+            ids(REPETITIVE),
+            max_new_tokens=5,
+            num_beams=2,
+            custom_generate=promptlookup.custom_generate,
+        )
 
 
 def test_left_padding_is_stripped_and_kept_in_the_output(tiny_model):
@@ -111,8 +142,12 @@ def test_attention_mask_zeros_that_are_not_left_padding_raise(tiny_model):
     mask = torch.ones(1, len(REPETITIVE), dtype=torch.long)
     mask[0, 5] = 0
     with pytest.raises(promptlookup.InvalidParameterError, match="left padding"):
-        tiny_model.generate(ids(REPETITIVE), attention_mask=mask, max_new_tokens=5,
-                            custom_generate=promptlookup.custom_generate)
+        tiny_model.generate(
+            ids(REPETITIVE),
+            attention_mask=mask,
+            max_new_tokens=5,
+            custom_generate=promptlookup.custom_generate,
+        )
 
 
 # -- batches (left padded) ----------------------------------------------------------------
@@ -139,31 +174,39 @@ def batch_equals_plain(model, prompts, speculation="adaptive", **kwargs):
 
 
 @pytest.mark.parametrize("speculation", ["adaptive", "fixed"])
-@pytest.mark.parametrize("prompts, kwargs", [
-    ([REPETITIVE, [5, 6, 7, 5, 6]], {"max_new_tokens": 30, "eos_token_id": None}),
-    ([REPETITIVE, [5, 6, 7, 5, 6, 7, 5], [9, 8, 9]], {"max_new_tokens": 30}),
-    ([[9, 8, 9], REPETITIVE, [5, 6, 7, 5]], {"max_length": 40, "repetition_penalty": 1.3}),
-    ([REPETITIVE, [5, 6, 7, 5]], {"max_new_tokens": 25, "min_new_tokens": 20}),
-], ids=["B2-no-eos", "B3", "B3-max-length-repetition-penalty", "B2-min-new-tokens"])
+@pytest.mark.parametrize(
+    "prompts, kwargs",
+    [
+        ([REPETITIVE, [5, 6, 7, 5, 6]], {"max_new_tokens": 30, "eos_token_id": None}),
+        ([REPETITIVE, [5, 6, 7, 5, 6, 7, 5], [9, 8, 9]], {"max_new_tokens": 30}),
+        ([[9, 8, 9], REPETITIVE, [5, 6, 7, 5]], {"max_length": 40, "repetition_penalty": 1.3}),
+        ([REPETITIVE, [5, 6, 7, 5]], {"max_new_tokens": 25, "min_new_tokens": 20}),
+    ],
+    ids=["B2-no-eos", "B3", "B3-max-length-repetition-penalty", "B2-min-new-tokens"],
+)
 def test_left_padded_batch_greedy_equals_plain_generate(tiny_model, prompts, kwargs, speculation):
     plain, stats = batch_equals_plain(tiny_model, prompts, speculation, **kwargs)
     assert plain.shape[0] == len(prompts)
     assert stats.accepted_tokens > 0 and stats.forward_passes < stats.new_tokens
 
 
-@pytest.mark.parametrize("kwargs, pad", [
-    ({}, 0),  # the model's pad_token_id (= its EOS here)
-    ({"pad_token_id": 5}, 5),
-    ({"pad_token_id": None, "eos_token_id": [22, 0]}, 22),  # no pad id: eos_token_id[0]
-], ids=["model-pad", "pad-5", "pad-falls-back-to-eos"])
+@pytest.mark.parametrize(
+    "kwargs, pad",
+    [
+        ({}, 0),  # the model's pad_token_id (= its EOS here)
+        ({"pad_token_id": 5}, 5),
+        ({"pad_token_id": None, "eos_token_id": [22, 0]}, 22),  # no pad id: eos_token_id[0]
+    ],
+    ids=["model-pad", "pad-5", "pad-falls-back-to-eos"],
+)
 def test_batch_rows_that_stop_early_are_right_padded_like_plain(tiny_model, kwargs, pad):
     prompts = [REACHES_EOS, REPETITIVE[:7], [9, 8, 9]]
     plain, _ = batch_equals_plain(tiny_model, prompts, max_new_tokens=30, **kwargs)
     eos = kwargs.get("eos_token_id", [0])
     padded = 0
-    for row in plain[:, len(REACHES_EOS):].tolist():
+    for row in plain[:, len(REACHES_EOS) :].tolist():
         stop = next((i for i, token in enumerate(row) if token in eos), len(row))
-        assert row[stop + 1:] == [pad] * len(row[stop + 1:])  # after EOS, only padding
+        assert row[stop + 1 :] == [pad] * len(row[stop + 1 :])  # after EOS, only padding
         padded += len(row) - stop > 2
     assert padded  # a row stopped well before the longest one
 
@@ -183,9 +226,16 @@ def test_batch_stopping_criteria_stop_each_row_like_plain(tiny_model, eos):
     prompts = [REACHES_EOS, REPETITIVE[:7], [9, 8, 9]]
     criteria = StoppingCriteriaList([LastTokenIn([6])])
     for speculation in ("adaptive", "fixed"):
-        plain, _ = batch_equals_plain(tiny_model, prompts, speculation, max_new_tokens=30,
-                                   eos_token_id=eos, pad_token_id=0, stopping_criteria=criteria)
-        new = plain[:, len(REACHES_EOS):]
+        plain, _ = batch_equals_plain(
+            tiny_model,
+            prompts,
+            speculation,
+            max_new_tokens=30,
+            eos_token_id=eos,
+            pad_token_id=0,
+            stopping_criteria=criteria,
+        )
+        new = plain[:, len(REACHES_EOS) :]
         assert new.shape[1] < 30 and int((new[:, -1] == 6).sum()) == 1
 
 
@@ -198,8 +248,13 @@ def test_batch_return_dict_and_streamer(tiny_model):
     assert_same(plain.sequences, ours.sequences)
     streamer = RecordingStreamer()
     with pytest.raises(promptlookup.InvalidParameterError, match="stream"):
-        tiny_model.generate(input_ids, attention_mask=mask, max_new_tokens=5, streamer=streamer,
-                            custom_generate=promptlookup.custom_generate)
+        tiny_model.generate(
+            input_ids,
+            attention_mask=mask,
+            max_new_tokens=5,
+            streamer=streamer,
+            custom_generate=promptlookup.custom_generate,
+        )
     assert streamer.ended == 1
 
 
@@ -225,8 +280,12 @@ def test_batch_with_right_padding_or_holes_raises(tiny_model):
     holes[1, 4] = 0
     for bad in (right, holes):
         with pytest.raises(promptlookup.InvalidParameterError, match="left padding"):
-            tiny_model.generate(input_ids, attention_mask=bad, max_new_tokens=5,
-                                custom_generate=promptlookup.custom_generate)
+            tiny_model.generate(
+                input_ids,
+                attention_mask=bad,
+                max_new_tokens=5,
+                custom_generate=promptlookup.custom_generate,
+            )
 
 
 class RecordingStreamer:
@@ -243,22 +302,37 @@ class RecordingStreamer:
 def test_streamer_gets_the_prompt_then_each_token_then_end(tiny_model):
     plain_streamer, our_streamer = RecordingStreamer(), RecordingStreamer()
     plain = tiny_model.generate(ids(REPETITIVE), max_new_tokens=20, streamer=plain_streamer)
-    ours = tiny_model.generate(ids(REPETITIVE), max_new_tokens=20, streamer=our_streamer,
-                               custom_generate=promptlookup.custom_generate)
+    ours = tiny_model.generate(
+        ids(REPETITIVE),
+        max_new_tokens=20,
+        streamer=our_streamer,
+        custom_generate=promptlookup.custom_generate,
+    )
     assert_same(plain, ours)
     assert our_streamer.puts == plain_streamer.puts  # [prompt (1, n)], then [token] each
     assert our_streamer.ended == plain_streamer.ended == 1
     folder_streamer = RecordingStreamer()
-    tiny_model.generate(ids(REPETITIVE), max_new_tokens=20, streamer=folder_streamer,
-                        custom_generate=str(REPO_ROOT), trust_remote_code=True)
+    tiny_model.generate(
+        ids(REPETITIVE),
+        max_new_tokens=20,
+        streamer=folder_streamer,
+        custom_generate=str(REPO_ROOT),
+        trust_remote_code=True,
+    )
     assert folder_streamer.puts == plain_streamer.puts and folder_streamer.ended == 1
 
 
 def test_streamer_ends_even_when_the_call_is_rejected(tiny_model):
     streamer = RecordingStreamer()
     with pytest.raises(promptlookup.InvalidParameterError):
-        tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, streamer=streamer, output_scores=True,
-                            return_dict_in_generate=True, custom_generate=promptlookup.custom_generate)
+        tiny_model.generate(
+            ids(REPETITIVE),
+            max_new_tokens=5,
+            streamer=streamer,
+            output_scores=True,
+            return_dict_in_generate=True,
+            custom_generate=promptlookup.custom_generate,
+        )
     assert streamer.ended == 1  # a TextIteratorStreamer consumer does not hang
 
 
@@ -270,9 +344,15 @@ def first_tokens(model, prompt, seeds, **kwargs) -> list[tuple[int, ...]]:
     out = []
     for seed in seeds:
         torch.manual_seed(seed)
-        sequence = model.generate(ids(prompt), do_sample=True, max_new_tokens=3, eos_token_id=None,
-                                  pad_token_id=0, **kwargs)
-        out.append(tuple(sequence[0, len(prompt):len(prompt) + 2].tolist()))
+        sequence = model.generate(
+            ids(prompt),
+            do_sample=True,
+            max_new_tokens=3,
+            eos_token_id=None,
+            pad_token_id=0,
+            **kwargs,
+        )
+        out.append(tuple(sequence[0, len(prompt) : len(prompt) + 2].tolist()))
     return out
 
 
@@ -290,9 +370,16 @@ def test_seeded_sampling_matches_plain_sampling_in_distribution():
     ours = []
     for seed in range(10_000, 10_400):
         torch.manual_seed(seed)
-        sequence = model.generate(ids(prompt), do_sample=True, max_new_tokens=3, eos_token_id=None,
-                                  pad_token_id=0, custom_generate=cg, **kwargs)
-        ours.append(tuple(sequence[0, len(prompt):len(prompt) + 2].tolist()))
+        sequence = model.generate(
+            ids(prompt),
+            do_sample=True,
+            max_new_tokens=3,
+            eos_token_id=None,
+            pad_token_id=0,
+            custom_generate=cg,
+            **kwargs,
+        )
+        ours.append(tuple(sequence[0, len(prompt) : len(prompt) + 2].tolist()))
         accepted += cg.last_stats.accepted_tokens
     plain = first_tokens(model, prompt, range(400), **kwargs)
     categories = sorted(set(plain) | set(ours))
@@ -314,8 +401,9 @@ def test_same_seed_gives_the_same_sample_as_plain_generate():
         torch.manual_seed(seed)
         plain = model.generate(ids(prompt), do_sample=True, max_new_tokens=6, top_k=5)
         torch.manual_seed(seed)
-        ours = model.generate(ids(prompt), do_sample=True, max_new_tokens=6, top_k=5,
-                              custom_generate=cg)
+        ours = model.generate(
+            ids(prompt), do_sample=True, max_new_tokens=6, top_k=5, custom_generate=cg
+        )
         assert_same(plain, ours)
         accepted += cg.last_stats.accepted_tokens
     assert accepted > 0
@@ -326,11 +414,18 @@ def test_same_seed_gives_the_same_sample_as_plain_generate():
 
 def test_repository_folder_works_as_custom_generate(tiny_model):
     plain = tiny_model.generate(ids(REPETITIVE), max_new_tokens=30)
-    ours = tiny_model.generate(ids(REPETITIVE), max_new_tokens=30, custom_generate=str(REPO_ROOT),
-                               trust_remote_code=True)
+    ours = tiny_model.generate(
+        ids(REPETITIVE), max_new_tokens=30, custom_generate=str(REPO_ROOT), trust_remote_code=True
+    )
     assert_same(plain, ours)
-    out = tiny_model.generate(ids(REPETITIVE), max_new_tokens=30, custom_generate=str(REPO_ROOT),
-                              trust_remote_code=True, drafter="none", return_dict_in_generate=True)
+    out = tiny_model.generate(
+        ids(REPETITIVE),
+        max_new_tokens=30,
+        custom_generate=str(REPO_ROOT),
+        trust_remote_code=True,
+        drafter="none",
+        return_dict_in_generate=True,
+    )
     assert_same(plain, out.sequences)
 
 
@@ -349,8 +444,12 @@ def test_model_repository_shipping_the_folder_generates_with_promptlookup(tiny_m
 
 def test_repository_folder_needs_trust_remote_code(tiny_model):
     with pytest.raises(ValueError, match="trust_remote_code"):
-        tiny_model.generate(ids(REPETITIVE), max_new_tokens=5, custom_generate=str(REPO_ROOT),
-                            trust_remote_code=False)
+        tiny_model.generate(
+            ids(REPETITIVE),
+            max_new_tokens=5,
+            custom_generate=str(REPO_ROOT),
+            trust_remote_code=False,
+        )
 
 
 def test_function_wrapper_passes_drafter_options(tiny_model):
@@ -378,15 +477,22 @@ def test_stop_strings_with_tokenizer_equal_plain(default_lm):
     prompt = chat_ids(default_lm, "List three fruits, one per line.")
     kwargs = dict(max_new_tokens=40, stop_strings=["\n"], tokenizer=tokenizer, do_sample=False)
     plain = model.generate(prompt, **kwargs)
-    assert tokenizer.decode(plain[0, prompt.shape[1]:]).endswith("\n")  # the stop string fired
+    assert tokenizer.decode(plain[0, prompt.shape[1] :]).endswith("\n")  # the stop string fired
     # The function wrapper and the repository folder handle stop_strings + tokenizer.
     assert_same(plain, promptlookup_generate(model, prompt, **kwargs))
-    assert_same(plain, model.generate(prompt, custom_generate=str(REPO_ROOT),
-                                      trust_remote_code=True, **kwargs))
+    assert_same(
+        plain,
+        model.generate(prompt, custom_generate=str(REPO_ROOT), trust_remote_code=True, **kwargs),
+    )
     # The callable: equal with the stop strings as a stopping criterion...
     criteria = StoppingCriteriaList([StopStringCriteria(tokenizer, ["\n"])])
-    ours = model.generate(prompt, max_new_tokens=40, do_sample=False, stopping_criteria=criteria,
-                          custom_generate=promptlookup.custom_generate)
+    ours = model.generate(
+        prompt,
+        max_new_tokens=40,
+        do_sample=False,
+        stopping_criteria=criteria,
+        custom_generate=promptlookup.custom_generate,
+    )
     assert_same(plain, ours)
     # ...because transformers 5.24 drops tokenizer= for callables (update this when it stops).
     with pytest.raises(ValueError, match="tokenizer"):
@@ -399,8 +505,12 @@ def test_text_iterator_streamer_receives_the_same_text(default_lm):
 
     def streamed(**kwargs) -> str:
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=120)
-        thread = threading.Thread(target=model.generate, kwargs=dict(
-            inputs=prompt, max_new_tokens=24, do_sample=False, streamer=streamer, **kwargs))
+        thread = threading.Thread(
+            target=model.generate,
+            kwargs=dict(
+                inputs=prompt, max_new_tokens=24, do_sample=False, streamer=streamer, **kwargs
+            ),
+        )
         thread.start()
         text = "".join(streamer)
         thread.join()
@@ -416,8 +526,13 @@ def test_text_streamer_prints_the_same(default_lm, capsys):
     prompt = chat_ids(default_lm, "Say hello.")
     model.generate(prompt, max_new_tokens=12, do_sample=False, streamer=TextStreamer(tokenizer))
     plain = capsys.readouterr().out
-    model.generate(prompt, max_new_tokens=12, do_sample=False, streamer=TextStreamer(tokenizer),
-                   custom_generate=promptlookup.custom_generate)
+    model.generate(
+        prompt,
+        max_new_tokens=12,
+        do_sample=False,
+        streamer=TextStreamer(tokenizer),
+        custom_generate=promptlookup.custom_generate,
+    )
     assert capsys.readouterr().out == plain
 
 
@@ -444,12 +559,18 @@ def test_adaptive_by_default_with_one_policy_per_model_and_fixed_on_request(tiny
     assert model not in _POLICIES
     plain = model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30)
     fixed = make_custom_generate(speculation="fixed")
-    assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
-                                      custom_generate=fixed))
+    assert_same(
+        plain,
+        model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30, custom_generate=fixed),
+    )
     assert model not in _POLICIES  # fixed: no policy, no calibration
     adaptive = make_custom_generate()
-    assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
-                                      custom_generate=adaptive))
+    assert_same(
+        plain,
+        model.generate(
+            ids(REPETITIVE), do_sample=False, max_new_tokens=30, custom_generate=adaptive
+        ),
+    )
     assert policy_for(model) is _POLICIES[model] and policy_for(model).costs.calibrated
     assert adaptive.last_stats.drafted_tokens <= fixed.last_stats.drafted_tokens
     with pytest.raises(promptlookup.InvalidParameterError, match="speculation"):
@@ -464,14 +585,24 @@ def test_kernel_choices_are_timed_once_per_model_not_per_call(monkeypatch):
 
     timed = []
     fastest = LinearKernels._fastest
-    monkeypatch.setattr(LinearKernels, "_fastest",
-                        lambda self, modules, rows: timed.append(rows) or fastest(self, modules, rows))
+    monkeypatch.setattr(
+        LinearKernels,
+        "_fastest",
+        lambda self, modules, rows: timed.append(rows) or fastest(self, modules, rows),
+    )
     model = tiny_llama(seed=5)
     plain = model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30)
     timed_after = []
     for _ in range(2):
-        assert_same(plain, model.generate(ids(REPETITIVE), do_sample=False, max_new_tokens=30,
-                                          custom_generate=make_custom_generate(speculation="fixed")))
+        assert_same(
+            plain,
+            model.generate(
+                ids(REPETITIVE),
+                do_sample=False,
+                max_new_tokens=30,
+                custom_generate=make_custom_generate(speculation="fixed"),
+            ),
+        )
         timed_after.append(len(timed))
     assert timed_after[0] > 0 and timed_after[1] == timed_after[0]  # the second call timed nothing
     assert target_for(model).kernels is target_for(model).kernels

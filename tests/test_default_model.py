@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
+from _fixtures import cached_default_model, one_thread  # noqa: F401 (fixtures)
 from click.testing import CliRunner
 
 from promptlookup.cli import main
-
-from _fixtures import cached_default_model, one_thread  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 128
@@ -30,9 +29,13 @@ def code_edit_row(shared_data) -> dict:
 def transformers_greedy(model, prompt_ids: tuple[int, ...], max_new_tokens: int) -> list[int]:
     """``model.generate(do_sample=False)``'s new tokens (ending with the EOS if it came)."""
     input_ids = torch.tensor([prompt_ids])  # (1, len(prompt_ids))
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                         max_new_tokens=max_new_tokens)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +49,15 @@ def expected_tokens(default_lm, code_edit_row) -> list[int]:
     return transformers_greedy(default_lm.model, tuple(prompt_ids), MAX_NEW)
 
 
-def test_prompt_lookup_equals_transformers_greedy_on_a_code_edit(default_lm, code_edit_row,
-                                                                 expected_tokens):
+def test_prompt_lookup_equals_transformers_greedy_on_a_code_edit(
+    default_lm, code_edit_row, expected_tokens
+):
     # Whole drafts verified (speculation="fixed"): the forward-pass count depends only on the
     # drafts, not on timing (the adaptive default trims drafts by measured costs; its output
     # is checked through the CLI below).
-    result = default_lm.generate(code_edit_row["messages"], max_new_tokens=MAX_NEW,
-                                 speculation="fixed")
+    result = default_lm.generate(
+        code_edit_row["messages"], max_new_tokens=MAX_NEW, speculation="fixed"
+    )
     assert result.token_ids == expected_tokens
     assert result.text == default_lm.tokenizer.decode(expected_tokens, skip_special_tokens=True)
     stats = result.stats
@@ -61,20 +66,24 @@ def test_prompt_lookup_equals_transformers_greedy_on_a_code_edit(default_lm, cod
     assert 0 < stats.accepted_tokens <= stats.drafted_tokens
 
 
-def test_cli_on_a_code_edit_matches_plain_decoding(cached_default_model, code_edit_row,
-                                                   expected_tokens):
+def test_cli_on_a_code_edit_matches_plain_decoding(
+    cached_default_model, code_edit_row, expected_tokens
+):
     """``generate --json --chat`` with the default drafter and speculation: plain decoding's
     tokens (``--drafter none`` gives ``model.generate``'s tokens, see test_loop_greedy.py).
     How many forward passes the adaptive default saves depends on the machine's measured
     costs, so it is not asserted here (it is above, for whole drafts)."""
     request = code_edit_row["messages"][0]["content"]
-    result = CliRunner().invoke(main, ["generate", "--json", "--chat", "--max-new-tokens",
-                                       str(MAX_NEW), request])
+    result = CliRunner().invoke(
+        main, ["generate", "--json", "--chat", "--max-new-tokens", str(MAX_NEW), request]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["token_ids"] == expected_tokens
     stats = data["stats"]
     assert stats["new_tokens"] == len(expected_tokens)
     assert stats["accepted_tokens"] <= stats["drafted_tokens"]
-    assert stats["forward_passes"] + stats["accepted_tokens"] == stats["new_tokens"] \
+    assert (
+        stats["forward_passes"] + stats["accepted_tokens"] == stats["new_tokens"]
         or expected_tokens[-1] in cached_default_model.eos_token_ids
+    )

@@ -13,5 +13,7 @@ def test_outputs_that_part_are_named_by_position_and_logits(tiny_lm):
     verdict = compare(tiny_lm, SimpleNamespace(token_ids=[3, 4, 9, 6]), plain)
     assert verdict.startswith("different from new token 2 on: prompt lookup chose 9 (logit ")
     assert "plain decoding 5 (logit " in verdict and "bug" not in verdict
-    assert compare(tiny_lm, SimpleNamespace(token_ids=[3, 4]), plain) == \
-        "different: one output stops at token 2, the other goes on"
+    assert (
+        compare(tiny_lm, SimpleNamespace(token_ids=[3, 4]), plain)
+        == "different: one output stops at token 2, the other goes on"
+    )

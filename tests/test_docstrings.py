@@ -11,11 +11,17 @@ import importlib
 
 import pytest
 
-MODULES = ["promptlookup.backends.linear", "promptlookup.backends.row_invariant",
-           "promptlookup.bench.summary", "promptlookup.drafters", "promptlookup.drafters.base",
-           "promptlookup.drafters.options",
-           "promptlookup.drafters.prompt_lookup", "promptlookup.drafters.suffix_index",
-           "promptlookup.text"]
+MODULES = [
+    "promptlookup.backends.linear",
+    "promptlookup.backends.row_invariant",
+    "promptlookup.bench.summary",
+    "promptlookup.drafters",
+    "promptlookup.drafters.base",
+    "promptlookup.drafters.options",
+    "promptlookup.drafters.prompt_lookup",
+    "promptlookup.drafters.suffix_index",
+    "promptlookup.text",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -7,13 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_llama
 from scipy.stats import chisquare
 
 import promptlookup.rejection as rejection
-from conftest import tiny_llama
 from promptlookup.backends.transformers_backend import TransformersTarget
-from promptlookup.drafters import (CallableDrafter, ChainDrafter, DraftModelDrafter,
-                                   PromptLookupDrafter)
+from promptlookup.drafters import (
+    CallableDrafter,
+    ChainDrafter,
+    DraftModelDrafter,
+    PromptLookupDrafter,
+)
 from promptlookup.drafters.draft_model import common_prefix_length
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
@@ -52,9 +56,17 @@ def one_thread(request):
 
 def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=None):
     stats = GenerationStats()
-    tokens = list(speculative_generate(TransformersTarget(model), prompt, drafter=drafter,
-                                       chooser=chooser, max_new_tokens=max_new_tokens, stats=stats,
-                                       policy=policy))
+    tokens = list(
+        speculative_generate(
+            TransformersTarget(model),
+            prompt,
+            drafter=drafter,
+            chooser=chooser,
+            max_new_tokens=max_new_tokens,
+            stats=stats,
+            policy=policy,
+        )
+    )
     return tokens, stats
 
 
@@ -64,12 +76,16 @@ def greedy(repetition_penalty: float = 1.0) -> TokenChooser:
 
 # -- greedy: token-identical to plain decoding ---------------------------------------------------
 
+
 @pytest.mark.parametrize("draft", ["other_model", "twin_model"])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_draft_model_output_equals_plain_decoding(request, target_model, draft, prompt):
     plain, _ = run(target_model, prompt)
-    out, stats = run(target_model, prompt, DraftModelDrafter(request.getfixturevalue(draft),
-                                                             confidence_threshold=0))
+    out, stats = run(
+        target_model,
+        prompt,
+        DraftModelDrafter(request.getfixturevalue(draft), confidence_threshold=0),
+    )
     assert out == plain
     assert stats.drafted_tokens > 0
     if draft == "twin_model":  # same weights: every greedy draft token is accepted
@@ -88,21 +104,27 @@ def test_greedy_identity_with_repetition_penalty(target_model, other_model):
 def test_chain_prompt_lookup_then_draft_model_equals_plain_decoding(request, target_model, draft):
     for prompt in PROMPTS:
         plain, _ = run(target_model, prompt)
-        chain = ChainDrafter([PromptLookupDrafter(),
-                              DraftModelDrafter(request.getfixturevalue(draft))])
+        chain = ChainDrafter(
+            [PromptLookupDrafter(), DraftModelDrafter(request.getfixturevalue(draft))]
+        )
         out, stats = run(target_model, prompt, chain)
         assert out == plain and stats.drafted_tokens > 0
 
 
 # -- the draft model's cache ------------------------------------------------------------------
 
+
 class CheckedDraftModel(DraftModelDrafter):
     """Asserts that every draft from the kept, cropped cache equals a draft from scratch."""
 
     def propose(self, tokens, max_tokens):
         draft = super().propose(tokens, max_tokens)
-        fresh = DraftModelDrafter(self.model, num_tokens=self.max_tokens,
-                                  start_tokens=self.num_tokens, confidence_threshold=0)
+        fresh = DraftModelDrafter(
+            self.model,
+            num_tokens=self.max_tokens,
+            start_tokens=self.num_tokens,
+            confidence_threshold=0,
+        )
         assert draft == fresh.propose(tokens, max_tokens)
         assert self.cached == list(tokens) + draft[:-1]
         assert self.cache.get_seq_length() == len(self.cached)
@@ -136,8 +158,9 @@ def test_sync_crops_the_cache_to_the_common_prefix_and_feeds_the_rest(other_mode
     second = drafter.propose(other, 4)
     assert drafter.cached == other + second[:3]
     assert drafter.cache.get_seq_length() == len(drafter.cached)
-    assert second == DraftModelDrafter(other_model, num_tokens=4, start_tokens=4,
-                                       confidence_threshold=0).propose(other, 4)
+    assert second == DraftModelDrafter(
+        other_model, num_tokens=4, start_tokens=4, confidence_threshold=0
+    ).propose(other, 4)
 
 
 def test_common_prefix_length():
@@ -152,6 +175,7 @@ def test_common_prefix_length():
 
 
 # -- drafting policy --------------------------------------------------------------------------
+
 
 def test_draft_length_grows_by_two_when_all_accepted_and_shrinks_by_one_otherwise(other_model):
     drafter = DraftModelDrafter(other_model, num_tokens=8, start_tokens=3)
@@ -180,11 +204,13 @@ def test_stops_drafting_after_a_low_confidence_token(other_model):
 
 def test_stops_drafting_after_an_end_of_sequence_token(other_model):
     tokens = [3, 5, 7, 9, 2, 4]
-    draft = DraftModelDrafter(other_model, num_tokens=6, start_tokens=6,
-                              confidence_threshold=0).propose(tokens, 6)
+    draft = DraftModelDrafter(
+        other_model, num_tokens=6, start_tokens=6, confidence_threshold=0
+    ).propose(tokens, 6)
     eos = draft[1]
-    cut = DraftModelDrafter(other_model, num_tokens=6, start_tokens=6, confidence_threshold=0,
-                            eos_token_ids=[eos]).propose(tokens, 6)
+    cut = DraftModelDrafter(
+        other_model, num_tokens=6, start_tokens=6, confidence_threshold=0, eos_token_ids=[eos]
+    ).propose(tokens, 6)
     assert cut == draft[: draft.index(eos) + 1]
 
 
@@ -196,8 +222,9 @@ def test_greedy_drafts_expose_no_draft_probabilities(other_model):
 def test_sampled_drafts_expose_the_distributions_they_were_drawn_from(other_model):
     params = SamplingParams(temperature=0.8, top_k=20, repetition_penalty=1.2, seed=3)
     chooser = TokenChooser.from_params(params)
-    drafter = DraftModelDrafter(other_model, num_tokens=4, start_tokens=4,
-                                confidence_threshold=0, chooser=chooser)
+    drafter = DraftModelDrafter(
+        other_model, num_tokens=4, start_tokens=4, confidence_threshold=0, chooser=chooser
+    )
     tokens = [1, 2, 3, 4]
     draft = drafter.propose(tokens, 4)
     draft_probs = drafter.last_draft_probs  # (len(draft), vocab)
@@ -223,18 +250,26 @@ def test_chain_forwards_the_draft_probabilities_of_its_author(other_model):
 
 
 def test_generate_samples_drafts_with_the_generation_settings(tiny_model):
-    import promptlookup
     from conftest import TinyTokenizer
+
+    import promptlookup
 
     lm = promptlookup.from_transformers(tiny_model, TinyTokenizer(32))
     drafter = DraftModelDrafter(tiny_llama(32, seed=1), confidence_threshold=0)
-    result = lm.generate([3, 5, 7, 9, 2], drafter=drafter, temperature=0.9, seed=5,
-                         max_new_tokens=12, speculation="fixed")
+    result = lm.generate(
+        [3, 5, 7, 9, 2],
+        drafter=drafter,
+        temperature=0.9,
+        seed=5,
+        max_new_tokens=12,
+        speculation="fixed",
+    )
     assert drafter.chooser is not None and drafter.chooser.do_sample
     assert result.stats.drafted_tokens > 0 and drafter.last_draft_probs is not None
 
 
 # -- sampling: exactly the target's distribution ----------------------------------------------
+
 
 class MemoTarget:
     """A test double of the target backend with the same logits, memoised per prefix: the
@@ -291,9 +326,14 @@ def target_distribution(model, tokens) -> np.ndarray:
 def exact_first_tokens(model):
     """P(first two tokens) (vocab, vocab) and P(third token) (vocab,) under plain sampling."""
     first = target_distribution(model, STAT_PROMPT)
-    pairs = np.array([first[a] * target_distribution(model, STAT_PROMPT + [a]) for a in range(VOCAB)])
-    third = sum(pairs[a, b] * target_distribution(model, STAT_PROMPT + [a, b])
-                for a in range(VOCAB) for b in range(VOCAB))
+    pairs = np.array(
+        [first[a] * target_distribution(model, STAT_PROMPT + [a]) for a in range(VOCAB)]
+    )
+    third = sum(
+        pairs[a, b] * target_distribution(model, STAT_PROMPT + [a, b])
+        for a in range(VOCAB)
+        for b in range(VOCAB)
+    )
     return pairs, third
 
 
@@ -309,8 +349,11 @@ def sample_first_tokens(target_model, draft_model, runs: int):
         chooser = TokenChooser.from_params(SamplingParams(**SAMPLING, seed=seed))
         drafter.chooser, drafter.num_tokens = chooser, 2
         stats = GenerationStats()
-        out = list(speculative_generate(target, STAT_PROMPT, max_new_tokens=3, drafter=drafter,
-                                        chooser=chooser, stats=stats))
+        out = list(
+            speculative_generate(
+                target, STAT_PROMPT, max_new_tokens=3, drafter=drafter, chooser=chooser, stats=stats
+            )
+        )
         pairs[out[0], out[1]] += 1
         third[out[2]] += 1
         rejected += stats.accepted_tokens < stats.drafted_tokens
@@ -353,7 +396,9 @@ def test_goodness_of_fit_detects_a_broken_rejection_rule(stat_models, monkeypatc
     instead of the residual. The same test as above must reject it."""
     target_model, draft_model = stat_models
     exact_pairs, _ = exact_first_tokens(target_model)
-    monkeypatch.setattr(rejection, "residual_distribution", lambda target_probs, draft_probs: target_probs)
+    monkeypatch.setattr(
+        rejection, "residual_distribution", lambda target_probs, draft_probs: target_probs
+    )
     pairs, _ = sample_first_tokens(target_model, draft_model, RUNS)
     assert goodness_of_fit(pairs, exact_pairs) < 1e-6
 
@@ -374,8 +419,9 @@ def plain_default(default_lm):
 def test_default_model_as_its_own_draft_model_accepts_nearly_every_draft(default_lm, plain_default):
     """A second load of the default model drafts for it: in float32 greedy decoding its drafts
     match, so any cache mistake (a stale or missing position) shows as rejections."""
-    drafted = default_lm.generate(CHAT_PROMPT, drafter="draft-model:default", max_new_tokens=64,
-                                  speculation="fixed")  # every draft verified whole
+    drafted = default_lm.generate(
+        CHAT_PROMPT, drafter="draft-model:default", max_new_tokens=64, speculation="fixed"
+    )  # every draft verified whole
     assert drafted.token_ids == plain_default.token_ids
     assert drafted.stats.drafted_tokens >= 32
     assert drafted.stats.acceptance_rate >= 0.95
@@ -384,8 +430,12 @@ def test_default_model_as_its_own_draft_model_accepts_nearly_every_draft(default
 
 @pytest.mark.slow
 def test_default_model_chain_greedy_identity(default_lm, plain_default):
-    chained = default_lm.generate(CHAT_PROMPT, drafter="prompt-lookup,draft-model:default",
-                                  max_new_tokens=64, speculation="fixed")
+    chained = default_lm.generate(
+        CHAT_PROMPT,
+        drafter="prompt-lookup,draft-model:default",
+        max_new_tokens=64,
+        speculation="fixed",
+    )
     assert chained.token_ids == plain_default.token_ids
     assert chained.stats.drafted_tokens > 0
 

@@ -8,15 +8,20 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import tiny_llama
 
 import promptlookup
-from conftest import tiny_llama
 from promptlookup.cli import main
-from promptlookup.drafters import (CallableDrafter, ChainDrafter, DraftModelDrafter, NoDrafter,
-                                   PromptLookupDrafter, check_drafter_spec, make_drafter,
-                                   parse_drafter_spec)
-from promptlookup.errors import (InvalidParameterError, ModelNotFoundError,
-                                 UnsupportedModelError)
+from promptlookup.drafters import (
+    ChainDrafter,
+    DraftModelDrafter,
+    NoDrafter,
+    PromptLookupDrafter,
+    check_drafter_spec,
+    make_drafter,
+    parse_drafter_spec,
+)
+from promptlookup.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
 
 VOCAB = 12
 LETTERS = "abcdefghijkl"  # token i is LETTERS[i]
@@ -27,7 +32,9 @@ def letter_tokenizer(letters: str = LETTERS):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel({c: i for i, c in enumerate(letters)}, unk_token=letters[0]))
+    backend = Tokenizer(
+        models.WordLevel({c: i for i, c in enumerate(letters)}, unk_token=letters[0])
+    )
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=backend)
@@ -47,8 +54,11 @@ def folders(tmp_path_factory):
     letters to other ids, ``bigger`` has one more token; plus a reference text file."""
     root = tmp_path_factory.mktemp("drafters")
     paths = {}
-    for name, letters, seed in [("draft", LETTERS, 1), ("permuted", LETTERS[::-1], 1),
-                                ("bigger", LETTERS + "m", 2)]:
+    for name, letters, seed in [
+        ("draft", LETTERS, 1),
+        ("permuted", LETTERS[::-1], 1),
+        ("bigger", LETTERS + "m", 2),
+    ]:
         paths[name] = root / name
         tiny_llama(len(letters), seed=seed).save_pretrained(paths[name])
         letter_tokenizer(letters).save_pretrained(paths[name])
@@ -67,15 +77,20 @@ def lm():
 
 # -- parsing and options ----------------------------------------------------------------------
 
+
 def test_parse_drafter_spec():
     assert parse_drafter_spec("prompt-lookup") == [("prompt-lookup", None)]
     assert parse_drafter_spec(" prompt-lookup , draft-model:org/small-model ") == [
-        ("prompt-lookup", None), ("draft-model", "org/small-model")]
+        ("prompt-lookup", None),
+        ("draft-model", "org/small-model"),
+    ]
     assert parse_drafter_spec("reference:C:/work/old.py") == [("reference", "C:/work/old.py")]
 
 
-@pytest.mark.parametrize("spec", ["bogus", "draft-model", "reference:", "prompt-lookup:3",
-                                  "none:x", ",", "prompt-lookup,bogus"])
+@pytest.mark.parametrize(
+    "spec",
+    ["bogus", "draft-model", "reference:", "prompt-lookup:3", "none:x", ",", "prompt-lookup,bogus"],
+)
 def test_bad_spec_is_a_one_line_error(spec):
     with pytest.raises(InvalidParameterError) as info:
         make_drafter(spec)
@@ -85,16 +100,26 @@ def test_bad_spec_is_a_one_line_error(spec):
 
 
 def test_options_go_to_the_drafters_that_take_them(folders, lm):
-    chain = make_drafter(f"prompt-lookup,draft-model:{folders['draft']}", tokenizer=lm.tokenizer,
-                         num_tokens=7, min_match=2, confidence_threshold=0.1)
+    chain = make_drafter(
+        f"prompt-lookup,draft-model:{folders['draft']}",
+        tokenizer=lm.tokenizer,
+        num_tokens=7,
+        min_match=2,
+        confidence_threshold=0.1,
+    )
     lookup, draft_model = chain.drafters
     assert (lookup.num_tokens, lookup.min_match) == (7, 2)
     assert (draft_model.max_tokens, draft_model.confidence_threshold) == (7, 0.1)
 
 
-@pytest.mark.parametrize("spec, options", [("prompt-lookup", {"confidence_threshold": 0.1}),
-                                           ("none", {"num_tokens": 3}),
-                                           ("prompt-lookup", {"colour": "red"})])
+@pytest.mark.parametrize(
+    "spec, options",
+    [
+        ("prompt-lookup", {"confidence_threshold": 0.1}),
+        ("none", {"num_tokens": 3}),
+        ("prompt-lookup", {"colour": "red"}),
+    ],
+)
 def test_an_option_no_drafter_takes_is_an_error(spec, options):
     with pytest.raises(InvalidParameterError, match="takes no option"):
         make_drafter(spec, **options)
@@ -110,6 +135,7 @@ def test_bad_option_values_are_errors(folders):
 
 
 # -- reference text ---------------------------------------------------------------------------
+
 
 def test_reference_file_is_tokenized_with_the_target_tokenizer(folders, lm):
     drafter = make_drafter(f"reference:{folders['reference']}", tokenizer=lm.tokenizer)
@@ -127,8 +153,10 @@ def test_reference_text_option(lm):
 
 def test_missing_reference_file_is_a_clear_error(tmp_path, lm):
     missing = tmp_path / "nowhere.txt"
-    for check in (lambda: make_drafter(f"reference:{missing}", tokenizer=lm.tokenizer),
-                  lambda: check_drafter_spec(f"reference:{missing}")):
+    for check in (
+        lambda: make_drafter(f"reference:{missing}", tokenizer=lm.tokenizer),
+        lambda: check_drafter_spec(f"reference:{missing}"),
+    ):
         with pytest.raises(InvalidParameterError, match="reference file not found"):
             check()
 
@@ -139,6 +167,7 @@ def test_reference_needs_the_target_tokenizer(folders):
 
 
 # -- draft models -----------------------------------------------------------------------------
+
 
 def test_draft_model_spec_loads_the_model(folders, lm):
     drafter = make_drafter(f"draft-model:{folders['draft']}", tokenizer=lm.tokenizer)
@@ -154,8 +183,10 @@ def test_draft_model_with_another_tokenizer_is_a_clear_error(folders, lm, name):
 
 
 def test_a_missing_draft_model_is_a_clear_error(tmp_path, lm):
-    for check in (lambda: make_drafter(f"draft-model:{tmp_path / 'none'}", tokenizer=lm.tokenizer),
-                  lambda: check_drafter_spec(f"draft-model:{tmp_path / 'none'}")):
+    for check in (
+        lambda: make_drafter(f"draft-model:{tmp_path / 'none'}", tokenizer=lm.tokenizer),
+        lambda: check_drafter_spec(f"draft-model:{tmp_path / 'none'}"),
+    ):
         with pytest.raises(ModelNotFoundError):
             check()
 
@@ -167,7 +198,9 @@ def test_checking_a_spec_loads_nothing(folders, monkeypatch):
         raise AssertionError("check_drafter_spec loaded a model")
 
     monkeypatch.setattr(drafters, "load_draft_model", no_loading)
-    check_drafter_spec(f"prompt-lookup,draft-model:{folders['draft']},reference:{folders['reference']}")
+    check_drafter_spec(
+        f"prompt-lookup,draft-model:{folders['draft']},reference:{folders['reference']}"
+    )
 
 
 def test_a_loaded_model_is_a_draft_model(folders, lm):
@@ -191,15 +224,22 @@ def test_a_drafter_object_gets_the_generation_sampler(folders, lm):
 
 # -- every drafter and chain: token-identical to plain decoding -------------------------------
 
+
 def repeat_last_four(tokens):
     """The documented callable drafter: the last four tokens once more."""
     return list(tokens[-4:])
 
 
-SPECS = ["prompt-lookup", "reference:{reference}", "draft-model:{draft}",
-         "prompt-lookup,draft-model:{draft}", "reference:{reference},draft-model:{draft}",
-         "draft-model:{draft},prompt-lookup", repeat_last_four,
-         [repeat_last_four, "draft-model:{draft}"]]
+SPECS = [
+    "prompt-lookup",
+    "reference:{reference}",
+    "draft-model:{draft}",
+    "prompt-lookup,draft-model:{draft}",
+    "reference:{reference},draft-model:{draft}",
+    "draft-model:{draft},prompt-lookup",
+    repeat_last_four,
+    [repeat_last_four, "draft-model:{draft}"],
+]
 PROMPTS = ["abcabcabd", "kjihgfe", "aaaaaaaab"]
 
 
@@ -222,21 +262,29 @@ def test_every_drafter_is_greedy_identical_to_plain_decoding(folders, lm, spec):
     drafted = 0
     for prompt in PROMPTS:
         plain = lm.generate(prompt, drafter="none", max_new_tokens=24)
-        result = lm.generate(prompt, drafter=fill(spec, folders), max_new_tokens=24,
-                             speculation="fixed")  # every draft verified whole
+        result = lm.generate(
+            prompt, drafter=fill(spec, folders), max_new_tokens=24, speculation="fixed"
+        )  # every draft verified whole
         assert result.token_ids == plain.token_ids and len(plain.token_ids) == 24
         drafted += result.stats.drafted_tokens
     assert drafted > 0
 
 
 def test_sampling_with_a_draft_model_spec_runs(folders, lm):
-    result = lm.generate("abcab", drafter=f"prompt-lookup,draft-model:{folders['draft']}",
-                         temperature=0.8, top_p=0.9, seed=1, max_new_tokens=16,
-                         speculation="fixed")
+    result = lm.generate(
+        "abcab",
+        drafter=f"prompt-lookup,draft-model:{folders['draft']}",
+        temperature=0.8,
+        top_p=0.9,
+        seed=1,
+        max_new_tokens=16,
+        speculation="fixed",
+    )
     assert len(result.token_ids) == 16 and result.stats.drafted_tokens > 0
 
 
 # -- command line -----------------------------------------------------------------------------
+
 
 def test_cli_help_documents_the_specs():
     out = " ".join(CliRunner().invoke(main, ["generate", "--help"]).output.split())
@@ -244,9 +292,14 @@ def test_cli_help_documents_the_specs():
         assert spec in out
 
 
-@pytest.mark.parametrize("spec, message", [("bogus", "unknown drafter"),
-                                           ("reference:/no/such/file.txt", "reference file not found"),
-                                           ("draft-model:/no/such/model", "no such model")])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("bogus", "unknown drafter"),
+        ("reference:/no/such/file.txt", "reference file not found"),
+        ("draft-model:/no/such/model", "no such model"),
+    ],
+)
 def test_cli_rejects_a_bad_spec_in_one_line(spec, message):
     result = CliRunner().invoke(main, ["generate", "abc", "--drafter", spec])
     assert result.exit_code == 1
@@ -255,8 +308,20 @@ def test_cli_rejects_a_bad_spec_in_one_line(spec, message):
 
 def test_cli_runs_a_chain_with_a_draft_model(folders):
     def run(spec):
-        result = CliRunner().invoke(main, ["generate", "abcabcab", "-m", str(folders["draft"]),
-                                           "-n", "12", "--json", "--drafter", spec])
+        result = CliRunner().invoke(
+            main,
+            [
+                "generate",
+                "abcabcab",
+                "-m",
+                str(folders["draft"]),
+                "-n",
+                "12",
+                "--json",
+                "--drafter",
+                spec,
+            ],
+        )
         assert result.exit_code == 0, result.output
         return json.loads(result.output.strip().splitlines()[-1])
 
@@ -273,7 +338,8 @@ def test_a_reference_the_output_follows_raises_tokens_per_forward(lm, tmp_path):
     reference = tmp_path / "predicted.txt"
     reference.write_text(lm.tokenizer.decode(plain.token_ids), encoding="utf-8")
     lookup = lm.generate(prompt, drafter="prompt-lookup", max_new_tokens=24, speculation="fixed")
-    predicted = lm.generate(prompt, drafter=f"reference:{reference}", max_new_tokens=24,
-                            speculation="fixed")
+    predicted = lm.generate(
+        prompt, drafter=f"reference:{reference}", max_new_tokens=24, speculation="fixed"
+    )
     assert predicted.token_ids == lookup.token_ids == plain.token_ids
     assert predicted.stats.tokens_per_forward > max(2 * lookup.stats.tokens_per_forward, 4)

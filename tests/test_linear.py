@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from conftest import tiny_llama
+from test_loop_greedy import hf_greedy, repeated_prompt, run
 
 from promptlookup.backends import linear
 from promptlookup.backends.linear import LinearKernels, packed_linear, weight_first_linear
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import PromptLookupDrafter
-
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
-from conftest import tiny_llama
-from test_loop_greedy import hf_greedy, repeated_prompt, run
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -53,8 +52,9 @@ def test_fastest_mode_keeps_nn_linear_for_float32_one_token_passes(monkeypatch):
 
 def test_prompt_chunks_use_the_choice_of_the_longest_timed_count(monkeypatch):
     timed = []
-    monkeypatch.setattr(LinearKernels, "_fastest",
-                        lambda self, modules, rows: timed.append(rows) or "packed")
+    monkeypatch.setattr(
+        LinearKernels, "_fastest", lambda self, modules, rows: timed.append(rows) or "packed"
+    )
     kernels = LinearKernels(tiny_llama(seed=2))
     longest = linear.TIMED_ROWS[-1]
     assert kernels.choose(longest + 1) == kernels.choose(2048) == kernels.choose(longest)
@@ -63,8 +63,9 @@ def test_prompt_chunks_use_the_choice_of_the_longest_timed_count(monkeypatch):
 
 def test_row_counts_share_the_choice_of_the_next_timed_count(monkeypatch):
     timed = []
-    monkeypatch.setattr(LinearKernels, "_fastest",
-                        lambda self, modules, rows: timed.append(rows) or "weight_first")
+    monkeypatch.setattr(
+        LinearKernels, "_fastest", lambda self, modules, rows: timed.append(rows) or "weight_first"
+    )
     kernels = LinearKernels(tiny_llama(seed=2))
     groups = len(kernels.groups)
     for rows in (5, 6, 17, 24, 2):
@@ -81,8 +82,13 @@ def test_switch_lasts_only_for_our_own_passes(monkeypatch, kernel):
     calls = []
     for name in ("weight_first_linear", "packed_linear"):
         real = getattr(linear, name)
-        monkeypatch.setattr(linear, name, lambda module, x, *args, real=real, name=name:
-                            calls.append((name, x.shape[1])) or real(module, x, *args))
+        monkeypatch.setattr(
+            linear,
+            name,
+            lambda module, x, *args, real=real, name=name: (
+                calls.append((name, x.shape[1])) or real(module, x, *args)
+            ),
+        )
     target = TransformersTarget(model, row_invariant=False)
     target.forward([5])  # one float32 token: never switched
     assert calls == []
@@ -131,8 +137,13 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     target.extend([1, 2, 3])  # (chooses for 3 rows)
     timed_before_forward = []
     real_forward = target.forward
-    monkeypatch.setattr(target, "forward", lambda ids: timed_before_forward.append(
-        sorted(target.kernels.choices)) or real_forward(ids))
+    monkeypatch.setattr(
+        target,
+        "forward",
+        lambda ids: (
+            timed_before_forward.append(sorted(target.kernels.choices)) or real_forward(ids)
+        ),
+    )
     CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
     longest = max(QUICK_CALIBRATION_SIZES)  # and every timed count below it
     assert timed_before_forward[0] == [rows for rows in linear.TIMED_ROWS if rows <= longest]
@@ -141,8 +152,11 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
 
 def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
     path = tmp_path / "kernels.json"
-    monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows:
-                        "weight_first" if modules[0].out_features == 64 else "linear")  # MLP up/gate
+    monkeypatch.setattr(
+        LinearKernels,
+        "_fastest",
+        lambda self, modules, rows: "weight_first" if modules[0].out_features == 64 else "linear",
+    )  # MLP up/gate
     first = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     first.use_cache_file(path)
     assert [len(first.groups[key]) for key in first.choose(3)] == [2 * 2]  # two layers
@@ -157,17 +171,28 @@ def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
     [(key, kernel)] = second.choose(3).items()
     assert kernel == "weight_first"
     assert {id(m) for m in second.groups[key]} == {
-        id(getattr(layer.mlp, name)) for layer in model.model.layers for name in ("gate_proj", "up_proj")}
+        id(getattr(layer.mlp, name))
+        for layer in model.model.layers
+        for name in ("gate_proj", "up_proj")
+    }
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"3": {"999x1-float32-nobias": "packed"}}',
-                                     '{"3": {"64x32-float32-nobias": "magic"}}', "[1, 2]"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"3": {"999x1-float32-nobias": "packed"}}',
+        '{"3": {"64x32-float32-nobias": "magic"}}',
+        "[1, 2]",
+    ],
+)
 def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, content):
     path = tmp_path / "kernels.json"
     path.write_text(content)
     timed = []
-    monkeypatch.setattr(LinearKernels, "_fastest",
-                        lambda self, modules, rows: timed.append(rows) or "linear")
+    monkeypatch.setattr(
+        LinearKernels, "_fastest", lambda self, modules, rows: timed.append(rows) or "linear"
+    )
     kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
     kernels.use_cache_file(path)
     assert kernels.choose(3) == {} and timed
@@ -180,14 +205,25 @@ def test_the_loop_lets_the_target_set_up_each_pass_size_before_timing_it(monkeyp
     target = TransformersTarget(tiny_llama(seed=3))
     calls = []
     real_prepare, real_forward = target.prepare, target.forward
-    monkeypatch.setattr(target, "prepare", lambda sizes: calls.append(("prepare", sizes))
-                        or real_prepare(sizes))
-    monkeypatch.setattr(target, "forward", lambda ids: calls.append(("forward", len(ids)))
-                        or real_forward(ids))
+    monkeypatch.setattr(
+        target, "prepare", lambda sizes: calls.append(("prepare", sizes)) or real_prepare(sizes)
+    )
+    monkeypatch.setattr(
+        target, "forward", lambda ids: calls.append(("forward", len(ids))) or real_forward(ids)
+    )
     prompt = repeated_prompt(3)
-    list(speculative_generate(target, prompt, max_new_tokens=24, drafter=PromptLookupDrafter(),
-                              policy=SpeculationPolicy(exploration=2.0)))
-    calibration = max(i for i, call in enumerate(calls) if call[0] == "prepare" and len(call[1]) > 1)
+    list(
+        speculative_generate(
+            target,
+            prompt,
+            max_new_tokens=24,
+            drafter=PromptLookupDrafter(),
+            policy=SpeculationPolicy(exploration=2.0),
+        )
+    )
+    calibration = max(
+        i for i, call in enumerate(calls) if call[0] == "prepare" and len(call[1]) > 1
+    )
     first_step = next(i for i, call in enumerate(calls) if i > calibration and call[0] == "prepare")
     steps = calls[first_step:]  # the calibration's own passes came before
     forwards = [i for i, call in enumerate(steps) if call[0] == "forward"]
@@ -228,10 +264,14 @@ def test_kernel_timing_skips_the_warm_up_and_compares_within_rounds(monkeypatch)
             calls[name] += 1
             first_call = 50.0 if name == "packed" and round_number == 0 else 0.0
             clock[0] += first_call + seconds * spell.get(round_number, 1.0)
+
         return run
 
-    ratios = linear.median_ratios({"linear": kernel("linear", 1.0), "packed": kernel("packed", 0.8)},
-                                  baseline="linear", rounds=5)
+    ratios = linear.median_ratios(
+        {"linear": kernel("linear", 1.0), "packed": kernel("packed", 0.8)},
+        baseline="linear",
+        rounds=5,
+    )
     assert calls == {"linear": 6, "packed": 6}
     assert ratios == {"linear": 1.0, "packed": pytest.approx(0.8)}
 
@@ -254,8 +294,10 @@ def test_row_invariant_choices_compute_each_row_as_that_row_alone(dtype):
         with kernels.use(rows):
             together = model.model.layers[0].mlp.up_proj.forward(x[:, :rows])
         with kernels.use(1):
-            alone = torch.cat([model.model.layers[0].mlp.up_proj.forward(x[:, i : i + 1])
-                               for i in range(rows)], dim=1)
+            alone = torch.cat(
+                [model.model.layers[0].mlp.up_proj.forward(x[:, i : i + 1]) for i in range(rows)],
+                dim=1,
+            )
         assert torch.equal(together, alone)
     chosen = {kernel for rows in kernels.choices for kernel in kernels.choices[rows].values()}
     assert chosen <= {"packed", "linear", "weight_first", "rows"}
@@ -265,13 +307,27 @@ def test_a_reference_that_depends_on_the_row_count_falls_back_to_one_row_at_a_ti
     kernels = LinearKernels(tiny_llama(seed=2))
     real = kernels._forward
     # A reference whose products of several rows round differently from one row's.
-    monkeypatch.setattr(kernels, "_plain_forward", lambda kernel, module: (
-        lambda x: real_plain(kernel, module)(x) + (x.numel() > 2 * x.shape[-1]) * 1e-3))
+    monkeypatch.setattr(
+        kernels,
+        "_plain_forward",
+        lambda kernel, module: (
+            lambda x: real_plain(kernel, module)(x) + (x.numel() > 2 * x.shape[-1]) * 1e-3
+        ),
+    )
     real_plain = LinearKernels._plain_forward.__get__(kernels)
     assert set(kernels.choose(4).values()) == {"rows"}
     module = kernels.groups[next(iter(kernels.groups))][0]
     x = torch.randn(1, 4, module.in_features)
     rows = real("rows", module)(x)
-    assert torch.equal(rows, torch.cat([real("packed" if kernels.reference == "packed"
-                                             else "linear", module)(x[:, i : i + 1])
-                                        for i in range(4)], dim=1))
+    assert torch.equal(
+        rows,
+        torch.cat(
+            [
+                real("packed" if kernels.reference == "packed" else "linear", module)(
+                    x[:, i : i + 1]
+                )
+                for i in range(4)
+            ],
+            dim=1,
+        ),
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from promptlookup.backends import transformers_backend
 from promptlookup.backends.llama_forward import LlamaForward, supports
 from promptlookup.backends.transformers_backend import TransformersTarget
@@ -17,17 +17,31 @@ def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
         return tiny_llama(vocab_size=vocab_size, seed=seed, layers=layers)
     import transformers
 
-    config_class, model_class = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                                 "mistral": ("MistralConfig", "MistralForCausalLM")}[architecture]
+    config_class, model_class = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+    }[architecture]
     torch.manual_seed(seed)
-    settings = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                    num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                    max_position_embeddings=512, tie_word_embeddings=False, sliding_window=None)
+    settings = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        sliding_window=None,
+    )
     settings.update(config)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings))
     with torch.no_grad():
         for layer in model.model.layers:
-            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            for projection in (
+                layer.self_attn.q_proj,
+                layer.self_attn.k_proj,
+                layer.self_attn.v_proj,
+            ):
                 if projection.bias is not None:
                     projection.bias.normal_()
         model.lm_head.weight.mul_(8.0)
@@ -69,7 +83,8 @@ def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, archi
 
 @pytest.mark.parametrize("row_invariant", [True, False])
 def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastest_mode(
-        monkeypatch, row_invariant):
+    monkeypatch, row_invariant
+):
     """Row-invariant, every pass is written out (plain steps are the same function as
     verification passes). In the fastest mode plain decoding steps in float32 keep
     transformers' own forward; every other pass is written out."""
@@ -77,14 +92,21 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
     for dtype in (torch.float32, torch.bfloat16):
         target = TransformersTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
         written = target.written_out
-        target.written_out = lambda input_ids, *args: calls.append((dtype, input_ids.shape[1])) \
-            or written(input_ids, *args)
+        target.written_out = lambda input_ids, *args, dtype=dtype, written=written: (
+            calls.append((dtype, input_ids.shape[1])) or written(input_ids, *args)
+        )
         target.extend([1, 2, 3])
         target.forward([4])
         target.forward([5, 6])
     one_token = [(torch.float32, 1)] if row_invariant else []
-    assert calls == [(torch.float32, 3), *one_token, (torch.float32, 2),
-                     (torch.bfloat16, 3), (torch.bfloat16, 1), (torch.bfloat16, 2)]
+    assert calls == [
+        (torch.float32, 3),
+        *one_token,
+        (torch.float32, 2),
+        (torch.bfloat16, 3),
+        (torch.bfloat16, 1),
+        (torch.bfloat16, 2),
+    ]
 
 
 def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(monkeypatch):
@@ -137,8 +159,9 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
     # A sliding window hides old keys, which the written-out pass would attend to.
     assert supports(_tiny("mistral", 32, 13, 2)) and supports(_tiny("qwen2", 32, 13, 2))
     assert not supports(_tiny("mistral", 32, 13, 2, sliding_window=64))
-    assert not supports(_tiny("qwen2", 32, 13, 2, use_sliding_window=True, sliding_window=64,
-                              max_window_layers=1))
+    assert not supports(
+        _tiny("qwen2", 32, 13, 2, use_sliding_window=True, sliding_window=64, max_window_layers=1)
+    )
 
 
 def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
@@ -151,13 +174,15 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
     target = TransformersTarget(model)
     seen = []
     handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(
-        lambda module, args, output: seen.append(output.shape))
+        lambda module, args, output: seen.append(output.shape)
+    )
     switched = []
     from promptlookup.backends import linear
 
     first = linear.weight_first_linear
-    monkeypatch.setattr(linear, "weight_first_linear",
-                        lambda module, x: switched.append(module) or first(module, x))
+    monkeypatch.setattr(
+        linear, "weight_first_linear", lambda module, x: switched.append(module) or first(module, x)
+    )
     try:
         target.extend([1, 2, 3])
         target.forward([4, 5])
@@ -186,8 +211,10 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
     assert torch.equal(rms_norm(norm, hidden), expected)
     assert torch.equal(hidden, before)  # the input is not overwritten
     heads, head_dim = 4, model.config.hidden_size // 4
-    query, key = (torch.randn(1, 37, count, head_dim, generator=generator).to(dtype).transpose(1, 2)
-                  for count in (heads, 2))  # (1, heads, n, head_dim) views, as in the pass
+    query, key = (
+        torch.randn(1, 37, count, head_dim, generator=generator).to(dtype).transpose(1, 2)
+        for count in (heads, 2)
+    )  # (1, heads, n, head_dim) views, as in the pass
     cos, sin = model.model.rotary_emb(hidden, torch.arange(5, 42)[None])  # (1, n, head_dim)
     expected_query, expected_key = apply_rotary_pos_emb(query, key, cos, sin)
     assert torch.equal(rotary(query, cos, sin), expected_query)
@@ -201,8 +228,9 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
 
 def test_a_norm_the_pass_cannot_reproduce_keeps_the_models_forward():
     model = tiny_llama(seed=15)
-    model.model.layers[1].post_attention_layernorm.weight.data = \
-        model.model.layers[1].post_attention_layernorm.weight.data.double()
+    model.model.layers[1].post_attention_layernorm.weight.data = model.model.layers[
+        1
+    ].post_attention_layernorm.weight.data.double()
     assert not supports(model)
     layer_norm = tiny_llama(seed=15)
     layer_norm.model.layers[0].input_layernorm = torch.nn.LayerNorm(layer_norm.config.hidden_size)

@@ -10,19 +10,24 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                        "(pip install llama-cpp-python==0.3.36)")
+pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)"
+)
 
 from click.testing import CliRunner  # noqa: E402
 
 from promptlookup.backends.base import Target  # noqa: E402
-from promptlookup.errors import (InvalidParameterError, ModelLoadError,  # noqa: E402
-                                 ModelNotFoundError, PromptTooLongError)
+from promptlookup.errors import (  # noqa: E402
+    InvalidParameterError,
+    ModelLoadError,
+    ModelNotFoundError,
+    PromptTooLongError,
+)
 
 #: Prompts that copy from their context (prompt lookup drafts) and one that does not.
 PROMPTS = [
     "Fix the typo and return the whole function:\n\ndef area(width, height):\n"
-    "    \"\"\"Area of a rectangle.\"\"\"\n    retrun width * height\n",
+    '    """Area of a rectangle."""\n    retrun width * height\n',
     "Repeat this list exactly, one item per line: apples, pears, plums, cherries, grapes, figs.",
     "Rename the variable x to count everywhere:\n\nx = 0\nfor item in items:\n    if item:\n"
     "        x += 1\nprint(x)\n",
@@ -45,11 +50,14 @@ def _llama_cpp_runs_on_this_cpu():
     """Skip, rather than take pytest down, where the installed llama.cpp build dies of a signal
     (a build for another CPU: an AMX kernel on a machine whose AMX is unusable, say).
     A child that fails without a signal (no default model, say) is left to the tests."""
-    child = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                           timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600
+    )
     if child.returncode < 0:
-        pytest.skip(f"this llama-cpp-python build crashes on this CPU (signal "
-                    f"{-child.returncode}); rebuild it: make clean setup")
+        pytest.skip(
+            f"this llama-cpp-python build crashes on this CPU (signal "
+            f"{-child.returncode}); rebuild it: make clean setup"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +77,14 @@ def llama_cpp_greedy(llama, prompt_ids: list[int], max_new_tokens: int) -> list[
 
     llama.reset()
     out: list[int] = []
-    for token in llama.generate(prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                repeat_penalty=1.0, reset=True):
+    for token in llama.generate(
+        prompt_ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True
+    ):
         out.append(int(token))
-        if llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llama.model), token) \
-                or len(out) >= max_new_tokens:
+        if (
+            llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llama.model), token)
+            or len(out) >= max_new_tokens
+        ):
             break
     llama.reset()
     return out
@@ -88,8 +99,13 @@ def test_is_a_target(llama_lm):
 
 def test_token_ids_agree_with_llama_cpp_tokenizer(llama_lm):
     llama = llama_lm.model
-    for text in ["Hello, world!", "def f(x):\n    return x  # tabs\tand  spaces",
-                 "naïve café — 東京 🙂", "  leading and trailing  ", "1234567 + 89 = ?"]:
+    for text in [
+        "Hello, world!",
+        "def f(x):\n    return x  # tabs\tand  spaces",
+        "naïve café — 東京 🙂",
+        "  leading and trailing  ",
+        "1234567 + 89 = ?",
+    ]:
         ours = list(llama_lm.tokenizer(text, add_special_tokens=False)["input_ids"])
         assert ours == llama.tokenize(text.encode(), add_bos=False, special=False), text
         assert llama_lm.tokenizer.decode(ours) == llama.detokenize(ours).decode()
@@ -97,8 +113,9 @@ def test_token_ids_agree_with_llama_cpp_tokenizer(llama_lm):
 
 def test_chat_template_tokens_agree_with_llama_cpp(llama_lm):
     messages = [{"role": "user", "content": "Say hi."}]
-    text = llama_lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                  tokenize=False)
+    text = llama_lm.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
     ids = llama_lm.encode(messages)
     assert ids == llama_lm.model.tokenize(text.encode(), add_bos=False, special=True)
     assert llama_lm.model.token_eos() in llama_lm.eos_token_ids
@@ -120,9 +137,17 @@ def prompt_lookup_tokens(lm, prompt_ids, max_new_tokens, chooser=None, totals=No
 
     drafter = PromptLookupDrafter(num_tokens=10, eos_token_ids=lm.eos_token_ids)
     stats = GenerationStats()
-    tokens = list(speculative_generate(lm.target, prompt_ids, max_new_tokens=max_new_tokens,
-                                       drafter=drafter, chooser=chooser,
-                                       eos_token_ids=lm.eos_token_ids, stats=stats))
+    tokens = list(
+        speculative_generate(
+            lm.target,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            drafter=drafter,
+            chooser=chooser,
+            eos_token_ids=lm.eos_token_ids,
+            stats=stats,
+        )
+    )
     if totals is not None:
         for key in ("drafted_tokens", "accepted_tokens"):
             totals[key] = totals.get(key, 0) + getattr(stats, key)
@@ -135,8 +160,12 @@ def invariant_lm(llama_lm):
     from promptlookup import LanguageModel
     from promptlookup.backends.llamacpp_backend import LlamaCppTarget
 
-    return LanguageModel(LlamaCppTarget(llama_lm.model, batch_invariant=True),
-                         llama_lm.tokenizer, name="invariant", model=llama_lm.model)
+    return LanguageModel(
+        LlamaCppTarget(llama_lm.model, batch_invariant=True),
+        llama_lm.tokenizer,
+        name="invariant",
+        model=llama_lm.model,
+    )
 
 
 def test_prompt_lookup_greedy_differs_from_llama_cpp_only_at_near_ties(llama_lm):
@@ -160,9 +189,11 @@ def test_prompt_lookup_greedy_differs_from_llama_cpp_only_at_near_ties(llama_lm)
             logits = target.forward([token])[0]  # (vocab,): the last one scores position d
         margin = float(logits[theirs[d]] - logits[ours[d]])
         assert 0 <= margin < 1.5, (prompt, d, margin)
-    print(f"\nprompt lookup on llama.cpp: {identical}/{len(PROMPTS)} greedy outputs identical "
-          f"to llama.cpp's own decoding; {totals['accepted_tokens']}/{totals['drafted_tokens']} "
-          f"drafted tokens accepted")
+    print(
+        f"\nprompt lookup on llama.cpp: {identical}/{len(PROMPTS)} greedy outputs identical "
+        f"to llama.cpp's own decoding; {totals['accepted_tokens']}/{totals['drafted_tokens']} "
+        f"drafted tokens accepted"
+    )
     assert totals["accepted_tokens"] > 0  # multi-token forward passes were verified
 
 
@@ -188,8 +219,9 @@ def test_multi_token_passes_agree_bit_for_bit(llama_lm, invariant_lm):
     target.reset()
     target.prefill(ids[:-40])
     target.prefill(ids[-40:-16])
-    split = torch.cat([target.forward(ids[-16:-13]), target.forward(ids[-13:-8]),
-                       target.forward(ids[-8:])])
+    split = torch.cat(
+        [target.forward(ids[-16:-13]), target.forward(ids[-13:-8]), target.forward(ids[-8:])]
+    )
     assert torch.equal(split, whole)
     target.reset()
     target.prefill(ids[:-16])
@@ -232,8 +264,9 @@ def test_sampling_with_prompt_lookup_draws_the_same_tokens_as_plain(invariant_lm
 
     prompt_ids = invariant_lm.encode(PROMPTS[2], chat=True)
     params = SamplingParams(temperature=0.7, top_p=0.9, seed=3)
-    plain = invariant_lm.generate(prompt_ids, drafter="none", max_new_tokens=32, temperature=0.7,
-                                  top_p=0.9, seed=3).token_ids
+    plain = invariant_lm.generate(
+        prompt_ids, drafter="none", max_new_tokens=32, temperature=0.7, top_p=0.9, seed=3
+    ).token_ids
     looked_up = prompt_lookup_tokens(invariant_lm, prompt_ids, 32, TokenChooser.from_params(params))
     assert looked_up == plain
 
@@ -279,8 +312,21 @@ def test_backend_needs_a_gguf_file(tmp_path):
 def test_cli_generate_with_llama_cpp_backend():
     from promptlookup.cli import main
 
-    result = CliRunner().invoke(main, ["generate", "--backend", "llama.cpp", "--chat", "-n", "4",
-                                       "--drafter", "none", "--json", "Repeat: red green blue"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "--backend",
+            "llama.cpp",
+            "--chat",
+            "-n",
+            "4",
+            "--drafter",
+            "none",
+            "--json",
+            "Repeat: red green blue",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert 1 <= len(json.loads(result.output.strip().splitlines()[-1])["token_ids"]) <= 4
 
@@ -288,8 +334,9 @@ def test_cli_generate_with_llama_cpp_backend():
 def test_cli_reports_a_missing_gguf_in_one_line(tmp_path):
     from promptlookup.cli import main
 
-    result = CliRunner().invoke(main, ["generate", "--backend", "llama.cpp", "-m",
-                                       str(tmp_path / "nope.gguf"), "hi"])
+    result = CliRunner().invoke(
+        main, ["generate", "--backend", "llama.cpp", "-m", str(tmp_path / "nope.gguf"), "hi"]
+    )
     assert result.exit_code == 1
     assert "nope.gguf" in result.output and "Traceback" not in result.output
 

@@ -8,15 +8,14 @@ import random
 
 import pytest
 import torch
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
-
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
-from conftest import TinyTokenizer, tiny_llama
 
 VOCAB = 32
 #: Seeds whose greedy continuations of a repeated prompt are partly repetitive (drafts get
@@ -25,7 +24,7 @@ SEEDS = (3, 4, 6)
 MAX_NEW = 48
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_for(seed: int):
     return tiny_llama(vocab_size=VOCAB, seed=seed)
 
@@ -36,20 +35,36 @@ def repeated_prompt(seed: int, period: int = 12, repeats: int = 3) -> list[int]:
     return [rng.randrange(1, VOCAB) for _ in range(period)] * repeats
 
 
-def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos_token_id=None, **kwargs) -> list[int]:
+def hf_greedy(
+    model, prompt: list[int], max_new_tokens: int, eos_token_id=None, **kwargs
+) -> list[int]:
     """``transformers``' plain greedy decoding, new tokens only (ending with the EOS if any)."""
     input_ids = torch.tensor([prompt])  # (1, len(prompt))
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=0,
-                         **kwargs)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        **kwargs,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def run(model, prompt, drafter, max_new_tokens=MAX_NEW, eos=(), chooser=None):
     stats = GenerationStats()
-    tokens = list(speculative_generate(TransformersTarget(model), prompt,
-                                       max_new_tokens=max_new_tokens, drafter=drafter,
-                                       chooser=chooser, eos_token_ids=eos, stats=stats))
+    tokens = list(
+        speculative_generate(
+            TransformersTarget(model),
+            prompt,
+            max_new_tokens=max_new_tokens,
+            drafter=drafter,
+            chooser=chooser,
+            eos_token_ids=eos,
+            stats=stats,
+        )
+    )
     check_stats(tokens, stats, eos)
     return tokens, stats
 
@@ -62,7 +77,8 @@ def check_stats(tokens, stats, eos=()):
     # generation ended at an EOS that was itself an accepted draft token (no bonus then).
     ended_in_draft = stats.new_tokens == stats.forward_passes + stats.accepted_tokens - 1
     assert stats.new_tokens == stats.forward_passes + stats.accepted_tokens or (
-        ended_in_draft and tokens[-1] in eos)
+        ended_in_draft and tokens[-1] in eos
+    )
 
 
 class Oracle:
@@ -126,8 +142,11 @@ def test_eos_inside_a_draft(case):
     tokens, stats = run(model, prompt, oracle, eos=[eos])
     assert tokens == expected
     assert stats.forward_passes == 1 and stats.accepted_tokens == k + 1
-    for drafter in (NoDrafter(), PromptLookupDrafter(num_tokens=10, eos_token_ids=[eos]),
-                    PromptLookupDrafter(num_tokens=40)):  # a draft running on past the EOS
+    for drafter in (
+        NoDrafter(),
+        PromptLookupDrafter(num_tokens=10, eos_token_ids=[eos]),
+        PromptLookupDrafter(num_tokens=40),
+    ):  # a draft running on past the EOS
         tokens, _ = run(model, prompt, drafter, eos=[eos])
         assert tokens == expected
 
@@ -167,7 +186,10 @@ def test_repetition_penalty_equals_transformers(case):
     penalty = 1.3
     expected = hf_greedy(model, prompt, MAX_NEW, repetition_penalty=penalty)
     results = {}
-    for name, drafter in [("none", NoDrafter()), ("prompt-lookup", PromptLookupDrafter(num_tokens=10))]:
+    for name, drafter in [
+        ("none", NoDrafter()),
+        ("prompt-lookup", PromptLookupDrafter(num_tokens=10)),
+    ]:
         chooser = TokenChooser.from_params(SamplingParams(repetition_penalty=penalty))
         assert not chooser.plain_argmax  # the position-by-position path
         results[name] = run(model, prompt, drafter, chooser=chooser)
@@ -188,6 +210,7 @@ def test_repetition_penalty_with_accepted_drafts():
 
 
 # -- through the API (LanguageModel) -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def lm():
@@ -246,26 +269,30 @@ def test_stop_strings_cut_text_and_tokens(lm, drafter):
 def test_api_garbage_callable_drafter(lm):
     prompt = repeated_prompt(3)
     plain = hf_greedy(lm.model, prompt, MAX_NEW, eos_token_id=0)
-    result = lm.generate(prompt, max_new_tokens=MAX_NEW,
-                         drafter=Oracle(prompt, plain, corrupt=True))
+    result = lm.generate(
+        prompt, max_new_tokens=MAX_NEW, drafter=Oracle(prompt, plain, corrupt=True)
+    )
     assert result.token_ids == plain
     assert result.stats.accepted_tokens == 0
 
 
-@pytest.mark.parametrize("prompt, options, error", [
-    ("", {}, promptlookup.EmptyPromptError),
-    ("   ", {"chat": True}, promptlookup.EmptyPromptError),
-    ([], {}, promptlookup.EmptyPromptError),
-    ([1, 2], {"max_new_tokens": 0}, promptlookup.InvalidParameterError),
-    ([1, 2], {"max_new_tokens": 511}, promptlookup.PromptTooLongError),  # context is 512
-    ([1, 2], {"temperature": -1.0}, promptlookup.InvalidParameterError),
-    ([1, 2], {"top_p": 0.0}, promptlookup.InvalidParameterError),
-    ([1, 2], {"top_k": -1}, promptlookup.InvalidParameterError),
-    ([1, 2], {"repetition_penalty": 0.0}, promptlookup.InvalidParameterError),
-    ([1, 2], {"drafter": "magic"}, promptlookup.InvalidParameterError),
-    ([1, 2], {"num_tokens": 0}, promptlookup.InvalidParameterError),
-    ([{"role": "user"}], {}, promptlookup.InvalidParameterError),
-])
+@pytest.mark.parametrize(
+    "prompt, options, error",
+    [
+        ("", {}, promptlookup.EmptyPromptError),
+        ("   ", {"chat": True}, promptlookup.EmptyPromptError),
+        ([], {}, promptlookup.EmptyPromptError),
+        ([1, 2], {"max_new_tokens": 0}, promptlookup.InvalidParameterError),
+        ([1, 2], {"max_new_tokens": 511}, promptlookup.PromptTooLongError),  # context is 512
+        ([1, 2], {"temperature": -1.0}, promptlookup.InvalidParameterError),
+        ([1, 2], {"top_p": 0.0}, promptlookup.InvalidParameterError),
+        ([1, 2], {"top_k": -1}, promptlookup.InvalidParameterError),
+        ([1, 2], {"repetition_penalty": 0.0}, promptlookup.InvalidParameterError),
+        ([1, 2], {"drafter": "magic"}, promptlookup.InvalidParameterError),
+        ([1, 2], {"num_tokens": 0}, promptlookup.InvalidParameterError),
+        ([{"role": "user"}], {}, promptlookup.InvalidParameterError),
+    ],
+)
 def test_api_bad_input_raises_a_named_error_before_generating(lm, prompt, options, error):
     with pytest.raises(error) as info:
         lm.stream(prompt, **options)

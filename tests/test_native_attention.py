@@ -7,13 +7,13 @@ import random
 
 import pytest
 import torch
+from test_llama_forward import _tiny
 
 from promptlookup.backends import native_attention
 from promptlookup.backends.cache import GrowingLayer
 from promptlookup.backends.llama_forward import LlamaForward
 from promptlookup.backends.native_attention import PassRows, kernel
 from promptlookup.backends.transformers_backend import TransformersTarget
-from test_llama_forward import _tiny
 
 pytestmark = pytest.mark.skipif(kernel() is None, reason="no C compiler on this machine")
 
@@ -21,8 +21,12 @@ pytestmark = pytest.mark.skipif(kernel() is None, reason="no C compiler on this 
 def filled_layer(length: int, kv_heads: int, head_dim: int, dtype, generator) -> GrowingLayer:
     layer = GrowingLayer(transposed_keys=True)
     if length:
-        layer.update(*(torch.randn(1, kv_heads, length, head_dim, generator=generator).to(dtype)
-                       for _ in range(2)))
+        layer.update(
+            *(
+                torch.randn(1, kv_heads, length, head_dim, generator=generator).to(dtype)
+                for _ in range(2)
+            )
+        )
     return layer
 
 
@@ -55,8 +59,10 @@ def test_rows_do_not_depend_on_what_shares_the_call(dtype, head_dim, threads):
         lengths = [rng.randint(1, 30) for _ in starts]
         total = sum(lengths)
         query = torch.randn(1, heads, total, head_dim, generator=generator).to(dtype)
-        keys, values = (torch.randn(1, kv_heads, total, head_dim, generator=generator).to(dtype)
-                        for _ in range(2))
+        keys, values = (
+            torch.randn(1, kv_heads, total, head_dim, generator=generator).to(dtype)
+            for _ in range(2)
+        )
         together = attend(query, keys, values, layers, starts, lengths)
         # Each sequence alone, in reverse order: each row as the last of a pass over its
         # sequence's rows up to it (a one-token pass when it is the first).
@@ -64,8 +70,14 @@ def test_rows_do_not_depend_on_what_shares_the_call(dtype, head_dim, threads):
         for index in reversed(range(len(starts))):
             for row in range(lengths[index]):
                 rows = slice(offsets[index], offsets[index] + row + 1)
-                alone = attend(query[:, :, rows], keys[:, :, rows], values[:, :, rows],
-                               [layers[index]], [starts[index]], [row + 1])
+                alone = attend(
+                    query[:, :, rows],
+                    keys[:, :, rows],
+                    values[:, :, rows],
+                    [layers[index]],
+                    [starts[index]],
+                    [row + 1],
+                )
                 assert torch.equal(alone[0, -1], together[0, rows.stop - 1]), (index, row)
     finally:
         torch.set_num_threads(before)
@@ -81,8 +93,12 @@ def test_it_is_causal_attention(dtype):
     out = native_attention.native_attention(query, [layer], PassRows([70], [5]), 0.125)
     mask = torch.ones(5, 75, dtype=torch.bool).tril(70)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        query.float(), layer.keys.float().repeat_interleave(3, 1),
-        layer.values.float().repeat_interleave(3, 1), attn_mask=mask, scale=0.125)
+        query.float(),
+        layer.keys.float().repeat_interleave(3, 1),
+        layer.values.float().repeat_interleave(3, 1),
+        attn_mask=mask,
+        scale=0.125,
+    )
     tolerance = 2e-6 if dtype == torch.float32 else 2e-2
     assert torch.allclose(out.float(), expected.transpose(1, 2), atol=tolerance)
 

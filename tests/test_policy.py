@@ -6,12 +6,11 @@ import json
 import random
 
 import torch
+from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup as pl
 from promptlookup.cost_model import CostModel
 from promptlookup.policy import AcceptanceModel, SpeculationPolicy, context_bucket, match_bucket
-
-from conftest import TinyTokenizer, tiny_llama
 
 
 def policy_with_costs(costs: dict[int, float], exploration: float = 0.0) -> SpeculationPolicy:
@@ -190,7 +189,9 @@ def test_drafts_the_whole_draft_when_verification_is_nearly_free():
 
 def test_drafts_more_after_long_matches_than_short_ones():
     policy = policy_with_costs({1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2, 16: 3.0, 64: 9.0})
-    assert policy.draft_length([5] * 40, match_length=32) > policy.draft_length([5] * 40, match_length=2)
+    assert policy.draft_length([5] * 40, match_length=32) > policy.draft_length(
+        [5] * 40, match_length=2
+    )
 
 
 def test_learns_to_stop_drafting_when_drafts_are_rejected():
@@ -279,7 +280,7 @@ def test_any_draft_length_choice_keeps_greedy_output_identical():
         result = lm.generate(prompt, max_new_tokens=40)
         assert result.token_ids == plain
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)
-        assert expected[0, len(prompt):].tolist() == plain
+        assert expected[0, len(prompt) :].tolist() == plain
 
 
 def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
@@ -295,6 +296,7 @@ def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
 def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
     """It also runs the prompt's waiting last chunk, so its time says nothing about the cost of
     verifying its tokens; every later pass is recorded with its size."""
+
     class Recording(RandomLengthPolicy):
         def __init__(self) -> None:
             super().__init__(seed=5)
@@ -367,8 +369,17 @@ class InstantTarget:
 
 
 def test_context_buckets_double():
-    assert [context_bucket(n) for n in (0, 1, 1024, 1025, 2048, 2049, 4096, 8192, 10**6)] == \
-        [0, 0, 0, 1, 1, 2, 2, 3, 5]
+    assert [context_bucket(n) for n in (0, 1, 1024, 1025, 2048, 2049, 4096, 8192, 10**6)] == [
+        0,
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        5,
+    ]
 
 
 def test_keeps_one_cost_curve_per_context_length(tmp_path):
@@ -410,8 +421,9 @@ def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passe
     long = CountingTarget(5000)
     policy.start(long, probe_token=1, sampling=False)
     assert long.passes == 0 and policy.context == 3 and policy.costs is not short
-    assert [list(samples) for _, samples in sorted(policy.costs.samples.items())] == \
-        [[relative] for _, relative in short.curve()]
+    assert [list(samples) for _, samples in sorted(policy.costs.samples.items())] == [
+        [relative] for _, relative in short.curve()
+    ]
     for _ in range(4):  # its own passes (8 tokens dearer here) soon outweigh the copy
         policy.record_forward(1, short.cost(1))
         policy.record_forward(8, 2.0 * short.cost(8))
@@ -424,5 +436,6 @@ def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passe
     assert longer.passes == 0 and reloaded.context == 4
     assert sorted(reloaded.cost_models) == [0, 3, 4]
     nearest = reloaded.cost_models[3]  # as saved when the 5,000-token request began
-    assert [list(samples) for _, samples in sorted(reloaded.costs.samples.items())] == \
-        [[relative] for _, relative in nearest.curve()]
+    assert [list(samples) for _, samples in sorted(reloaded.costs.samples.items())] == [
+        [relative] for _, relative in nearest.curve()
+    ]

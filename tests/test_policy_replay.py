@@ -3,8 +3,8 @@
 import importlib.util
 from pathlib import Path
 
-from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
 from promptlookup.cost_model import CostModel
+from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
 from promptlookup.policy import SpeculationPolicy
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "studies" / "policy_replay.py"
@@ -35,17 +35,19 @@ def test_replay_accepts_the_true_prefix_of_each_draft_and_charges_each_pass():
     prompt, output = [1, 2, 3, 4, 5, 1, 2], [3, 4, 5, 9, 1, 2]
     # Pass 1: "1 2" drafts 3 4 5, all accepted, plus the bonus 9 (4 tokens: 1.3 s). Pass 2:
     # nothing before "9" to match, a plain step (1 s). Pass 3: no room left, a plain step.
-    seconds = policy_replay.replay(prompt, output, PromptLookupDrafter(num_tokens=3), None,
-                                   LinearCosts(0.1))
+    seconds = policy_replay.replay(
+        prompt, output, PromptLookupDrafter(num_tokens=3), None, LinearCosts(0.1)
+    )
     assert seconds == 1.3 + 1.0 + 1.0
 
 
 def test_policy_never_drafts_where_a_pass_costs_as_much_as_its_tokens_apart():
     prompt, output = [1, 2, 3, 4, 5] * 4, [1, 2, 3, 4, 5] * 6
     costs = LinearCosts(1.0)
-    seconds = policy_replay.replay(prompt, output, PromptLookupDrafter(), policy_with(costs),
-                                   costs)
+    seconds = policy_replay.replay(prompt, output, PromptLookupDrafter(), policy_with(costs), costs)
     assert seconds == len(output)  # one plain pass per token
     cheap = LinearCosts(0.01)
-    assert policy_replay.replay(prompt, output, PromptLookupDrafter(), policy_with(cheap),
-                                cheap) < len(output) / 4
+    assert (
+        policy_replay.replay(prompt, output, PromptLookupDrafter(), policy_with(cheap), cheap)
+        < len(output) / 4
+    )

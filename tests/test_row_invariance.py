@@ -8,15 +8,14 @@ import random
 
 import pytest
 import torch
+from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
+from conftest import TinyTokenizer
+from test_llama_forward import _tiny
 
 import promptlookup
-from conftest import TinyTokenizer
 from promptlookup.backends import row_invariant, transformers_backend
 from promptlookup.backends.row_invariant import key_length, row_invariant_attention
 from promptlookup.backends.transformers_backend import TransformersTarget
-from test_llama_forward import _tiny
-
-from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -27,13 +26,22 @@ def default_shaped(dtype: torch.dtype, seed: int = 0, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=layers, num_attention_heads=9, num_key_value_heads=3,
-                         max_position_embeddings=2048, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(config).eval().to(dtype)
 
 
-def one_token_rows(target: TransformersTarget, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+def one_token_rows(
+    target: TransformersTarget, prompt: list[int], tokens: list[int]
+) -> torch.Tensor:
     """Logits of ``tokens`` fed one forward pass each after ``prompt``: (len(tokens), vocab)."""
     target.reset()
     target.prefill(prompt)
@@ -65,8 +73,9 @@ def split_rows(target, prompt, tokens, sizes) -> tuple[torch.Tensor, list]:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_row_of_a_pass_is_the_one_token_pass_row(monkeypatch, architecture, dtype, seed,
-                                                       attention_path):
+def test_every_row_of_a_pass_is_the_one_token_pass_row(
+    monkeypatch, architecture, dtype, seed, attention_path
+):
     # Short prompt chunks: a chunk after a cache and a waiting last chunk run in the first pass.
     monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 48)
     rng = random.Random(seed)
@@ -109,20 +118,31 @@ def test_the_fastest_kernels_are_caught_rounding_rows_differently():
 def test_attention_rows_do_not_depend_on_the_rows_beside_them(dtype, start, rows):
     generator = torch.Generator().manual_seed(start + rows)
     capacity = key_length(start + rows - 1)
-    keys, values = (torch.randn(1, 3, capacity, 64, generator=generator).to(dtype)
-                    for _ in range(2))  # (1, kv_heads, capacity, head_dim)
+    keys, values = (
+        torch.randn(1, 3, capacity, 64, generator=generator).to(dtype) for _ in range(2)
+    )  # (1, kv_heads, capacity, head_dim)
     query = torch.randn(1, 9, rows, 64, generator=generator).to(dtype)
     together = row_invariant_attention(query, keys, values, start, 0.125, rows_alone=False)
-    alone = torch.cat([row_invariant_attention(query[:, :, i : i + 1], keys, values, start + i,
-                                               0.125, rows_alone=True) for i in range(rows)],
-                      dim=1)
+    alone = torch.cat(
+        [
+            row_invariant_attention(
+                query[:, :, i : i + 1], keys, values, start + i, 0.125, rows_alone=True
+            )
+            for i in range(rows)
+        ],
+        dim=1,
+    )
     assert torch.equal(together, alone)
     # And it is causal attention: each row sees the keys up to its own position.
     end = start + rows
     mask = torch.ones(rows, end, dtype=torch.bool).tril(start)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        query.float(), keys[:, :, :end].float().repeat_interleave(3, 1),
-        values[:, :, :end].float().repeat_interleave(3, 1), attn_mask=mask, scale=0.125)
+        query.float(),
+        keys[:, :, :end].float().repeat_interleave(3, 1),
+        values[:, :, :end].float().repeat_interleave(3, 1),
+        attn_mask=mask,
+        scale=0.125,
+    )
     tolerance = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.allclose(together.float(), expected.transpose(1, 2), atol=tolerance)
 
@@ -151,8 +171,7 @@ def test_any_fixed_draft_length_gives_plain_decodings_output(dtype, seed):
     plain = lm.generate(prompt, max_new_tokens=40, drafter="none").token_ids
     drafted = 0
     for num_tokens in range(1, 17):
-        result = lm.generate(prompt, max_new_tokens=40, speculation="fixed",
-                             num_tokens=num_tokens)
+        result = lm.generate(prompt, max_new_tokens=40, speculation="fixed", num_tokens=num_tokens)
         assert result.token_ids == plain, f"num_tokens={num_tokens}"
         drafted += result.stats.accepted_tokens
     assert drafted > 0  # drafts were accepted: the passes had many rows
@@ -164,12 +183,21 @@ def test_seeded_sampling_is_the_same_with_any_draft_length(dtype):
     lm = _lm(dtype, 4)
     prompt = [3, 9, 4, 7, 12, 5] * 5
     for seed in range(4):
-        plain = lm.generate(prompt, max_new_tokens=30, drafter="none", temperature=0.8,
-                            seed=seed).token_ids
+        plain = lm.generate(
+            prompt, max_new_tokens=30, drafter="none", temperature=0.8, seed=seed
+        ).token_ids
         for num_tokens in (1, 4, 9):
-            assert lm.generate(prompt, max_new_tokens=30, speculation="fixed",
-                               num_tokens=num_tokens, temperature=0.8,
-                               seed=seed).token_ids == plain
+            assert (
+                lm.generate(
+                    prompt,
+                    max_new_tokens=30,
+                    speculation="fixed",
+                    num_tokens=num_tokens,
+                    temperature=0.8,
+                    seed=seed,
+                ).token_ids
+                == plain
+            )
 
 
 def test_row_invariant_passes_never_time_the_prompt_attention(monkeypatch):

@@ -18,6 +18,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
+from conftest import TinyTokenizer, tiny_llama
 from scipy.stats import chi2_contingency, chisquare
 
 import promptlookup
@@ -26,9 +28,6 @@ from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafte
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
 
-from _fixtures import one_thread  # noqa: F401 (autouse fixture)
-from conftest import TinyTokenizer, tiny_llama
-
 VOCAB = 8
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
 SAMPLES = 1200  # generations per arm (a broken rule gives p ~ 1e-30 at this size)
@@ -36,8 +35,9 @@ P_MIN = 0.001
 
 CONFIGS = {
     "temperature": SamplingParams(temperature=1.0),
-    "top_k_top_p_penalty": SamplingParams(temperature=0.8, top_k=5, top_p=0.9,
-                                          repetition_penalty=1.2),
+    "top_k_top_p_penalty": SamplingParams(
+        temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2
+    ),
 }
 
 
@@ -85,12 +85,14 @@ class MemoTarget:
         return self.memo[prefix]  # (vocab,)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def memo_target() -> MemoTarget:
     return MemoTarget(tiny_llama(vocab_size=VOCAB, seed=1))
 
 
-def processed_probs(params: SamplingParams, prefix: list[int], logits: torch.Tensor) -> torch.Tensor:
+def processed_probs(
+    params: SamplingParams, prefix: list[int], logits: torch.Tensor
+) -> torch.Tensor:
     """The target's sampling distribution after ``prefix``: (vocab,)."""
     scores = params.logits_processor()(torch.tensor([prefix]), logits[None])  # (1, vocab)
     return torch.softmax(scores[0], dim=-1)
@@ -103,8 +105,10 @@ def exact_joint(params: SamplingParams) -> np.ndarray:
     joint = np.zeros((VOCAB, VOCAB))
     for t1 in range(VOCAB):
         prefix = PROMPT + [t1]
-        joint[t1] = first[t1].item() * processed_probs(params, prefix,
-                                                       target.next_logits(tuple(prefix))).numpy()
+        joint[t1] = (
+            first[t1].item()
+            * processed_probs(params, prefix, target.next_logits(tuple(prefix))).numpy()
+        )
     return joint
 
 
@@ -128,8 +132,11 @@ def sample_pairs(params: SamplingParams, seeds, drafter_factory, chooser_factory
             chooser = chooser_factory(chooser, drafter)
         stats = GenerationStats()
         # max_new_tokens=3 leaves room for a 2-token draft in the first forward pass.
-        tokens = list(speculative_generate(target, PROMPT, max_new_tokens=3, drafter=drafter,
-                                           chooser=chooser, stats=stats))
+        tokens = list(
+            speculative_generate(
+                target, PROMPT, max_new_tokens=3, drafter=drafter, chooser=chooser, stats=stats
+            )
+        )
         counts[tokens[0], tokens[1]] += 1
         total.drafted_tokens += stats.drafted_tokens
         total.accepted_tokens += stats.accepted_tokens
@@ -192,8 +199,11 @@ class SkipsTheTargetsDraw:
 
     def __init__(self, chooser: TokenChooser, drafter: CallableDrafter) -> None:
         self.chooser, self.drafter = chooser, drafter
-        self.processors, self.do_sample, self.generator = (chooser.processors, True,
-                                                           chooser.generator)
+        self.processors, self.do_sample, self.generator = (
+            chooser.processors,
+            True,
+            chooser.generator,
+        )
         self.plain_argmax = False
 
     def choose(self, input_ids: torch.Tensor, target_logits: torch.Tensor) -> int:
@@ -228,7 +238,7 @@ SEEDED = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_lm():
     return promptlookup.from_transformers(tiny_llama(vocab_size=32, seed=3), TinyTokenizer(32))
 
@@ -249,8 +259,10 @@ def test_same_seed_same_tokens_with_or_without_drafter(config):
     plain = lm.generate(prompt, drafter="none", **kwargs)
     assert first.token_ids == again.token_ids == plain.token_ids
     assert len(first.token_ids) > 1
-    others = {tuple(lm.generate(prompt, drafter="none", **{**kwargs, "seed": s}).token_ids)
-              for s in range(3)}
+    others = {
+        tuple(lm.generate(prompt, drafter="none", **{**kwargs, "seed": s}).token_ids)
+        for s in range(3)
+    }
     assert len(others | {tuple(plain.token_ids)}) > 1, "the seed changes nothing: not sampling?"
 
 
@@ -262,14 +274,27 @@ def test_seeded_sampling_equals_transformers_with_the_same_seed(config):
     options = SEEDED[config]
     stats = GenerationStats()
     chooser = TokenChooser.from_params(SamplingParams(seed=99, **options))
-    ours = list(speculative_generate(TransformersTarget(model), prompt, max_new_tokens=30,
-                                     drafter=PromptLookupDrafter(num_tokens=8), chooser=chooser,
-                                     stats=stats))
+    ours = list(
+        speculative_generate(
+            TransformersTarget(model),
+            prompt,
+            max_new_tokens=30,
+            drafter=PromptLookupDrafter(num_tokens=8),
+            chooser=chooser,
+            stats=stats,
+        )
+    )
     assert stats.drafted_tokens > 0
     torch.manual_seed(99)
     input_ids = torch.tensor([prompt])  # (1, len(prompt))
     hf_options = {"top_k": 0, "top_p": 1.0, **options}  # transformers' default top_k is 50
-    theirs = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
-                            max_new_tokens=30, eos_token_id=None, pad_token_id=0,
-                            **hf_options)[0, len(prompt):].tolist()
+    theirs = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=True,
+        max_new_tokens=30,
+        eos_token_id=None,
+        pad_token_id=0,
+        **hf_options,
+    )[0, len(prompt) :].tolist()
     assert ours == theirs

@@ -14,9 +14,8 @@ import threading
 import httpx
 import openai
 import pytest
-from click.testing import CliRunner
-
 from _server import CONTEXT, FIXED, MESSAGES, MODEL, RunningServer, tiny_lm, wait_until
+from click.testing import CliRunner
 
 from promptlookup.cli import main as cli_main
 from promptlookup.errors import ModelLoadError
@@ -66,10 +65,12 @@ def test_chat_completion_equals_library_greedy_output(server, lm):
 
 def test_completion_takes_text_or_token_ids(server, lm):
     client = server.client()
-    by_text = client.completions.create(model=MODEL, prompt="abcabcab", temperature=0,
-                                        max_tokens=16)
-    by_ids = client.completions.create(model=MODEL, prompt=lm.encode("abcabcab"),
-                                       temperature=0, max_tokens=16)
+    by_text = client.completions.create(
+        model=MODEL, prompt="abcabcab", temperature=0, max_tokens=16
+    )
+    by_ids = client.completions.create(
+        model=MODEL, prompt=lm.encode("abcabcab"), temperature=0, max_tokens=16
+    )
     expected = lm.generate("abcabcab", max_new_tokens=16, temperature=0)
     assert by_text.choices[0].text == by_ids.choices[0].text == expected.text
     assert by_text.object == "text_completion"
@@ -79,13 +80,21 @@ def test_completion_takes_text_or_token_ids(server, lm):
 def test_chat_stream_chunks_concatenate_to_the_answer(server):
     client = server.client()
     whole = chat(client, temperature=0, max_tokens=24).choices[0].message.content
-    chunks = list(chat(client, temperature=0, max_tokens=24, stream=True,
-                       stream_options={"include_usage": True}))
+    chunks = list(
+        chat(
+            client,
+            temperature=0,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
-    finals = [c.choices[0].finish_reason for c in chunks
-              if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert len(finals) == 1
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
     assert chunks[-1].usage.speculative["forward_passes"] >= 1
@@ -93,8 +102,13 @@ def test_chat_stream_chunks_concatenate_to_the_answer(server):
 
 
 def test_completion_stream_ends_with_done(server, lm):
-    body = {"model": MODEL, "prompt": "abcabcab", "temperature": 0, "max_tokens": 16,
-            "stream": True}
+    body = {
+        "model": MODEL,
+        "prompt": "abcabcab",
+        "temperature": 0,
+        "max_tokens": 16,
+        "stream": True,
+    }
     with httpx.stream("POST", server.url + "/v1/completions", json=body) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line for line in response.iter_lines() if line]
@@ -129,8 +143,12 @@ def test_prediction_feeds_the_reference_drafter(server, lm):
     client = server.client()
     plain = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=40)
     predicted = client.completions.create(
-        model=MODEL, prompt=prompt, temperature=0, max_tokens=40,
-        extra_body={"prediction": {"type": "content", "content": expected.text}})
+        model=MODEL,
+        prompt=prompt,
+        temperature=0,
+        max_tokens=40,
+        extra_body={"prediction": {"type": "content", "content": expected.text}},
+    )
     assert plain.choices[0].text == predicted.choices[0].text == expected.text
     stats = predicted.usage.speculative
     assert stats["accepted_tokens"] > plain.usage.speculative["accepted_tokens"]
@@ -138,8 +156,9 @@ def test_prediction_feeds_the_reference_drafter(server, lm):
     # Chat, with the prediction given as a list of text parts.
     answer = lm.generate(MESSAGES, max_new_tokens=40, temperature=0, drafter="none").text
     parts = [{"type": "text", "text": answer[:7]}, {"type": "text", "text": answer[7:]}]
-    response = chat(client, temperature=0, max_tokens=40,
-                    prediction={"type": "content", "content": parts})
+    response = chat(
+        client, temperature=0, max_tokens=40, prediction={"type": "content", "content": parts}
+    )
     assert response.choices[0].message.content == answer
     assert response.usage.speculative["accepted_tokens"] > 0
 
@@ -161,31 +180,58 @@ def test_without_max_tokens_the_answer_fits_the_context(server):
 GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
 
 
-@pytest.mark.parametrize("body, status, param, code", [
-    (b"{not json", 400, None, "invalid_json"),
-    (b"[1, 2]", 400, None, None),
-    ({**GOOD, "frobnicate": 1}, 400, "frobnicate", None),
-    ({**GOOD, "model": "gpt-17"}, 400, "model", "model_not_found"),
-    ({**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
-    ({**GOOD, "max_completion_tokens": -3}, 400, "max_completion_tokens", None),
-    ({**GOOD, "temperature": -0.5}, 400, "temperature", None),
-    ({**GOOD, "top_p": 0}, 400, "top_p", None),
-    ({**GOOD, "n": 17}, 400, "n", None),
-    ({**GOOD, "messages": []}, 400, "messages", None),
-    ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", None),
-    ({**GOOD, "messages": [{"role": "user", "content": "a" * 600}]}, 400, "messages",
-     "context_length_exceeded"),
-    ({**GOOD, "messages": [{"role": "user", "content": "a" * 500}], "max_tokens": 100}, 400,
-     "messages", "context_length_exceeded"),
-    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
-], ids=["malformed-json", "not-an-object", "unknown-field", "unknown-model", "max-tokens-0",
-        "max-completion-tokens-negative", "negative-temperature", "top-p-0", "n-17",
-        "no-messages", "unknown-role", "prompt-beyond-context",
-        "prompt-plus-max-tokens-beyond-context", "five-stop-strings"])
+@pytest.mark.parametrize(
+    "body, status, param, code",
+    [
+        (b"{not json", 400, None, "invalid_json"),
+        (b"[1, 2]", 400, None, None),
+        ({**GOOD, "frobnicate": 1}, 400, "frobnicate", None),
+        ({**GOOD, "model": "gpt-17"}, 400, "model", "model_not_found"),
+        ({**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
+        ({**GOOD, "max_completion_tokens": -3}, 400, "max_completion_tokens", None),
+        ({**GOOD, "temperature": -0.5}, 400, "temperature", None),
+        ({**GOOD, "top_p": 0}, 400, "top_p", None),
+        ({**GOOD, "n": 17}, 400, "n", None),
+        ({**GOOD, "messages": []}, 400, "messages", None),
+        ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages", None),
+        (
+            {**GOOD, "messages": [{"role": "user", "content": "a" * 600}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        (
+            {**GOOD, "messages": [{"role": "user", "content": "a" * 500}], "max_tokens": 100},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+    ],
+    ids=[
+        "malformed-json",
+        "not-an-object",
+        "unknown-field",
+        "unknown-model",
+        "max-tokens-0",
+        "max-completion-tokens-negative",
+        "negative-temperature",
+        "top-p-0",
+        "n-17",
+        "no-messages",
+        "unknown-role",
+        "prompt-beyond-context",
+        "prompt-plus-max-tokens-beyond-context",
+        "five-stop-strings",
+    ],
+)
 def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, param, code):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    response = httpx.post(server.url + "/v1/chat/completions", content=content,
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        server.url + "/v1/chat/completions",
+        content=content,
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -193,11 +239,17 @@ def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, 
     assert (error["param"], error["code"]) == (param, code)
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"prompt": ["one", "two"]}, "prompt"), ({"prompt": [5, 99]}, "prompt"),
-    ({"prompt": ""}, "prompt"), ({"prompt": []}, "prompt"),
-    ({"prompt": "a", "echo": True}, "echo"), ({"prompt": "a", "best_of": 3}, "best_of"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [5, 99]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": "a", "echo": True}, "echo"),
+        ({"prompt": "a", "best_of": 3}, "best_of"),
+    ],
+)
 def test_bad_completion_request_is_a_400(server, extra, param):
     response = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **extra})
     assert response.status_code == 400 and response.json()["error"]["param"] == param
@@ -214,10 +266,13 @@ def test_openai_client_sees_bad_requests_as_bad_request_errors(server):
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_body_over_4_mib_is_a_413(server, chunked):
     big = json.dumps({**GOOD, "messages": [{"role": "user", "content": "a" * (5 << 20)}]}).encode()
-    content = iter([big[i:i + 65536] for i in range(0, len(big), 65536)]) if chunked else big
+    content = iter([big[i : i + 65536] for i in range(0, len(big), 65536)]) if chunked else big
     try:
-        response = httpx.post(server.url + "/v1/chat/completions", content=content,
-                              headers={"Content-Type": "application/json"})
+        response = httpx.post(
+            server.url + "/v1/chat/completions",
+            content=content,
+            headers={"Content-Type": "application/json"},
+        )
     except httpx.WriteError:  # the server may close the connection before reading it all
         pytest.fail("the server closed the connection instead of answering 413")
     assert response.status_code == 413
@@ -315,8 +370,10 @@ def test_non_streaming_client_disconnect_cancels_the_generation(gated):
     target.gate.clear()
     body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 300}).encode()
     sock = socket.create_connection(("127.0.0.1", running.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     _cancel_while_blocked(running, target, sock.close)
 
 
@@ -351,8 +408,9 @@ def test_health_is_503_until_the_background_load_finishes():
         assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading"
         assert early.headers["retry-after"] == "5"  # seconds to wait before trying again
         release.set()
-        wait_until(lambda: httpx.get(running.url + "/health").status_code == 200,
-                   what="the model to load")
+        wait_until(
+            lambda: httpx.get(running.url + "/health").status_code == 200, what="the model to load"
+        )
         assert chat(running.client(), max_tokens=3).usage.completion_tokens >= 1
 
 
@@ -381,10 +439,13 @@ def test_serve_help_documents_the_endpoints():
         assert text in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "/no/such/model.gguf"], "no such model"),
-    (["--drafter", "sorcery"], "unknown drafter"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/no/such/model.gguf"], "no such model"),
+        (["--drafter", "sorcery"], "unknown drafter"),
+    ],
+)
 def test_serve_rejects_bad_settings_before_listening(args, message):
     result = CliRunner().invoke(cli_main, ["serve", *args])
     assert result.exit_code == 1 and message in result.output
@@ -399,8 +460,12 @@ def test_default_model_answers_like_the_library_and_drafts_from_the_prediction(d
     expected = default_lm.generate(messages, max_new_tokens=16, temperature=0, drafter="none")
     with RunningServer(create_app(default_lm, generation_options=FIXED)) as running:
         response = running.client().chat.completions.create(
-            model=default_lm.name, messages=messages, temperature=0, max_tokens=16,
-            prediction={"type": "content", "content": expected.text})
+            model=default_lm.name,
+            messages=messages,
+            temperature=0,
+            max_tokens=16,
+            prediction={"type": "content", "content": expected.text},
+        )
     assert response.choices[0].message.content == expected.text
     assert response.usage.speculative["accepted_tokens"] > 0
 
@@ -408,18 +473,30 @@ def test_default_model_answers_like_the_library_and_drafts_from_the_prediction(d
 # -- numbers and types checked at the edge ---------------------------------------------------
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"seed": 2 ** 64}, "seed"), ({"seed": -(2 ** 63) - 1}, "seed"), ({"seed": 1.5}, "seed"),
-    ({"temperature": 1e-38}, "temperature"), ({"temperature": 2.5}, "temperature"),
-    ({"temperature": "1"}, "temperature"), ({"temperature": True}, "temperature"),
-    ({"temperature": 1, "repetition_penalty": 1e-40}, "repetition_penalty"),
-    ({"temperature": 0, "repetition_penalty": 1e-40}, "repetition_penalty"),
-    ({"repetition_penalty": 1e40}, "repetition_penalty"),
-    ({"max_tokens": True}, "max_tokens"), ({"max_tokens": "8"}, "max_tokens"),
-    ({"max_tokens": 2 ** 40}, "max_tokens"), ({"top_k": -1}, "top_k"),
-    ({"top_k": 2.0}, "top_k"), ({"logprobs": 0}, "logprobs"), ({"stream": "yes"}, "stream"),
-    ({"n": True}, "n"), ({"presence_penalty": 3}, "presence_penalty"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"temperature": 1e-38}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": "1"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"temperature": 1, "repetition_penalty": 1e-40}, "repetition_penalty"),
+        ({"temperature": 0, "repetition_penalty": 1e-40}, "repetition_penalty"),
+        ({"repetition_penalty": 1e40}, "repetition_penalty"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": "8"}, "max_tokens"),
+        ({"max_tokens": 2**40}, "max_tokens"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.0}, "top_k"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"stream": "yes"}, "stream"),
+        ({"n": True}, "n"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+    ],
+)
 def test_numbers_that_would_reach_torch_out_of_range_or_mistyped_are_400s(server, extra, param):
     response = httpx.post(server.url + "/v1/chat/completions", json={**GOOD, **extra})
     assert response.status_code == 400, response.text
@@ -428,11 +505,15 @@ def test_numbers_that_would_reach_torch_out_of_range_or_mistyped_are_400s(server
 
 
 def test_the_extreme_legal_numbers_generate(server):
-    for extra in ({"seed": 2 ** 63 - 1, "temperature": 2}, {"seed": -(2 ** 63)},
-                  {"temperature": 1e-4, "repetition_penalty": 0.01},
-                  {"temperature": 0, "repetition_penalty": 100}):
-        response = httpx.post(server.url + "/v1/chat/completions",
-                              json={**GOOD, "max_tokens": 4, **extra})
+    for extra in (
+        {"seed": 2**63 - 1, "temperature": 2},
+        {"seed": -(2**63)},
+        {"temperature": 1e-4, "repetition_penalty": 0.01},
+        {"temperature": 0, "repetition_penalty": 100},
+    ):
+        response = httpx.post(
+            server.url + "/v1/chat/completions", json={**GOOD, "max_tokens": 4, **extra}
+        )
         assert response.status_code == 200, (extra, response.text)
 
 
@@ -446,13 +527,23 @@ def test_a_model_is_retrieved_by_its_id_and_an_unknown_id_is_a_404(server):
 
 def test_usage_counts_accepted_and_rejected_prediction_tokens(server, lm):
     answer = chat(server.client(), temperature=0, max_tokens=24).choices[0].message.content
-    response = httpx.post(server.url + "/v1/chat/completions", json={
-        **GOOD, "max_tokens": 24, "temperature": 0,
-        "prediction": {"type": "content", "content": answer}}).json()
-    details, speculative = response["usage"]["completion_tokens_details"], response["usage"]["speculative"]
+    response = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={
+            **GOOD,
+            "max_tokens": 24,
+            "temperature": 0,
+            "prediction": {"type": "content", "content": answer},
+        },
+    ).json()
+    details, speculative = (
+        response["usage"]["completion_tokens_details"],
+        response["usage"]["speculative"],
+    )
     assert details["accepted_prediction_tokens"] == speculative["accepted_tokens"] > 0
-    assert details["rejected_prediction_tokens"] == (speculative["drafted_tokens"]
-                                                     - speculative["accepted_tokens"])
+    assert details["rejected_prediction_tokens"] == (
+        speculative["drafted_tokens"] - speculative["accepted_tokens"]
+    )
     assert response["system_fingerprint"].startswith("fp_")  # OpenAI's form
 
 
@@ -463,8 +554,10 @@ def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
     with RunningServer(create_app(lm, body_timeout=0.5)) as running:
         address = urlparse(running.url)
         with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
-            head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n")
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+            )
             sock.sendall(head + b'{"model": "tiny", "messages": [' + b" " * 150)  # then silence
             parts = []  # the answer may come in several segments; the server then closes
             while part := sock.recv(65536):
@@ -479,19 +572,23 @@ def test_a_queued_request_whose_client_left_frees_its_slot(gated):
     running, target = gated  # one generation runs, max_queue=1 may wait
     target.gate.clear()
     results = {}
-    first = threading.Thread(target=lambda: results.update(
-        first=chat(running.client(), temperature=0, max_tokens=4)))
+    first = threading.Thread(
+        target=lambda: results.update(first=chat(running.client(), temperature=0, max_tokens=4))
+    )
     first.start()
     wait_until(target.blocked.is_set, what="the first generation to start")
     body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 4}).encode()
     sock = socket.create_connection(("127.0.0.1", running.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     wait_until(lambda: running.worker.waiting == 1, what="the second request to queue")
     sock.close()  # its client leaves while it waits
     wait_until(lambda: running.worker.waiting == 0, what="the disconnect to cancel it")
-    third = threading.Thread(target=lambda: results.update(
-        third=chat(running.client(), temperature=0, max_tokens=4)))
+    third = threading.Thread(
+        target=lambda: results.update(third=chat(running.client(), temperature=0, max_tokens=4))
+    )
     third.start()  # takes the slot the second left: no 429
     wait_until(lambda: running.worker.waiting == 1, what="the third request to queue")
     target.gate.set()
@@ -509,13 +606,17 @@ def test_sigterm_ends_the_running_stream_with_an_error_event_and_answers_the_que
     lines, queued = [], {}
 
     def stream():
-        with httpx.stream("POST", running.url + "/v1/chat/completions", json=body,
-                          timeout=60) as response:
+        with httpx.stream(
+            "POST", running.url + "/v1/chat/completions", json=body, timeout=60
+        ) as response:
             lines.extend(response.iter_lines())
 
     def waiting():
-        queued["response"] = httpx.post(running.url + "/v1/chat/completions", timeout=60,
-                                        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4})
+        queued["response"] = httpx.post(
+            running.url + "/v1/chat/completions",
+            timeout=60,
+            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4},
+        )
 
     first = threading.Thread(target=stream)
     first.start()

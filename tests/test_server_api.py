@@ -19,18 +19,26 @@ def server():
         yield s
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"seed": 2**64}, "seed"), ({"seed": -(2**63) - 1}, "seed"),
-    ({"temperature": 1e-38}, "temperature"), ({"temperature": 2.5}, "temperature"),
-    ({"temperature": 1, "repetition_penalty": 1e-40}, "repetition_penalty"),
-    ({"temperature": 0, "repetition_penalty": 1e-40}, "repetition_penalty"),
-    ({"max_tokens": True}, "max_tokens"), ({"max_tokens": "8"}, "max_tokens"),
-    ({"max_tokens": 8.0}, "max_tokens"), ({"logprobs": 0}, "logprobs"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"), ({"stream": "yes"}, "stream"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function"}]}, "tools")
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"temperature": 1e-38}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": 1, "repetition_penalty": 1e-40}, "repetition_penalty"),
+        ({"temperature": 0, "repetition_penalty": 1e-40}, "repetition_penalty"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": "8"}, "max_tokens"),
+        ({"max_tokens": 8.0}, "max_tokens"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"stream": "yes"}, "stream"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+    ],
+)
 def test_out_of_range_or_loosely_typed_numbers_are_a_400(server, extra, param):
     response = httpx.post(server.url + "/v1/chat/completions", json={**GOOD, **extra})
     assert response.status_code == 400
@@ -56,8 +64,9 @@ def test_a_seed_at_the_64_bit_limit_is_served(server):
 
 
 def test_completion_logprobs_beyond_5_is_a_400(server):
-    response = httpx.post(server.url + "/v1/completions",
-                          json={"model": MODEL, "prompt": "ab", "logprobs": 6})
+    response = httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL, "prompt": "ab", "logprobs": 6}
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
 
 
@@ -66,7 +75,8 @@ def test_openapi_describes_the_request_bodies(server):
     body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"]["$ref"].endswith("ChatCompletionRequest")
     assert {"messages", "logprobs", "top_logprobs", "n"} <= set(
-        doc["components"]["schemas"]["ChatCompletionRequest"]["properties"])
+        doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    )
 
 
 def test_models_retrieve_knows_the_served_model_only(server):
@@ -77,12 +87,19 @@ def test_models_retrieve_knows_the_served_model_only(server):
 
 def test_logprobs_with_a_prediction_equal_those_without(server):
     client = server.client()
-    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
-                                           max_tokens=20, logprobs=True, top_logprobs=3)
+    plain = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=20, logprobs=True, top_logprobs=3
+    )
     answer = plain.choices[0].message.content
     predicted = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=20, logprobs=True,
-        top_logprobs=3, prediction={"type": "content", "content": answer})
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=20,
+        logprobs=True,
+        top_logprobs=3,
+        prediction={"type": "content", "content": answer},
+    )
     details = predicted.usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0
     assert plain.system_fingerprint and plain.system_fingerprint == predicted.system_fingerprint
@@ -90,23 +107,35 @@ def test_logprobs_with_a_prediction_equal_those_without(server):
     entries = plain.choices[0].logprobs.content
     assert len(entries) == plain.usage.completion_tokens
     assert all(len(e.top_logprobs) == 3 for e in entries)
-    streamed = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
-                                              max_tokens=20, logprobs=True, top_logprobs=3,
-                                              stream=True)
-    pieces = [e for c in streamed if c.choices and c.choices[0].logprobs
-              for e in c.choices[0].logprobs.content]
+    streamed = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=20,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+    )
+    pieces = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
     assert pieces == entries
 
 
 def test_n_choices_use_derived_seeds_and_sum_usage(server):
     client = server.client()
-    many = client.completions.create(model=MODEL, prompt="abcd", n=3, seed=11, temperature=1,
-                                     max_tokens=8)
+    many = client.completions.create(
+        model=MODEL, prompt="abcd", n=3, seed=11, temperature=1, max_tokens=8
+    )
     assert [c.index for c in many.choices] == [0, 1, 2]
     tokens = 0
     for i, choice in enumerate(many.choices):
-        one = client.completions.create(model=MODEL, prompt="abcd", seed=11 + i, temperature=1,
-                                        max_tokens=8)
+        one = client.completions.create(
+            model=MODEL, prompt="abcd", seed=11 + i, temperature=1, max_tokens=8
+        )
         assert choice.text == one.choices[0].text
         tokens += one.usage.completion_tokens
     assert many.usage.completion_tokens == tokens

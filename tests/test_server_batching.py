@@ -7,15 +7,20 @@ import json
 import threading
 
 import httpx
+from _server import MODEL, RunningServer, tiny_lm, wait_until
 
 from promptlookup.server import create_app
 from promptlookup.server.batch_worker import BatchWorker
 from promptlookup.server.worker import GenerationWorker
 
-from _server import MODEL, RunningServer, tiny_lm, wait_until
-
-PROMPTS = ["abcd abcd abcd", "xyz xyz xy", "hello hello hello he", "abab cdcd abab cd",
-           "the cat the cat the", "qrs qrs qrs qrs"]
+PROMPTS = [
+    "abcd abcd abcd",
+    "xyz xyz xy",
+    "hello hello hello he",
+    "abab cdcd abab cd",
+    "the cat the cat the",
+    "qrs qrs qrs qrs",
+]
 
 
 class WidestPass:
@@ -33,8 +38,13 @@ class WidestPass:
 
 
 def body(content: str, **extra) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 24, "temperature": 0, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 24,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dict]:
@@ -43,8 +53,9 @@ def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dic
     answers: list[dict | None] = [None] * len(bodies)
 
     def send(index: int) -> None:
-        answers[index] = httpx.post(url + "/v1/chat/completions", json=bodies[index],
-                                    timeout=60).json()
+        answers[index] = httpx.post(
+            url + "/v1/chat/completions", json=bodies[index], timeout=60
+        ).json()
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
     for thread in threads:
@@ -59,14 +70,18 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
     bodies = [body(p) for p in PROMPTS] + [body(PROMPTS[0], temperature=0.9, seed=7, n=3)]
     with RunningServer(create_app(tiny_lm(), max_batch=1)) as alone:
         assert type(alone.worker) is GenerationWorker
-        want = [httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
-                for b in bodies]
+        want = [
+            httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
+            for b in bodies
+        ]
     lm = tiny_lm(gated=True)
     widest = WidestPass(lm.target)
 
     def all_queued() -> None:  # the first request's first pass waits until the rest queue
-        wait_until(lambda: batched.worker.waiting + batched.worker.running == len(bodies),
-                   what="every request to be in")
+        wait_until(
+            lambda: batched.worker.waiting + batched.worker.running == len(bodies),
+            what="every request to be in",
+        )
         lm.target.gate.set()
 
     # Prompts go in 5 tokens a step while others decode (--prefill-tokens): chunked, unchanged.
@@ -79,7 +94,8 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
     assert widest.widest > 1  # requests did share forward passes
     for want_answer, got_answer in zip(want, got):
         assert [c["message"]["content"] for c in got_answer["choices"]] == [
-            c["message"]["content"] for c in want_answer["choices"]]
+            c["message"]["content"] for c in want_answer["choices"]
+        ]
         assert got_answer["usage"]["completion_tokens"] == want_answer["usage"]["completion_tokens"]
     assert health["queue"]["max_batch"] == 4
 
@@ -96,19 +112,28 @@ def test_one_disconnecting_stream_changes_no_other_answer():
 
     target.forward_batch = forward_batch
     with RunningServer(create_app(lm, max_batch=4)) as running:
-        want = httpx.post(running.url + "/v1/chat/completions", json=body(PROMPTS[1]),
-                          timeout=60).json()["choices"][0]["message"]["content"]
+        want = httpx.post(
+            running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60
+        ).json()["choices"][0]["message"]["content"]
         target.gate.clear()  # the leaving request waits in its first pass ...
         client = httpx.Client(timeout=60)
-        leaving = client.stream("POST", running.url + "/v1/chat/completions",
-                                json=body(PROMPTS[0], max_tokens=400, stream=True))
+        leaving = client.stream(
+            "POST",
+            running.url + "/v1/chat/completions",
+            json=body(PROMPTS[0], max_tokens=400, stream=True),
+        )
         response = leaving.__enter__()
         lines = response.iter_lines()
         next(lines)  # the first chunk: the request is in
         wait_until(target.blocked.is_set, what="the leaving request's first pass")
         staying: dict = {}
-        thread = threading.Thread(target=lambda: staying.update(httpx.post(
-            running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60).json()))
+        thread = threading.Thread(
+            target=lambda: staying.update(
+                httpx.post(
+                    running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60
+                ).json()
+            )
+        )
         thread.start()
         wait_until(lambda: running.worker.waiting == 1, what="the staying request to queue")
         target.gate.set()  # ... until the staying one has queued, so that both share passes
@@ -116,9 +141,10 @@ def test_one_disconnecting_stream_changes_no_other_answer():
         wait_until(target.blocked.is_set, what="that pass at the gate")
         leaving.__exit__(None, None, None)
         client.close()
-        wait_until(lambda: any(entry.job.cancelled.is_set()
-                               for entry in running.worker.jobs.values()),
-                   what="the disconnect to cancel the leaving request")
+        wait_until(
+            lambda: any(entry.job.cancelled.is_set() for entry in running.worker.jobs.values()),
+            what="the disconnect to cancel the leaving request",
+        )
         target.gate.set()
         thread.join(60)
         wait_until(lambda: running.worker.idle, what="the worker to become idle")
@@ -130,13 +156,23 @@ def test_a_streamed_batched_answer_concatenates_to_the_non_streamed_one():
     lm = tiny_lm()
     with RunningServer(create_app(lm, max_batch=3)) as running:
         plain = answers_at_once(running.url, [body(p) for p in PROMPTS[:3]])
-        with httpx.stream("POST", running.url + "/v1/chat/completions",
-                          json=body(PROMPTS[2], stream=True, logprobs=True, top_logprobs=2),
-                          timeout=60) as response:
-            chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines()
-                      if line.startswith("data: {")]
+        with httpx.stream(
+            "POST",
+            running.url + "/v1/chat/completions",
+            json=body(PROMPTS[2], stream=True, logprobs=True, top_logprobs=2),
+            timeout=60,
+        ) as response:
+            chunks = [
+                json.loads(line.removeprefix("data: "))
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            ]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == plain[2]["choices"][0]["message"]["content"]
-    tokens = [entry for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
-              for entry in c["choices"][0]["logprobs"]["content"]]
+    tokens = [
+        entry
+        for c in chunks
+        if c["choices"] and c["choices"][0].get("logprobs")
+        for entry in c["choices"][0]["logprobs"]["content"]
+    ]
     assert "".join(entry["token"] for entry in tokens) == text

@@ -25,10 +25,12 @@ def brute_force_match(tokens: list[int], min_match: int, max_match: int) -> Matc
 
 # -- SuffixIndex against the reference ---------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
 @given(
     tokens=st.integers(1, 4).flatmap(
-        lambda alphabet: st.lists(st.integers(0, alphabet - 1), max_size=60)),
+        lambda alphabet: st.lists(st.integers(0, alphabet - 1), max_size=60)
+    ),
     min_match=st.integers(1, 4),
     extra=st.integers(0, 8),
 )
@@ -40,7 +42,9 @@ def test_match_equals_brute_force_after_every_append(tokens, min_match, extra):
         expected = brute_force_match(tokens[:n], min_match, max_match)
         assert index.match() == expected, (tokens[:n], min_match, max_match)
         if expected is not None:
-            assert index.continuation(expected, 5) == tokens[expected.end : min(n, expected.end + 5)]
+            assert (
+                index.continuation(expected, 5) == tokens[expected.end : min(n, expected.end + 5)]
+            )
 
 
 @settings(max_examples=50, deadline=None)
@@ -112,6 +116,7 @@ def test_overlapping_occurrence_of_a_run():
 
 # -- PromptLookupDrafter ------------------------------------------------------------------------
 
+
 def test_draft_is_the_continuation_up_to_num_tokens_and_max_tokens():
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
     assert PromptLookupDrafter(num_tokens=3).propose(tokens, max_tokens=10) == [3, 4, 5]
@@ -120,7 +125,13 @@ def test_draft_is_the_continuation_up_to_num_tokens_and_max_tokens():
     # the draft's end finds the same occurrence one period later, so the draft repeats it.
     period = [3, 4, 5, 6, 7, 8, 9, 1, 2]
     assert PromptLookupDrafter(num_tokens=50).propose(tokens, max_tokens=12) == period + period[:3]
-    assert PromptLookupDrafter(num_tokens=5).propose([7, 1, 2, 1, 2], max_tokens=10) == [1, 2, 1, 2, 1]
+    assert PromptLookupDrafter(num_tokens=5).propose([7, 1, 2, 1, 2], max_tokens=10) == [
+        1,
+        2,
+        1,
+        2,
+        1,
+    ]
     assert PromptLookupDrafter().propose([1, 2, 3], max_tokens=10) == []  # no match
     assert PromptLookupDrafter().propose([], max_tokens=10) == []
     with pytest.raises(ValueError):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from promptlookup.backends import transformers_backend
 from promptlookup.backends.transformers_backend import TransformersTarget
 
@@ -16,8 +16,9 @@ def _spied(target: TransformersTarget) -> list[tuple[int, int]]:
     """(tokens, logits kept) of each pass ``target`` runs from now on."""
     runs = []
     run = target._run
-    target._run = lambda ids, logits_to_keep: runs.append((len(ids), logits_to_keep)) \
-        or run(ids, logits_to_keep)
+    target._run = lambda ids, logits_to_keep: (
+        runs.append((len(ids), logits_to_keep)) or run(ids, logits_to_keep)
+    )
     return runs
 
 

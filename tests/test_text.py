@@ -4,12 +4,11 @@ strings (held back while undecided, cut at the first one, whatever the deltas' b
 from __future__ import annotations
 
 import pytest
+from conftest import TinyTokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from promptlookup.text import IncrementalDetokenizer, StopStrings
-
-from conftest import TinyTokenizer
 
 
 def stream_text(tokenizer, ids) -> tuple[list[str], str]:
@@ -34,6 +33,7 @@ def real_tokenizer():
 
 
 # -- IncrementalDetokenizer ----------------------------------------------------------------------
+
 
 def test_tiny_tokenizer_deltas_concatenate_to_decode():
     tokenizer = TinyTokenizer(32)
@@ -88,17 +88,22 @@ def test_flush_releases_an_incomplete_character(real_tokenizer):
 @given(text=st.text(min_size=1, max_size=40))
 def test_any_text_streams_back_exactly(real_tokenizer, text):
     ids = real_tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert stream_text(real_tokenizer, ids)[1] == real_tokenizer.decode(ids, skip_special_tokens=True)
+    assert stream_text(real_tokenizer, ids)[1] == real_tokenizer.decode(
+        ids, skip_special_tokens=True
+    )
 
 
 @settings(max_examples=60, deadline=None)
 @given(ids=st.lists(st.integers(0, 49151), max_size=30))
 def test_any_token_ids_stream_back_exactly(real_tokenizer, ids):
     """Even nonsense ids (invalid byte sequences, special tokens) add up to the full decode."""
-    assert stream_text(real_tokenizer, ids)[1] == real_tokenizer.decode(ids, skip_special_tokens=True)
+    assert stream_text(real_tokenizer, ids)[1] == real_tokenizer.decode(
+        ids, skip_special_tokens=True
+    )
 
 
 # -- StopStrings ---------------------------------------------------------------------------------
+
 
 def feed_all(stops: StopStrings, deltas) -> list[str]:
     return [stops.feed(d) for d in deltas] + [stops.flush()]
@@ -167,7 +172,9 @@ def split_text(draw):
 
 
 @settings(max_examples=400, deadline=None)
-@given(split=split_text(), stop=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3))
+@given(
+    split=split_text(), stop=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3)
+)
 def test_stop_strings_match_reference_for_any_split(split, stop):
     text, deltas = split
     expected = reference_cut(text, stop)

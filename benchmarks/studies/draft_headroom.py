@@ -44,9 +44,9 @@ def occurrences(tokens: list[int], max_match: int = 16, limit: int = 16) -> list
     most recent first (brute force: this is a study, not the hot path)."""
     n, found, seen = len(tokens), [], set()
     for length in range(min(max_match, n - 1), 0, -1):
-        suffix = tokens[n - length:]
+        suffix = tokens[n - length :]
         for end in range(n - 1, length - 1, -1):
-            if end not in seen and tokens[end - length:end] == suffix:
+            if end not in seen and tokens[end - length : end] == suffix:
                 seen.add(end)
                 found.append(end)
                 if len(found) >= limit:
@@ -62,7 +62,7 @@ def tree_branches(tokens: list[int], nodes: int, branches: int) -> list[list[int
     for end in occurrences(tokens, limit=branches):
         if len(kept) >= branches or used >= nodes:
             break
-        branch = tokens[end:end + nodes]
+        branch = tokens[end : end + nodes]
         if first and branch[: len(first)] == first:
             continue  # it only extends the first branch: that is the chain's business
         shared = max((common_prefix(branch, other) for other in kept), default=0)

@@ -50,7 +50,7 @@ def measure(context: list[int], steps: int, seed: int = 0) -> list[float]:
     drafter = PromptLookupDrafter()
     tokens = list(context[: len(context) - steps * 4])
     drafter.propose(tokens, 64)  # index the context once (not timed: that is the prefill)
-    source = context[len(tokens):]
+    source = context[len(tokens) :]
     timings = []
     for _ in range(steps):
         accepted = [source.pop(0) for _ in range(min(rng.randint(1, 4), len(source)))]

@@ -46,18 +46,22 @@ class StockTarget(TransformersTarget):
     @torch.inference_mode()
     def _run(self, token_ids, logits_to_keep):
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        return self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                          logits_to_keep=logits_to_keep).logits[0]
+        return self.model(
+            input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
+        ).logits[0]
 
 
 def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, int], float]:
     """Median seconds per pass, by (mode, size); size 0 is the prefill of the context itself."""
     generator = torch.Generator().manual_seed(context)
     ids = torch.randint(100, 40000, (context + max(SIZES),), generator=generator).tolist()
-    targets = {"stock": StockTarget(model), "own-forward": TransformersTarget(model),
-               "fastest": TransformersTarget(model, row_invariant=False),
-               "blas-attention": TransformersTarget(model),
-               "promptlookup": TransformersTarget(model)}
+    targets = {
+        "stock": StockTarget(model),
+        "own-forward": TransformersTarget(model),
+        "fastest": TransformersTarget(model, row_invariant=False),
+        "blas-attention": TransformersTarget(model),
+        "promptlookup": TransformersTarget(model),
+    }
     targets["own-forward"].written_out = None
     targets["blas-attention"].written_out.native_attention = False
     targets["blas-attention"].reset()  # its caches: keys not transposed
@@ -90,20 +94,26 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from promptlookup import __version__
 
-    print(f"## Forward-pass cost (version {__version__}): stock transformers vs promptlookup's "
-          "target\n")
-    print("Modes: `stock` (transformers' cache, attention and products), `own-forward` "
-          "(promptlookup's target running the model's own forward: versions before 0.7.0, and "
-          "models other than Llama), `fastest` (the written-out pass, fastest kernels whatever "
-          "their rounding: `row_invariant=False`), `blas-attention` (row-invariant, attention "
-          "over the BLAS: no C compiler), `promptlookup` (row-invariant, native attention: the "
-          "target as it is).\n")
-    print(f"`python benchmarks/studies/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
-          f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
-          "tokens after a context of the given length; in brackets, the ratio to the stock "
-          "one-token pass (what plain decoding with `model.generate` pays per token). "
-          "Prefill: milliseconds to feed the context itself (the prompt), in brackets the "
-          "ratio to stock's.\n")
+    print(
+        f"## Forward-pass cost (version {__version__}): stock transformers vs promptlookup's "
+        "target\n"
+    )
+    print(
+        "Modes: `stock` (transformers' cache, attention and products), `own-forward` "
+        "(promptlookup's target running the model's own forward: versions before 0.7.0, and "
+        "models other than Llama), `fastest` (the written-out pass, fastest kernels whatever "
+        "their rounding: `row_invariant=False`), `blas-attention` (row-invariant, attention "
+        "over the BLAS: no C compiler), `promptlookup` (row-invariant, native attention: the "
+        "target as it is).\n"
+    )
+    print(
+        f"`python benchmarks/studies/forward_cost.py` ({args.threads} thread(s), {args.rounds} rounds "
+        f"x {args.repeats} passes per cell, median). Milliseconds per forward pass over n new "
+        "tokens after a context of the given length; in brackets, the ratio to the stock "
+        "one-token pass (what plain decoding with `model.generate` pays per token). "
+        "Prefill: milliseconds to feed the context itself (the prompt), in brackets the "
+        "ratio to stock's.\n"
+    )
     header = " | ".join(f"n={n}" for n in SIZES)
     print(f"| dtype | context | target | prefill | {header} |")
     print("|---|---:|---|---:|" + "---:|" * len(SIZES))
@@ -114,10 +124,12 @@ def main() -> None:
             costs = measure(model, context, args.rounds, args.repeats)
             one = costs[("stock", 1)]
             for mode in MODES:
-                cells = " | ".join(f"{costs[(mode, n)] * 1e3:.0f} ({costs[(mode, n)] / one:.2f}x)"
-                                   for n in SIZES)
-                prefill = (f"{costs[(mode, 0)] * 1e3:.0f} "
-                           f"({costs[(mode, 0)] / costs[('stock', 0)]:.2f}x)")
+                cells = " | ".join(
+                    f"{costs[(mode, n)] * 1e3:.0f} ({costs[(mode, n)] / one:.2f}x)" for n in SIZES
+                )
+                prefill = (
+                    f"{costs[(mode, 0)] * 1e3:.0f} ({costs[(mode, 0)] / costs[('stock', 0)]:.2f}x)"
+                )
                 print(f"| {dtype} | {context} | {mode} | {prefill} | {cells} |", flush=True)
 
 

@@ -33,8 +33,12 @@ def convert(source: Path, name: str, folder: Path) -> Path:
     params.ftype = FILE_TYPES[name]
     params.allow_requantize = True
     out = folder / f"{source.stem}.{name}.gguf"
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(),
-                                      ctypes.byref(params)) != 0:
+    if (
+        llama_cpp.llama_model_quantize(
+            str(source).encode(), str(out).encode(), ctypes.byref(params)
+        )
+        != 0
+    ):
         raise SystemExit(f"llama_model_quantize failed for {name}")
     return out
 
@@ -59,15 +63,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, action="append", default=None)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--types", default="q4_1," + ",".join(FILE_TYPES),
-                        help="q4_1 (the default model's own file) and conversions of it")
+    parser.add_argument(
+        "--types",
+        default="q4_1," + ",".join(FILE_TYPES),
+        help="q4_1 (the default model's own file) and conversions of it",
+    )
     args = parser.parse_args()
     source = resolve_model(None)
     original = Path(source.location) / source.gguf_file
     print("## llama.cpp forward-pass cost by weight type\n")
-    print(f"`python benchmarks/studies/llamacpp_cost.py --threads {args.threads}` ({args.rounds} rounds, "
-          "median). Milliseconds per forward pass over n new tokens after a context of the given "
-          "length; in brackets, the ratio to the same file's one-token pass.\n")
+    print(
+        f"`python benchmarks/studies/llamacpp_cost.py --threads {args.threads}` ({args.rounds} rounds, "
+        "median). Milliseconds per forward pass over n new tokens after a context of the given "
+        "length; in brackets, the ratio to the same file's one-token pass.\n"
+    )
     header = " | ".join(f"n={n}" for n in SIZES)
     print(f"| weights | context | {header} |")
     print("|---|---:|" + "---:|" * len(SIZES))
@@ -76,8 +85,9 @@ def main() -> None:
             path = original if name == "q4_1" else convert(original, name, Path(folder))
             for context in args.context or [500, 2000]:
                 costs = measure(path, args.threads, context, args.rounds)
-                cells = " | ".join(f"{costs[n] * 1e3:.1f} ({costs[n] / costs[1]:.2f}x)"
-                                   for n in SIZES)
+                cells = " | ".join(
+                    f"{costs[n] * 1e3:.1f} ({costs[n] / costs[1]:.2f}x)" for n in SIZES
+                )
                 print(f"| {name} | {context} | {cells} |", flush=True)
             if path != original:
                 path.unlink()

@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 from promptlookup.bench.methods import SWEEP_K, SWEEP_MIN_MATCH
-from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
 from promptlookup.cost_model import CostModel
+from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
 from promptlookup.policy import SpeculationPolicy
 
 
@@ -87,8 +87,11 @@ def main() -> None:
         for m in SWEEP_MIN_MATCH:
             for k in SWEEP_K:
                 variants[f"k={k},min={m}"] = (
-                    lambda k=k, m=m: PromptLookupDrafter(num_tokens=k, min_match=m,
-                                                         eos_token_ids=eos), None)
+                    lambda k=k, m=m: PromptLookupDrafter(
+                        num_tokens=k, min_match=m, eos_token_ids=eos
+                    ),
+                    None,
+                )
     totals = collections.defaultdict(lambda: [0.0, 0.0])  # (task, variant) -> plain s, s
     for task, prompt, output in outputs:
         if not output:
@@ -98,8 +101,10 @@ def main() -> None:
             for key in (task, "all"):
                 totals[(key, name)][0] += len(output) * costs.cost(1)
                 totals[(key, name)][1] += seconds
-    print(f"Cost curve: {args.costs.name}: " + ", ".join(
-        f"{n}: {costs.cost(n) * 1e3:.1f} ms" for n in (1, 2, 4, 8, 16, 32, 64)))
+    print(
+        f"Cost curve: {args.costs.name}: "
+        + ", ".join(f"{n}: {costs.cost(n) * 1e3:.1f} ms" for n in (1, 2, 4, 8, 16, 32, 64))
+    )
     tasks = [t for t in dict.fromkeys(key for key, _ in totals) if t != "all"] + ["all"]
     speedup = {key: plain / seconds for key, (plain, seconds) in totals.items()}
     print("| policy | " + " | ".join(tasks) + " |")
@@ -110,8 +115,13 @@ def main() -> None:
     if fixed:
         best = {t: max(fixed, key=lambda name: speedup[(t, name)]) for t in tasks}
         print("| best fixed | " + " | ".join(f"{best[t]}" for t in tasks) + " |")
-        print("| default / best fixed | " + " | ".join(
-            f"{speedup[(t, 'default (adaptive)')] / speedup[(t, best[t])]:.3f}" for t in tasks) + " |")
+        print(
+            "| default / best fixed | "
+            + " | ".join(
+                f"{speedup[(t, 'default (adaptive)')] / speedup[(t, best[t])]:.3f}" for t in tasks
+            )
+            + " |"
+        )
 
 
 if __name__ == "__main__":

@@ -23,10 +23,13 @@ def plain_outputs(run: Path, data_files: list[str], every: int = 1):
     results = [r for r in results if r["method"] == "plain" and r["id"] in rows][::every]
     outputs = []
     for result in results:
-        prompt = tokenizer.apply_chat_template(rows[result["id"]]["messages"],
-                                               add_generation_prompt=True, tokenize=True)
+        prompt = tokenizer.apply_chat_template(
+            rows[result["id"]]["messages"], add_generation_prompt=True, tokenize=True
+        )
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        output = result.get("token_ids") or tokenizer(result["text"],
-                                                      add_special_tokens=False)["input_ids"]
+        output = (
+            result.get("token_ids")
+            or tokenizer(result["text"], add_special_tokens=False)["input_ids"]
+        )
         outputs.append((result["task"], prompt, list(output)))
     return tokenizer, outputs

@@ -12,15 +12,30 @@ from __future__ import annotations
 
 import importlib
 
-from ._version import __version__
-from .errors import (EmptyPromptError, InvalidParameterError, ModelLoadError, ModelNotFoundError,
-                     PromptLookupError, PromptTooLongError, UnsupportedModelError)
+from ._version import __version__ as __version__
+from .errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    ModelLoadError,
+    ModelNotFoundError,
+    PromptLookupError,
+    PromptTooLongError,
+    UnsupportedModelError,
+)
 
 # The rest of the API is imported on first use (PEP 562): `import promptlookup` stays fast and
 # does not load torch until something needs it.
 _LAZY = {
-    ".drafters": ("CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "NoDrafter",
-                  "PromptLookupDrafter", "make_drafter"),
+    ".drafters": (
+        "CallableDrafter",
+        "ChainDrafter",
+        "Draft",
+        "DraftModelDrafter",
+        "Drafter",
+        "NoDrafter",
+        "PromptLookupDrafter",
+        "make_drafter",
+    ),
     ".generation": ("GenerationResult", "GenerationStream", "LanguageModel"),
     ".hf_generate": ("custom_generate", "make_custom_generate"),
     ".loading": ("from_transformers", "load_model"),
@@ -45,10 +60,30 @@ def __dir__():
 
 
 __all__ = [
-    "CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "EmptyPromptError", "GenerationResult",
-    "GenerationStats", "GenerationStream", "InvalidParameterError", "LanguageModel",
-    "ModelLoadError", "ModelNotFoundError", "NoDrafter", "PromptLookupDrafter",
-    "PromptLookupError", "PromptTooLongError", "SamplingParams", "TokenChooser",
-    "UnsupportedModelError", "custom_generate", "from_transformers", "load_model",
-    "make_custom_generate", "make_drafter", "speculative_generate",
+    "CallableDrafter",
+    "ChainDrafter",
+    "Draft",
+    "DraftModelDrafter",
+    "Drafter",
+    "EmptyPromptError",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "InvalidParameterError",
+    "LanguageModel",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "PromptLookupError",
+    "PromptTooLongError",
+    "SamplingParams",
+    "TokenChooser",
+    "UnsupportedModelError",
+    "custom_generate",
+    "from_transformers",
+    "load_model",
+    "make_custom_generate",
+    "make_drafter",
+    "speculative_generate",
 ]

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 from .backends.base import BatchTarget
 from .backends.transformers_backend import PREFILL_CHUNK
@@ -47,6 +47,7 @@ from .errors import InvalidParameterError
 from .loop import GenerationStats, kept_tokens
 from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
 from .sampling import TokenChooser
+
 
 def default_max_batch(target: BatchTarget) -> int:
     """Sequences per forward pass by default: 4 per core (a pass over a few dozen rows costs
@@ -110,7 +111,7 @@ class BatchSequence:
         ``"stop"``), forgetting its last step's final ``keep`` tokens, which came after it."""
         if keep:
             del self.tokens[-keep:], self.stats.token_seconds[-keep:]
-            del self.stats.logprobs[len(self.stats.logprobs) - keep:]
+            del self.stats.logprobs[len(self.stats.logprobs) - keep :]
             self.stats.new_tokens -= keep
         if self.finish_reason in (None, "length"):
             self.finish_reason = reason
@@ -136,8 +137,13 @@ class BatchDecoder:
     >>> for sequence, tokens in decoder.run(): ...                     # doctest: +SKIP
     """
 
-    def __init__(self, target: BatchTarget, policy: SpeculationPolicy | None = None,
-                 max_batch: int = 8, prefill_tokens: int = PREFILL_TOKENS) -> None:
+    def __init__(
+        self,
+        target: BatchTarget,
+        policy: SpeculationPolicy | None = None,
+        max_batch: int = 8,
+        prefill_tokens: int = PREFILL_TOKENS,
+    ) -> None:
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_tokens < 1:
@@ -152,7 +158,8 @@ class BatchDecoder:
         if len(sequence.tokens) + sequence.max_new_tokens > self.target.max_context:
             raise InvalidParameterError(
                 f"prompt ({len(sequence.tokens)} tokens) + max_new_tokens "
-                f"({sequence.max_new_tokens}) exceeds the context of {self.target.max_context}")
+                f"({sequence.max_new_tokens}) exceeds the context of {self.target.max_context}"
+            )
         self.waiting.append(sequence)
         return sequence
 
@@ -194,11 +201,16 @@ class BatchDecoder:
         self.target.prepare([total])
         forward_start = time.perf_counter()
         target_logits = self.target.forward_batch(  # (keep_i, vocab) each
-            [entry.sequence.cache for entry in entries], [entry.token_ids for entry in entries],
-            [entry.keep for entry in entries])
+            [entry.sequence.cache for entry in entries],
+            [entry.token_ids for entry in entries],
+            [entry.keep for entry in entries],
+        )
         seconds = time.perf_counter() - forward_start
-        if self.policy is not None and len(decoding) == len(entries) and all(
-                entry.sequence.stats.forward_passes for entry in entries):
+        if (
+            self.policy is not None
+            and len(decoding) == len(entries)
+            and all(entry.sequence.stats.forward_passes for entry in entries)
+        ):
             self.policy.record_forward(total, seconds, batch_size=len(entries))
         # 5-6. Each sequence verifies its own draft, then its cache is cropped back.
         for entry, logits in zip(entries, target_logits):
@@ -220,7 +232,7 @@ class BatchDecoder:
         budget = PREFILL_CHUNK if all(s.prefilling for s in self.running) else self.prefill_tokens
         entries, decided = [], []
         for sequence in self.running:
-            missing = sequence.tokens[sequence.cache.get_seq_length():-1]  # prompt not cached
+            missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached
             if len(missing) > budget:  # a chunk of the prompt only (if any room is left)
                 if budget:
                     entries.append(_Entry(sequence, missing[:budget], Draft(), keep=0))
@@ -228,18 +240,31 @@ class BatchDecoder:
                 continue
             budget -= len(missing)
             room = sequence.max_new_tokens - sequence.stats.new_tokens - 1
-            draft = (Draft.of(sequence.drafter.propose(sequence.tokens, room)).cut(room)
-                     if room > 0 else Draft())
+            draft = (
+                Draft.of(sequence.drafter.propose(sequence.tokens, room)).cut(room)
+                if room > 0
+                else Draft()
+            )
             entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, keep=1))
             if draft and sequence.adaptive and self.policy is not None:
                 decided.append(entries[-1])
         if decided:  # every row but the decided drafts' is fixed
-            fixed = sum(len(entry.token_ids) + len(entry.draft) * (entry not in decided)
-                        for entry in entries) - len(decided)
+            fixed = sum(
+                len(entry.token_ids) + len(entry.draft) * (entry not in decided)
+                for entry in entries
+            ) - len(decided)
             lengths = self.policy.joint_draft_lengths(
-                [SequenceDraft(len(entry.draft), entry.draft.match_length,
-                               entry.sequence.acceptance, entry.sequence.chooser.do_sample)
-                 for entry in decided], fixed_tokens=fixed)
+                [
+                    SequenceDraft(
+                        len(entry.draft),
+                        entry.draft.match_length,
+                        entry.sequence.acceptance,
+                        entry.sequence.chooser.do_sample,
+                    )
+                    for entry in decided
+                ],
+                fixed_tokens=fixed,
+            )
             for entry, length in zip(decided, lengths):
                 entry.draft = entry.draft.cut(length)
         for entry in entries:
@@ -253,8 +278,15 @@ class BatchDecoder:
         sequence, draft, stats = entry.sequence, entry.draft, entry.sequence.stats
         stats.forward_passes += 1
         new_tokens, accepted_before = [], stats.accepted_tokens
-        for token in kept_tokens(sequence.chooser, sequence.tokens, draft, target_logits, stats,
-                                 sequence.started, sequence.logprobs):
+        for token in kept_tokens(
+            sequence.chooser,
+            sequence.tokens,
+            draft,
+            target_logits,
+            stats,
+            sequence.started,
+            sequence.logprobs,
+        ):
             new_tokens.append(token)
             if token in sequence.eos_token_ids:
                 sequence.finish_reason = "stop"
@@ -266,6 +298,11 @@ class BatchDecoder:
         sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
         sequence.drafter.update(draft, num_accepted)
         if self.policy is not None and draft:
-            self.policy.record_acceptance(draft.match_length, len(draft), num_accepted,
-                                          sequence.acceptance, sequence.chooser.do_sample)
+            self.policy.record_acceptance(
+                draft.match_length,
+                len(draft),
+                num_accepted,
+                sequence.acceptance,
+                sequence.chooser.do_sample,
+            )
         return new_tokens

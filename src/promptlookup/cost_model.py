@@ -13,8 +13,8 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 #: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -98,8 +98,10 @@ class CostModel:
         if self._curve is None:
             medians = {n: (statistics.median(v), len(v)) for n, v in sorted(self.samples.items())}
             self._line = a, b = self._fit([(n, m, c) for n, (m, c) in medians.items() if n >= 2])
-            self._curve = [(n, m if n == 1 else (c * m + self.SHRINK * (a + b * n)) / (c + self.SHRINK))
-                           for n, (m, c) in medians.items()]
+            self._curve = [
+                (n, m if n == 1 else (c * m + self.SHRINK * (a + b * n)) / (c + self.SHRINK))
+                for n, (m, c) in medians.items()
+            ]
         return self._curve
 
     @staticmethod
@@ -112,7 +114,11 @@ class CostModel:
         mean_n = sum(n * w for n, _, w in points) / total
         mean_s = sum(s * w for _, s, w in points) / total
         var = sum(w * (n - mean_n) ** 2 for n, _, w in points)
-        slope = max(sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points) / var, 0.0) if var else 0.0
+        slope = (
+            max(sum(w * (n - mean_n) * (s - mean_s) for n, s, w in points) / var, 0.0)
+            if var
+            else 0.0
+        )
         return mean_s - slope * mean_n, slope
 
     def _relative(self, n: int) -> float:
@@ -136,8 +142,9 @@ class CostModel:
         one = self.curve()[0][1]
         return self.level * min(max(self._relative(n), one / 2), one * n)
 
-    def calibrate(self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES,
-                  repeats: int = 3) -> None:
+    def calibrate(
+        self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 3
+    ) -> None:
         """Time forward passes of each size on ``target`` at its current cache length, each
         right after a one-token pass and recorded as a ratio to it (so a slow spell that starts
         mid-calibration cannot bend the curve), then crop the cache back (the cache ends
@@ -163,7 +170,7 @@ class CostModel:
                 if size > 1:
                     self.record(size, timed(size), level=one)
 
-    def seed(self, other: "CostModel") -> None:
+    def seed(self, other: CostModel) -> None:
         """Start from ``other``'s curve and level: one sample per measured size, so this
         model's own passes soon outweigh the copy."""
         for n, relative in other.curve():
@@ -175,19 +182,34 @@ class CostModel:
         """Store the recent relative costs and level so the next process skips calibration."""
         from .cache_files import save_cache_json
 
-        save_cache_json(path, {"levels": list(self.levels),
-                               "relative": [(n, r) for n, v in self.samples.items() for r in v]})
+        save_cache_json(
+            path,
+            {
+                "levels": list(self.levels),
+                "relative": [(n, r) for n, v in self.samples.items() for r in v],
+            },
+        )
 
     def load(self, path: Path) -> None:
         try:
             saved = json.loads(path.read_text())
             if "plain" in saved:  # a curve kept in seconds (as the replay's committed curves are)
                 one = statistics.median(float(seconds) for seconds in saved["plain"])
-                saved = {"levels": [one], "relative": [(1, float(seconds) / one) for seconds in saved["plain"]]
-                         + [(n, float(seconds) / one) for n, seconds in saved["verify"]]}
+                saved = {
+                    "levels": [one],
+                    "relative": [(1, float(seconds) / one) for seconds in saved["plain"]]
+                    + [(n, float(seconds) / one) for n, seconds in saved["verify"]],
+                }
             levels = [float(level) for level in saved["levels"]]
             relative = [(int(n), float(r)) for n, r in saved["relative"]]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, statistics.StatisticsError):
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            statistics.StatisticsError,
+        ):
             return  # missing, corrupt or of another format: calibrate instead
         self.levels.extend(levels)
         for n, r in relative:

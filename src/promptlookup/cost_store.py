@@ -48,8 +48,11 @@ class CostStore:
         self.context = context_bucket(target.cache_length)
         self.current = costs = self._stored_curve(self.context)
         if not costs.calibrated:
-            measured = [bucket for bucket in range(LAST_CONTEXT_BUCKET + 1)
-                        if bucket != self.context and self._stored_curve(bucket).calibrated]
+            measured = [
+                bucket
+                for bucket in range(LAST_CONTEXT_BUCKET + 1)
+                if bucket != self.context and self._stored_curve(bucket).calibrated
+            ]
             nearest = min(measured, key=lambda bucket: abs(bucket - self.context), default=None)
             if nearest is not None:  # refined by this request's own passes
                 costs.seed(self.curves[nearest])

@@ -15,17 +15,24 @@ MAX_NEW_TOKENS = 200
 
 def build_request() -> str:
     source = inspect.getsource(text_module.IncrementalDetokenizer)
-    return ("Here is a Python class from my project:\n\n```python\n" + source + "```\n\n"
-            "Rename the attribute `_read_offset` to `_emitted_offset` everywhere. Reply with the "
-            "complete updated class in a Python code block.")
+    return (
+        "Here is a Python class from my project:\n\n```python\n" + source + "```\n\n"
+        "Rename the attribute `_read_offset` to `_emitted_offset` everywhere. Reply with the "
+        "complete updated class in a Python code block."
+    )
 
 
 def main() -> None:
-    print("Loading the default model (SmolLM2-135M-Instruct; the first run converts its GGUF "
-          "file once, ~20 s)...", file=sys.stderr)
+    print(
+        "Loading the default model (SmolLM2-135M-Instruct; the first run converts its GGUF "
+        "file once, ~20 s)...",
+        file=sys.stderr,
+    )
     lm = promptlookup.load_model()
-    print("Measuring this machine's forward-pass costs (the first run only: up to ~30 s)...",
-          file=sys.stderr)
+    print(
+        "Measuring this machine's forward-pass costs (the first run only: up to ~30 s)...",
+        file=sys.stderr,
+    )
     lm.warm_up()
     request = build_request()
     print(f"\n### Request\n{request}\n\n### Answer (streamed, prompt lookup)\n", flush=True)
@@ -36,10 +43,14 @@ def main() -> None:
     print("\n\n### Plain decoding of the same request (not shown)...", flush=True)
     plain = lm.generate(request, chat=True, max_new_tokens=MAX_NEW_TOKENS, drafter="none")
     fs, ps = fast.stats, plain.stats
-    print(f"\nprompt lookup : {fs.new_tokens} tokens in {fs.seconds:.2f} s = "
-          f"{fs.tokens_per_second:.1f} tokens/s, {fs.tokens_per_forward:.2f} tokens per forward pass")
-    print(f"plain decoding: {ps.new_tokens} tokens in {ps.seconds:.2f} s = "
-          f"{ps.tokens_per_second:.1f} tokens/s, 1.00 tokens per forward pass")
+    print(
+        f"\nprompt lookup : {fs.new_tokens} tokens in {fs.seconds:.2f} s = "
+        f"{fs.tokens_per_second:.1f} tokens/s, {fs.tokens_per_forward:.2f} tokens per forward pass"
+    )
+    print(
+        f"plain decoding: {ps.new_tokens} tokens in {ps.seconds:.2f} s = "
+        f"{ps.tokens_per_second:.1f} tokens/s, 1.00 tokens per forward pass"
+    )
     speedup = fs.tokens_per_second / ps.tokens_per_second if ps.tokens_per_second else float("nan")
     print(f"speed-up: {speedup:.2f}x; outputs {compare(lm, fast, plain)}")
 
@@ -59,10 +70,15 @@ def compare(lm, fast, plain) -> str:
     logits = target.forward(context[-1:])[0]
     ours, theirs = fast.token_ids[position], plain.token_ids[position]
     invariant = getattr(target, "row_invariant", False)
-    return (f"different from new token {position} on: prompt lookup chose {ours} (logit "
-            f"{logits[ours].item():.6f}), plain decoding {theirs} (logit {logits[theirs].item():.6f})"
-            + ("" if invariant else "; this model's passes are not row-invariant, so a near-tie "
-               "can part them"))
+    return (
+        f"different from new token {position} on: prompt lookup chose {ours} (logit "
+        f"{logits[ours].item():.6f}), plain decoding {theirs} (logit {logits[theirs].item():.6f})"
+        + (
+            ""
+            if invariant
+            else "; this model's passes are not row-invariant, so a near-tie can part them"
+        )
+    )
 
 
 if __name__ == "__main__":

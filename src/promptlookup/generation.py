@@ -4,14 +4,19 @@ drafter, streaming or not."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence, Union
+from typing import Union
 
 from .backends.base import BatchTarget, Target
 from .batching import PREFILL_TOKENS, BatchDecoder, BatchSequence, default_max_batch
 from .drafters import Drafter, DrafterSpec, NoDrafter, make_drafter
-from .errors import (EmptyPromptError, InvalidParameterError, PromptTooLongError,
-                     UnsupportedModelError)
+from .errors import (
+    EmptyPromptError,
+    InvalidParameterError,
+    PromptTooLongError,
+    UnsupportedModelError,
+)
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .sampling import SamplingParams, TokenChooser
@@ -34,8 +39,12 @@ class GenerationResult:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-                "stats": self.stats.as_dict()}
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.as_dict(),
+        }
 
 
 class GenerationStream:
@@ -106,8 +115,9 @@ class TextAssembler:
         return tail
 
     def result(self, stats: GenerationStats, prompt_ids: Sequence[int]) -> GenerationResult:
-        return GenerationResult("".join(self.pieces), self.detokenizer.ids, stats,
-                                self.finish_reason, list(prompt_ids))
+        return GenerationResult(
+            "".join(self.pieces), self.detokenizer.ids, stats, self.finish_reason, list(prompt_ids)
+        )
 
 
 class LanguageModel:
@@ -146,9 +156,13 @@ class LanguageModel:
         if all(isinstance(t, int) for t in items):
             return items
         if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
-            ids = self.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                items, add_generation_prompt=True, tokenize=True
+            )
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        raise InvalidParameterError("a prompt must be text, token ids, or messages with role and content")
+        raise InvalidParameterError(
+            "a prompt must be text, token ids, or messages with role and content"
+        )
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -162,35 +176,71 @@ class LanguageModel:
         # Over 128 tokens (a prompt chunk's kernels), with room for passes of up to 64 after it.
         self.generate(ids[: max(1, min(300, self.target.max_context - 80))], max_new_tokens=8)
 
-    def stream(self, prompt: Prompt, *, max_new_tokens: int = 256,
-               drafter: DrafterSpec = "prompt-lookup", temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop: Sequence[str] | str = (), chat: bool = False,
-               speculation: str = "adaptive", should_stop: Callable[[], bool] | None = None,
-               logprobs: int | None = None, **drafter_options) -> GenerationStream:
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 256,
+        drafter: DrafterSpec = "prompt-lookup",
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | str = (),
+        chat: bool = False,
+        speculation: str = "adaptive",
+        should_stop: Callable[[], bool] | None = None,
+        logprobs: int | None = None,
+        **drafter_options,
+    ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
         Invalid arguments raise here, before anything is generated."""
-        request = self._request(prompt, max_new_tokens, drafter, SamplingParams(
-            temperature, top_k, top_p, repetition_penalty, seed), stop, chat, speculation,
-            should_stop, logprobs, drafter_options)
+        request = self._request(
+            prompt,
+            max_new_tokens,
+            drafter,
+            SamplingParams(temperature, top_k, top_p, repetition_penalty, seed),
+            stop,
+            chat,
+            speculation,
+            should_stop,
+            logprobs,
+            drafter_options,
+        )
         stream = GenerationStream(iter(()))
         stream._request = request
         stream._events = self._events(stream, request)
         return stream
 
-    def _request(self, prompt, max_new_tokens, drafter, params, stop, chat, speculation,
-                 should_stop, logprobs, drafter_options) -> _Request:
+    def _request(
+        self,
+        prompt,
+        max_new_tokens,
+        drafter,
+        params,
+        stop,
+        chat,
+        speculation,
+        should_stop,
+        logprobs,
+        drafter_options,
+    ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+            raise InvalidParameterError(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
+            )
         prompt_ids = self.encode(prompt, chat=chat)
         if len(prompt_ids) + max_new_tokens > self.target.max_context:
             raise PromptTooLongError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                f"the model's context of {self.target.max_context} tokens")
+                f"the model's context of {self.target.max_context} tokens"
+            )
         check_speculation(speculation)
-        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
-                                     or logprobs < 0):
+        if logprobs is not None and (
+            not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0
+        ):
             raise InvalidParameterError(f"logprobs must be an integer >= 0, got {logprobs!r}")
         stops = [stop] if isinstance(stop, str) else list(stop)
         device = getattr(self.target, "device", "cpu")
@@ -198,24 +248,36 @@ class LanguageModel:
         adaptive = self.policy if speculation == "adaptive" else None
         # A draft model is loaded on the target's device and dtype, samples with `chooser` and
         # sizes its drafts by their cost with the policy.
-        drafter_obj = make_drafter(drafter, eos_token_ids=self.eos_token_ids,
-                                   tokenizer=self.tokenizer, chooser=chooser, policy=adaptive,
-                                   device=str(device),
-                                   dtype=str(getattr(self.model, "dtype", "float32")),
-                                   **drafter_options)
+        drafter_obj = make_drafter(
+            drafter,
+            eos_token_ids=self.eos_token_ids,
+            tokenizer=self.tokenizer,
+            chooser=chooser,
+            policy=adaptive,
+            device=str(device),
+            dtype=str(getattr(self.model, "dtype", "float32")),
+            **drafter_options,
+        )
         policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
-        return _Request(prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy,
-                        should_stop, logprobs)
+        return _Request(
+            prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
+        )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()
         text = TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
-        tokens = speculative_generate(self.target, request.prompt_ids,
-                                      max_new_tokens=request.max_new_tokens,
-                                      drafter=request.drafter, chooser=request.chooser,
-                                      eos_token_ids=self.eos_token_ids, stats=stats,
-                                      policy=request.policy, should_stop=request.should_stop,
-                                      logprobs=request.logprobs)
+        tokens = speculative_generate(
+            self.target,
+            request.prompt_ids,
+            max_new_tokens=request.max_new_tokens,
+            drafter=request.drafter,
+            chooser=request.chooser,
+            eos_token_ids=self.eos_token_ids,
+            stats=stats,
+            policy=request.policy,
+            should_stop=request.should_stop,
+            logprobs=request.logprobs,
+        )
         try:
             for token in tokens:
                 piece = text.add(token)
@@ -259,9 +321,14 @@ class LanguageModel:
             pass
         return stream.result
 
-
-    def generate_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
-                       prefill_tokens: int = PREFILL_TOKENS, **options) -> list[GenerationResult]:
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_batch: int | None = None,
+        prefill_tokens: int = PREFILL_TOKENS,
+        **options,
+    ) -> list[GenerationResult]:
         """Generate after every prompt of ``prompts`` at once: one result per prompt, in order,
         each equal to what :meth:`generate` with the same ``options`` returns for it alone
         (every sequence's forward passes are computed as alone, see
@@ -275,18 +342,29 @@ class LanguageModel:
         >>> results = lm.generate_batch(["Fix: x = 1 +", "Fix: y = 2 *"], chat=True)  # doctest: +SKIP
         """
         results: list[GenerationResult] = []
-        for _ in self._batch(prompts, max_batch, prefill_tokens, options, lambda *_: None,
-                             results):
+        for _ in self._batch(prompts, max_batch, prefill_tokens, options, lambda *_: None, results):
             pass
         return results
 
-    def stream_batch(self, prompts: Sequence[Prompt], *, max_batch: int | None = None,
-                     prefill_tokens: int = PREFILL_TOKENS, **options) -> Iterator[tuple[int, str]]:
+    def stream_batch(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        max_batch: int | None = None,
+        prefill_tokens: int = PREFILL_TOKENS,
+        **options,
+    ) -> Iterator[tuple[int, str]]:
         """:meth:`generate_batch` as a stream of ``(prompt index, text delta)`` pairs, in the
         order they are decided; closing the iterator ends every generation."""
         deltas: list[tuple[int, str]] = []
-        for _ in self._batch(prompts, max_batch, prefill_tokens, options,
-                             lambda index, piece: deltas.append((index, piece)), []):
+        for _ in self._batch(
+            prompts,
+            max_batch,
+            prefill_tokens,
+            options,
+            lambda index, piece: deltas.append((index, piece)),
+            [],
+        ):
             yield from deltas
             deltas.clear()
 
@@ -294,25 +372,37 @@ class LanguageModel:
         """One prompt as a :class:`~promptlookup.batching.BatchSequence` (``options``: those
         of :meth:`generate`, checked here) and the :class:`TextAssembler` of its text."""
         request = self.stream(prompt, **options)._request
-        sequence = BatchSequence(request.prompt_ids, request.max_new_tokens, request.drafter,
-                                 request.chooser, self.eos_token_ids,
-                                 adaptive=request.policy is not None,
-                                 should_stop=request.should_stop, logprobs=request.logprobs)
+        sequence = BatchSequence(
+            request.prompt_ids,
+            request.max_new_tokens,
+            request.drafter,
+            request.chooser,
+            self.eos_token_ids,
+            adaptive=request.policy is not None,
+            should_stop=request.should_stop,
+            logprobs=request.logprobs,
+        )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 
-    def _batch(self, prompts, max_batch, prefill_tokens, options, emit,
-               results: list) -> Iterator[None]:
+    def _batch(
+        self, prompts, max_batch, prefill_tokens, options, emit, results: list
+    ) -> Iterator[None]:
         """Run a batch, calling ``emit(index, piece)`` for each text delta and yielding after
         every step; ``results`` ends with one :class:`GenerationResult` per prompt."""
         if not isinstance(self.target, BatchTarget):
-            raise UnsupportedModelError(f"{type(self.target).__name__} cannot run several "
-                                        "sequences in one forward pass; use generate")
+            raise UnsupportedModelError(
+                f"{type(self.target).__name__} cannot run several "
+                "sequences in one forward pass; use generate"
+            )
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InvalidParameterError("generate_batch takes a list of prompts")
         sequences = [self.batch_sequence(prompt, **options) for prompt in prompts]  # checked
-        decoder = BatchDecoder(self.target, self.policy,
-                               max_batch=max_batch or default_max_batch(self.target),
-                               prefill_tokens=prefill_tokens)
+        decoder = BatchDecoder(
+            self.target,
+            self.policy,
+            max_batch=max_batch or default_max_batch(self.target),
+            prefill_tokens=prefill_tokens,
+        )
         texts = {}
         for index, (sequence, text) in enumerate(sequences):
             texts[decoder.add(sequence)] = (index, text)
@@ -334,4 +424,5 @@ class LanguageModel:
 
 # generate takes stream's keyword arguments; help() and inspect show them for both.
 LanguageModel.generate.__signature__ = inspect.signature(LanguageModel.stream).replace(
-    return_annotation="GenerationResult")
+    return_annotation="GenerationResult"
+)

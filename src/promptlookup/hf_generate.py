@@ -42,7 +42,8 @@ from __future__ import annotations
 import copy
 import inspect
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -58,20 +59,27 @@ from .sampling import TokenChooser
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
 
 #: Model inputs ``generate`` prepares for every decoder-only model; we recompute or ignore them.
-_PREPARED_INPUTS = frozenset({"attention_mask", "position_ids", "cache", "logits_to_keep",
-                              "use_cache", "cache_position"})
-_UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions",
-                        "output_hidden_states")
+_PREPARED_INPUTS = frozenset(
+    {"attention_mask", "position_ids", "cache", "logits_to_keep", "use_cache", "cache_position"}
+)
+_UNSUPPORTED_OUTPUTS = (
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+)
 
 
 #: One speculation policy per model object (its measured costs and acceptance carry over
 #: between calls, as with :class:`~promptlookup.LanguageModel`); gone with the model.
-_POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy]" = weakref.WeakKeyDictionary()
+_POLICIES: weakref.WeakKeyDictionary[torch.nn.Module, SpeculationPolicy] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 #: The kernel and attention choices of each model object (timing them takes seconds), kept
 #: between calls like its policy.
-_CHOICES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_CHOICES: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
@@ -109,8 +117,13 @@ class CustomGenerate:
     :class:`~promptlookup.loop.GenerationStats` of the latest call (use one instance per thread).
     """
 
-    def __init__(self, drafter: DrafterSpec = "prompt-lookup", *, speculation: str = "adaptive",
-                 **drafter_options: Any) -> None:
+    def __init__(
+        self,
+        drafter: DrafterSpec = "prompt-lookup",
+        *,
+        speculation: str = "adaptive",
+        **drafter_options: Any,
+    ) -> None:
         check_speculation(speculation)
         make_drafter(drafter, **drafter_options)  # invalid options raise now, not mid-generate
         self.drafter = drafter
@@ -123,45 +136,88 @@ class CustomGenerate:
         mode = "" if self.speculation == "adaptive" else f", speculation={self.speculation!r}"
         return f"make_custom_generate({self.drafter!r}{mode}{options})"
 
-    def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
-                 generation_config, synced_gpus: bool = False, streamer=None, **model_kwargs):
+    def __call__(
+        self,
+        model,
+        input_ids: torch.LongTensor,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus: bool = False,
+        streamer=None,
+        **model_kwargs,
+    ):
         """The signature ``generate`` calls a decoding method with (like ``_sample``).
         ``input_ids`` (1, prompt_len) includes any left padding."""
         if streamer is None:
             streamer = _streamer_from_generate(inspect.currentframe().f_back)
         try:
-            return self._decode(model, input_ids, logits_processor, stopping_criteria,
-                                generation_config, synced_gpus, streamer, model_kwargs)
+            return self._decode(
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                synced_gpus,
+                streamer,
+                model_kwargs,
+            )
         finally:
             if streamer is not None:
                 streamer.end()
 
-    def _decode(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
-                synced_gpus, streamer, model_kwargs):
+    def _decode(
+        self,
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        model_kwargs,
+    ):
         _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
         mask = model_kwargs.get("attention_mask")
-        pads = [_left_padding(None if mask is None else mask[row], input_ids.shape[1])
-                for row in range(input_ids.shape[0])]
+        pads = [
+            _left_padding(None if mask is None else mask[row], input_ids.shape[1])
+            for row in range(input_ids.shape[0])
+        ]
         eos = generation_config.eos_token_id
         eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
         # The model's policy (a draft model is built with it too, to size its drafts by cost).
         policy = policy_for(model) if self.speculation == "adaptive" else None
-        drafter = make_drafter(self.drafter, eos_token_ids=eos_token_ids, policy=policy,
-                               **self.drafter_options)
+        drafter = make_drafter(
+            self.drafter, eos_token_ids=eos_token_ids, policy=policy, **self.drafter_options
+        )
         policy = policy if not isinstance(drafter, NoDrafter) else None
         if input_ids.shape[0] > 1:
             if streamer is not None:
-                raise InvalidParameterError("promptlookup's custom_generate streams one sequence "
-                                            "at a time; drop the streamer or the batch")
-            drafters = [drafter] + [make_drafter(self.drafter, eos_token_ids=eos_token_ids,
-                                                 policy=policy, **self.drafter_options)
-                                    for _ in pads[1:]]
-            return self._decode_batch(model, input_ids, pads, drafters, policy, logits_processor,
-                                      stopping_criteria, generation_config)
+                raise InvalidParameterError(
+                    "promptlookup's custom_generate streams one sequence "
+                    "at a time; drop the streamer or the batch"
+                )
+            drafters = [drafter] + [
+                make_drafter(
+                    self.drafter, eos_token_ids=eos_token_ids, policy=policy, **self.drafter_options
+                )
+                for _ in pads[1:]
+            ]
+            return self._decode_batch(
+                model,
+                input_ids,
+                pads,
+                drafters,
+                policy,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+            )
         num_pad = pads[0]
         prompt_ids = input_ids[0].tolist()
-        chooser = _PaddedChooser(prompt_ids[:num_pad], logits_processor,
-                                 do_sample=bool(generation_config.do_sample))
+        chooser = _PaddedChooser(
+            prompt_ids[:num_pad], logits_processor, do_sample=bool(generation_config.do_sample)
+        )
         max_length = generation_config.max_length or len(prompt_ids) + 1
         # Like _sample, at least one token even when the prompt already reaches max_length.
         budget = max(1, max_length - len(prompt_ids))
@@ -169,8 +225,15 @@ class CustomGenerate:
         was_training = model.training
         target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
-        tokens = speculative_generate(target, prompt_ids[num_pad:], max_new_tokens=budget,
-                                      drafter=drafter, chooser=chooser, stats=stats, policy=policy)
+        tokens = speculative_generate(
+            target,
+            prompt_ids[num_pad:],
+            max_new_tokens=budget,
+            drafter=drafter,
+            chooser=chooser,
+            stats=stats,
+            policy=policy,
+        )
         try:
             for token in tokens:
                 sequence.append(token)
@@ -186,14 +249,25 @@ class CustomGenerate:
         if not generation_config.return_dict_in_generate:
             return sequences
         from transformers.generation.utils import GenerateDecoderOnlyOutput
+
         # The cache holds every token but the last (as after _sample); none when we stripped
         # padding, since its positions would not line up with ``sequences``.
         target.crop(len(sequence) - num_pad - 1)
-        return GenerateDecoderOnlyOutput(sequences=sequences,
-                                         cache=target.cache if num_pad == 0 else None)
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences, cache=target.cache if num_pad == 0 else None
+        )
 
-    def _decode_batch(self, model, input_ids, pads, drafters, policy, logits_processor,
-                      stopping_criteria, generation_config):
+    def _decode_batch(
+        self,
+        model,
+        input_ids,
+        pads,
+        drafters,
+        policy,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+    ):
         """A batch (B, L) on the continuous-batching engine, returned as ``_sample`` would."""
         # As _sample: rows stopped by an EOS-aware criterion get padding while others go on.
         pad_rows = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
@@ -202,10 +276,20 @@ class CustomGenerate:
             raise InvalidParameterError("a batch that stops on EOS needs a pad_token_id")
         rows, length = input_ids.tolist(), input_ids.shape[1]
         budget = max(1, (generation_config.max_length or length + 1) - length)  # >= 1 like _sample
-        sequences = [BatchSequence(row[pad:], budget, drafter=drafter, adaptive=policy is not None,
-                                   chooser=_PaddedChooser(row[:pad], _row_processors(
-                                       logits_processor, i), bool(generation_config.do_sample)))
-                     for i, (row, pad, drafter) in enumerate(zip(rows, pads, drafters))]
+        sequences = [
+            BatchSequence(
+                row[pad:],
+                budget,
+                drafter=drafter,
+                adaptive=policy is not None,
+                chooser=_PaddedChooser(
+                    row[:pad],
+                    _row_processors(logits_processor, i),
+                    bool(generation_config.do_sample),
+                ),
+            )
+            for i, (row, pad, drafter) in enumerate(zip(rows, pads, drafters))
+        ]
         stops: list[int | None] = [None] * len(rows)  # new tokens of each row when it stopped
         was_training = model.training
         decoder = BatchDecoder(target_for(model), policy, max_batch=len(rows))  # sets eval mode
@@ -215,8 +299,13 @@ class CustomGenerate:
             for sequence, new_tokens in decoder.run():
                 i = sequences.index(sequence)  # by identity
                 if stops[i] is None:
-                    stops[i] = _stop(rows[i][:pads[i]], sequence, len(new_tokens),
-                                     stopping_criteria, input_ids.device)
+                    stops[i] = _stop(
+                        rows[i][: pads[i]],
+                        sequence,
+                        len(new_tokens),
+                        stopping_criteria,
+                        input_ids.device,
+                    )
                     if stops[i] is not None and pad_rows:
                         sequence.finish("stop", keep=sequence.stats.new_tokens - stops[i])
                     elif stops[i] is not None and None not in stops:
@@ -225,13 +314,14 @@ class CustomGenerate:
             model.train(was_training)
         longest = max(stops)
         for row, sequence, stop in zip(rows, sequences, stops):
-            new = sequence.tokens[len(sequence.prompt_ids):]
+            new = sequence.tokens[len(sequence.prompt_ids) :]
             row += new[:stop] + [int(pad_id)] * (longest - stop) if pad_rows else new[:longest]
         self.last_stats = _summed([sequence.stats for sequence in sequences])
         out = torch.tensor(rows, dtype=input_ids.dtype, device=input_ids.device)
         if not generation_config.return_dict_in_generate:
             return out
         from transformers.generation.utils import GenerateDecoderOnlyOutput
+
         return GenerateDecoderOnlyOutput(sequences=out, cache=None)  # row caches do not line up
 
 
@@ -239,18 +329,22 @@ def _row_processors(processors, row: int):
     """``generate``'s processors for one row of its batch, called with that row alone: the
     repetition penalty gets only the row's padding length (which it skips) and
     ``prefix_allowed_tokens_fn`` the row's index; the others work row by row."""
-    from transformers import (LogitsProcessorList, PrefixConstrainedLogitsProcessor,
-                              RepetitionPenaltyLogitsProcessor)
+    from transformers import (
+        LogitsProcessorList,
+        PrefixConstrainedLogitsProcessor,
+        RepetitionPenaltyLogitsProcessor,
+    )
 
     own = LogitsProcessorList()
     for processor in processors or ():
         if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
-                processor.prompt_ignore_length, torch.Tensor):
+            processor.prompt_ignore_length, torch.Tensor
+        ):
             processor = copy.copy(processor)
-            processor.prompt_ignore_length = processor.prompt_ignore_length[row:row + 1]
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
         elif isinstance(processor, PrefixConstrainedLogitsProcessor):
             processor, allowed = copy.copy(processor), processor._prefix_allowed_tokens_fn
-            processor._prefix_allowed_tokens_fn = lambda _, ids: allowed(row, ids)
+            processor._prefix_allowed_tokens_fn = lambda _, ids, allowed=allowed: allowed(row, ids)
         own.append(processor)
     return own
 
@@ -260,7 +354,7 @@ def _stop(padding, sequence, num_new, stopping_criteria, device) -> int | None:
     ids (padding first) in its last ``num_new`` tokens, or when it finished, else None."""
     done = sequence.stats.new_tokens
     for count in range(done - num_new + 1, done + 1):
-        prefix = sequence.tokens[:len(sequence.prompt_ids) + count]
+        prefix = sequence.tokens[: len(sequence.prompt_ids) + count]
         if bool(stopping_criteria(torch.tensor([padding + prefix], device=device), None).any()):
             return count
     return done if sequence.done else None
@@ -277,9 +371,19 @@ def _settle(sequences, stop: int) -> None:
 
 def _summed(stats: Sequence[GenerationStats]) -> GenerationStats:
     """The counters of a batch's rows added up (``seconds``: the longest row's)."""
-    return GenerationStats(*(sum(getattr(row, name) for row in stats) for name in (
-        "prompt_tokens", "new_tokens", "forward_passes", "drafted_tokens", "accepted_tokens")),
-        seconds=max(row.seconds for row in stats))
+    return GenerationStats(
+        *(
+            sum(getattr(row, name) for row in stats)
+            for name in (
+                "prompt_tokens",
+                "new_tokens",
+                "forward_passes",
+                "drafted_tokens",
+                "accepted_tokens",
+            )
+        ),
+        seconds=max(row.seconds for row in stats),
+    )
 
 
 class _PaddedChooser(TokenChooser):
@@ -301,27 +405,37 @@ def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwa
     if model.config.is_encoder_decoder:
         raise UnsupportedModelError("promptlookup's custom_generate supports decoder-only models")
     if (generation_config.num_beams or 1) > 1:
-        raise InvalidParameterError("promptlookup's custom_generate does not do beam search "
-                                    f"(num_beams={generation_config.num_beams}); use num_beams=1")
+        raise InvalidParameterError(
+            "promptlookup's custom_generate does not do beam search "
+            f"(num_beams={generation_config.num_beams}); use num_beams=1"
+        )
     if (generation_config.num_return_sequences or 1) > 1:
         raise InvalidParameterError(
             "promptlookup's custom_generate returns one sequence per call "
-            f"(num_return_sequences={generation_config.num_return_sequences}); call it repeatedly")
+            f"(num_return_sequences={generation_config.num_return_sequences}); call it repeatedly"
+        )
     if input_ids.shape[1] == 0:
-        raise InvalidParameterError("promptlookup's custom_generate needs input_ids (the prompt "
-                                    "is empty, or given only as inputs_embeds)")
+        raise InvalidParameterError(
+            "promptlookup's custom_generate needs input_ids (the prompt "
+            "is empty, or given only as inputs_embeds)"
+        )
     if synced_gpus:
         raise InvalidParameterError("promptlookup's custom_generate does not support synced_gpus")
     if generation_config.return_dict_in_generate:
         asked = [name for name in _UNSUPPORTED_OUTPUTS if getattr(generation_config, name, False)]
         if asked:
-            raise InvalidParameterError(f"promptlookup's custom_generate does not return "
-                                        f"{', '.join(asked)} yet; drop them or use plain generate")
-    extra = sorted(k for k, v in model_kwargs.items()
-                   if v is not None and k not in _PREPARED_INPUTS)
+            raise InvalidParameterError(
+                f"promptlookup's custom_generate does not return "
+                f"{', '.join(asked)} yet; drop them or use plain generate"
+            )
+    extra = sorted(
+        k for k, v in model_kwargs.items() if v is not None and k not in _PREPARED_INPUTS
+    )
     if extra:
-        raise InvalidParameterError(f"promptlookup's custom_generate does not support the model "
-                                    f"inputs {extra}; only input_ids and attention_mask")
+        raise InvalidParameterError(
+            f"promptlookup's custom_generate does not support the model "
+            f"inputs {extra}; only input_ids and attention_mask"
+        )
 
 
 def _left_padding(attention_mask: torch.Tensor | None, length: int) -> int:
@@ -336,7 +450,8 @@ def _left_padding(attention_mask: torch.Tensor | None, length: int) -> int:
         raise InvalidParameterError(
             "promptlookup's custom_generate accepts an attention_mask only with left padding "
             "(zeros first, then ones, at least one 1, in every row); pad on the left "
-            "(tokenizer.padding_side = 'left')")
+            "(tokenizer.padding_side = 'left')"
+        )
     return num_pad
 
 
@@ -355,8 +470,9 @@ def _streamer_from_generate(frame):
     return None
 
 
-def make_custom_generate(drafter: DrafterSpec = "prompt-lookup", *,
-                         speculation: str = "adaptive", **drafter_options: Any) -> CustomGenerate:
+def make_custom_generate(
+    drafter: DrafterSpec = "prompt-lookup", *, speculation: str = "adaptive", **drafter_options: Any
+) -> CustomGenerate:
     """A ``custom_generate`` callable with a chosen drafter, e.g.
     ``make_custom_generate("prompt-lookup", num_tokens=8, speculation="fixed")`` or
     ``make_custom_generate(my_fn)`` (``my_fn(tokens, max_tokens) -> list[int]``). Options are
@@ -369,14 +485,21 @@ def make_custom_generate(drafter: DrafterSpec = "prompt-lookup", *,
 custom_generate = CustomGenerate()
 
 
-def generate(model, inputs: torch.Tensor | None = None, *, tokenizer=None,
-             stopping_criteria=None, drafter: DrafterSpec = "prompt-lookup",
-             drafter_options: dict | None = None, **generate_kwargs):
+def generate(
+    model,
+    inputs: torch.Tensor | None = None,
+    *,
+    tokenizer=None,
+    stopping_criteria=None,
+    drafter: DrafterSpec = "prompt-lookup",
+    drafter_options: dict | None = None,
+    **generate_kwargs,
+):
     """``model.generate(inputs, **generate_kwargs)`` decoded by promptlookup, with
     ``stop_strings`` + ``tokenizer`` working too: the stop strings ``generate`` would use become a
     ``StopStringCriteria`` (transformers drops ``tokenizer`` for callables). This is what the
     repository's ``custom_generate/generate.py`` runs."""
-    from transformers import StopStringCriteria, StoppingCriteriaList
+    from transformers import StoppingCriteriaList, StopStringCriteria
 
     generate_kwargs.pop("custom_generate", None)
     criteria = StoppingCriteriaList(stopping_criteria or [])
@@ -395,5 +518,11 @@ def generate(model, inputs: torch.Tensor | None = None, *, tokenizer=None,
     decoding = make_custom_generate(drafter, **(drafter_options or {}))
     # type(model).generate: a model loaded with this repository's custom_generate has its
     # instance ``generate`` replaced by this very function.
-    return type(model).generate(model, inputs, stopping_criteria=criteria, tokenizer=tokenizer,
-                                custom_generate=decoding, **generate_kwargs)
+    return type(model).generate(
+        model,
+        inputs,
+        stopping_criteria=criteria,
+        tokenizer=tokenizer,
+        custom_generate=decoding,
+        **generate_kwargs,
+    )

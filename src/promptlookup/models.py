@@ -67,8 +67,13 @@ def resolve_model(model: str | os.PathLike | None) -> ModelSource:
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{text}: folder has no config.json, not a Hugging Face model")
         return ModelSource("folder", str(path.resolve()))
-    looks_like_path = text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") > 1
-    if looks_like_path or not text.replace("/", "").replace("-", "").replace("_", "").replace(".", "").isalnum():
+    looks_like_path = (
+        text.startswith((".", "/", "~")) or text.endswith(".gguf") or text.count("/") > 1
+    )
+    if (
+        looks_like_path
+        or not text.replace("/", "").replace("-", "").replace("_", "").replace(".", "").isalnum()
+    ):
         raise ModelNotFoundError(f"{text}: no such model file or folder")
     return ModelSource("hub", text)
 
@@ -76,7 +81,9 @@ def resolve_model(model: str | os.PathLike | None) -> ModelSource:
 def _converted_folder(source: ModelSource) -> Path:
     gguf = Path(source.location) / source.gguf_file
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
     return cache_root() / "converted" / f"{gguf.stem}-{key}"
 
 
@@ -100,10 +107,13 @@ def _convert_gguf(source: ModelSource) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(
-            source.location, gguf_file=source.gguf_file, dtype=torch.float32)
+            source.location, gguf_file=source.gguf_file, dtype=torch.float32
+        )
     except Exception as exc:  # corrupt or unsupported GGUF
-        raise ModelLoadError(f"{Path(source.location) / source.gguf_file}: cannot load GGUF "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        raise ModelLoadError(
+            f"{Path(source.location) / source.gguf_file}: cannot load GGUF "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
     # Dequantized weights are plain tensors: drop the GGUF marker so they can be saved.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -133,21 +143,26 @@ def check_hub_model(repo_id: str, timeout: float = 10.0) -> None:
     if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
         return  # cached: loading needs no network
     if constants.HF_HUB_OFFLINE:
-        raise ModelNotFoundError(f"{repo_id}: not a local path, and not in the Hugging Face "
-                                 "cache (HF_HUB_OFFLINE is set)")
+        raise ModelNotFoundError(
+            f"{repo_id}: not a local path, and not in the Hugging Face "
+            "cache (HF_HUB_OFFLINE is set)"
+        )
     try:
         HfApi().model_info(repo_id, timeout=timeout)
     except RepositoryNotFoundError:
-        raise ModelNotFoundError(f"{repo_id}: no such model file or folder, nor a model on "
-                                 "the Hugging Face hub") from None
+        raise ModelNotFoundError(
+            f"{repo_id}: no such model file or folder, nor a model on the Hugging Face hub"
+        ) from None
     except Exception as exc:  # no network, DNS failure, timeout, gated...
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelNotFoundError(f"{repo_id}: not a local path, and the hub could not provide "
-                                 f"it (offline? {reason})") from None
+        raise ModelNotFoundError(
+            f"{repo_id}: not a local path, and the hub could not provide it (offline? {reason})"
+        ) from None
 
 
-def load_pretrained(model: str | os.PathLike | None = None, *, dtype: str = "float32",
-                    device: str = "cpu"):
+def load_pretrained(
+    model: str | os.PathLike | None = None, *, dtype: str = "float32", device: str = "cpu"
+):
     """Load ``(model, tokenizer, name)`` with ``transformers``; see :func:`resolve_model`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -169,13 +184,17 @@ def load_pretrained(model: str | os.PathLike | None = None, *, dtype: str = "flo
             warnings.simplefilter("ignore")
             tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=local)
             lm = AutoModelForCausalLM.from_pretrained(
-                location, dtype=getattr(torch, dtype), local_files_only=local)
+                location, dtype=getattr(torch, dtype), local_files_only=local
+            )
     except OSError as exc:
         if source.kind == "hub":
-            raise ModelNotFoundError(f"{source.location}: not a local path, and the hub could not "
-                                     "provide it (offline?)") from exc
+            raise ModelNotFoundError(
+                f"{source.location}: not a local path, and the hub could not provide it (offline?)"
+            ) from exc
         raise ModelLoadError(f"{location}: {str(exc).splitlines()[0]}") from exc
     except Exception as exc:
-        raise ModelLoadError(f"{location}: cannot load ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+        raise ModelLoadError(
+            f"{location}: cannot load ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
     return lm.to(device).eval(), tokenizer, source.name

@@ -30,18 +30,27 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from .cost_model import CostModel
 from .cost_store import LAST_CONTEXT_BUCKET, CostStore, context_bucket
 from .errors import InvalidParameterError
 
-__all__ = ["LAST_CONTEXT_BUCKET", "MAX_DRAFT", "AcceptanceModel", "SequenceDraft", "SpeculationPolicy",
-           "check_speculation", "context_bucket", "match_bucket", "position_bucket",
-           "prior_acceptance"]
+__all__ = [
+    "LAST_CONTEXT_BUCKET",
+    "MAX_DRAFT",
+    "AcceptanceModel",
+    "SequenceDraft",
+    "SpeculationPolicy",
+    "check_speculation",
+    "context_bucket",
+    "match_bucket",
+    "position_bucket",
+    "prior_acceptance",
+]
 
 #: Longest draft the adaptive policy will ever verify.
 MAX_DRAFT = 63
@@ -65,8 +74,6 @@ def position_bucket(position: int) -> int:
     return 10
 
 
-
-
 class AcceptanceModel:
     """Counts of how often draft token j was accepted given tokens 1..j-1 were, per bucket."""
 
@@ -85,8 +92,9 @@ class AcceptanceModel:
 
     def rate(self, bucket: int, position: int, prior_rate: float, prior_weight: float) -> float:
         key = (bucket, position_bucket(position))
-        return ((self.accepted.get(key, 0.0) + prior_weight * prior_rate)
-                / (self.reached.get(key, 0.0) + prior_weight))
+        return (self.accepted.get(key, 0.0) + prior_weight * prior_rate) / (
+            self.reached.get(key, 0.0) + prior_weight
+        )
 
 
 def prior_acceptance(bucket: int) -> float:
@@ -109,7 +117,9 @@ class SequenceDraft:
 def check_speculation(speculation: str) -> str:
     """``"adaptive"`` (this policy decides) or ``"fixed"`` (whole drafts are verified)."""
     if speculation not in ("adaptive", "fixed"):
-        raise InvalidParameterError(f"speculation must be 'adaptive' or 'fixed', got {speculation!r}")
+        raise InvalidParameterError(
+            f"speculation must be 'adaptive' or 'fixed', got {speculation!r}"
+        )
     return speculation
 
 
@@ -120,8 +130,13 @@ class SpeculationPolicy:
     requests); :meth:`start` begins a request's own statistics.
     """
 
-    def __init__(self, global_weight: float = 4.0, prior_weight: float = 3.0,
-                 exploration: float = 0.5, cost_file: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        global_weight: float = 4.0,
+        prior_weight: float = 3.0,
+        exploration: float = 0.5,
+        cost_file: str | os.PathLike | None = None,
+    ) -> None:
         self.exploration = exploration
         #: The measured cost curves, one per context length (kept in ``cost_file``).
         self.store = CostStore(cost_file)
@@ -165,8 +180,13 @@ class SpeculationPolicy:
     def cost_file(self, path: str | os.PathLike | None) -> None:
         self.store.cost_file = Path(path) if path else None
 
-    def acceptance(self, bucket: int, position: int, request: AcceptanceModel | None = None,
-                   sampling: bool | None = None) -> float:
+    def acceptance(
+        self,
+        bucket: int,
+        position: int,
+        request: AcceptanceModel | None = None,
+        sampling: bool | None = None,
+    ) -> float:
         """Estimated probability that draft token ``position`` is accepted given the ones
         before were, plus an exploration bonus that shrinks as evidence accumulates (so a
         pessimistic start cannot keep the policy from ever trying, and learning).
@@ -210,7 +230,9 @@ class SpeculationPolicy:
                 break
         return best_k
 
-    def joint_draft_lengths(self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0) -> list[int]:
+    def joint_draft_lengths(
+        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0
+    ) -> list[int]:
         """How many leading tokens of each sequence's draft to verify in one forward pass over
         all of them, which also carries ``fixed_tokens`` rows nobody decides (prompt chunks,
         whole drafts of ``speculation="fixed"`` sequences):
@@ -264,9 +286,14 @@ class SpeculationPolicy:
     def record_forward(self, num_tokens: int, seconds: float, batch_size: int = 1) -> None:
         self.batch_costs(batch_size).record(num_tokens, seconds)
 
-    def record_acceptance(self, match_length: int | None, num_drafted: int, num_accepted: int,
-                          request: AcceptanceModel | None = None,
-                          sampling: bool | None = None) -> None:
+    def record_acceptance(
+        self,
+        match_length: int | None,
+        num_drafted: int,
+        num_accepted: int,
+        request: AcceptanceModel | None = None,
+        sampling: bool | None = None,
+    ) -> None:
         bucket = match_bucket(match_length)
         (self.request if request is None else request).record(bucket, num_drafted, num_accepted)
         sampling = self.sampling if sampling is None else sampling

@@ -18,15 +18,16 @@ generator.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from .sampling import TokenChooser
 
 
-def target_distribution(chooser: TokenChooser, tokens: Sequence[int],
-                        target_logits: torch.Tensor) -> torch.Tensor:
+def target_distribution(
+    chooser: TokenChooser, tokens: Sequence[int], target_logits: torch.Tensor
+) -> torch.Tensor:
     """The target's sampling distribution (vocab,) after ``tokens``, from its logits (vocab,)."""
     input_ids = torch.tensor([list(tokens)], dtype=torch.long, device=target_logits.device)
     scores = chooser.processors(input_ids, target_logits[None].float())  # (1, vocab)
@@ -42,8 +43,13 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor)
     return residual / total if total > 0 else target_probs
 
 
-def verify_sampled_draft(chooser: TokenChooser, tokens: list[int], draft: Sequence[int],
-                         draft_probs: torch.Tensor, target_logits: torch.Tensor) -> Iterator[int]:
+def verify_sampled_draft(
+    chooser: TokenChooser,
+    tokens: list[int],
+    draft: Sequence[int],
+    draft_probs: torch.Tensor,
+    target_logits: torch.Tensor,
+) -> Iterator[int]:
     """Yield the accepted draft tokens, then one more token (the resampled token after a
     rejection, or the bonus token).
 

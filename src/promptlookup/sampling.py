@@ -38,17 +38,22 @@ class SamplingParams:
         def bad(name: str, value: object, rule: str) -> InvalidParameterError:
             return InvalidParameterError(f"{name} must be {rule}, got {value!r}")
 
-        if not (isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-                and math.isfinite(self.temperature)
-                and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)):
+        if not (
+            isinstance(self.temperature, (int, float))
+            and not isinstance(self.temperature, bool)
+            and math.isfinite(self.temperature)
+            and (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE)
+        ):
             raise bad("temperature", self.temperature, f"0 (greedy) or >= {MIN_TEMPERATURE}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise bad("top_k", self.top_k, "an integer >= 0 (0 = off)")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise bad("top_p", self.top_p, "in (0, 1]")
         low, high = REPETITION_PENALTY_RANGE
-        if not (isinstance(self.repetition_penalty, (int, float))
-                and low <= self.repetition_penalty <= high):
+        if not (
+            isinstance(self.repetition_penalty, (int, float))
+            and low <= self.repetition_penalty <= high
+        ):
             raise bad("repetition_penalty", self.repetition_penalty, f"in [{low}, {high}]")
         for name in ("temperature", "top_p", "repetition_penalty"):  # an integer 2 means 2.0
             object.__setattr__(self, name, float(getattr(self, name)))
@@ -90,14 +95,20 @@ class TokenChooser:
     global generator when None), else takes the argmax.
     """
 
-    def __init__(self, processors: LogitsProcessorList | None, do_sample: bool,
-                 generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self,
+        processors: LogitsProcessorList | None,
+        do_sample: bool,
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.processors = processors or LogitsProcessorList()
         self.do_sample = do_sample
         self.generator = generator
 
     @classmethod
-    def from_params(cls, params: SamplingParams, device: torch.device | str = "cpu") -> TokenChooser:
+    def from_params(
+        cls, params: SamplingParams, device: torch.device | str = "cpu"
+    ) -> TokenChooser:
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=device)
@@ -137,8 +148,9 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def token_logprob(chooser: TokenChooser, tokens: list[int], target_logits: torch.Tensor,
-                  token: int, top_n: int) -> TokenLogprob:
+def token_logprob(
+    chooser: TokenChooser, tokens: list[int], target_logits: torch.Tensor, token: int, top_n: int
+) -> TokenLogprob:
     """The :class:`TokenLogprob` of ``token`` chosen after ``tokens`` from ``target_logits``
     (vocab,), computed exactly as :meth:`TokenChooser.choose` processes them, so that a
     position's answer depends only on its tokens and its logits row."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class IncrementalDetokenizer:
@@ -70,8 +70,9 @@ class StopStrings:
             return ""
         search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
         self.text += delta
-        hits = [(i + len(s), i) for s in self.stop for i in [self.text.find(s, search_from)]
-                if i >= 0]  # (end, start) of each stop string's first occurrence
+        hits = [
+            (i + len(s), i) for s in self.stop for i in [self.text.find(s, search_from)] if i >= 0
+        ]  # (end, start) of each stop string's first occurrence
         if hits:
             self.stopped = True
             return self._emit(min(hits)[1])

@@ -50,9 +50,9 @@ import functools
 import json
 import types
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -74,8 +74,9 @@ MARGIN = 0.95
 _blocked_prompts = contextvars.ContextVar("promptlookup_blocked_prompts", default=True)
 
 
-def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                 is_causal=None, **kwargs):
+def grouped_sdpa(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
     """transformers' attention-function signature; shapes ``(batch, heads, length, head_dim)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -85,16 +86,27 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
     plain_case = (
         heads == groups * kv_heads
         and query.device.type == "cpu"
-        and (attention_mask is None
-             or (attention_mask.dtype == torch.bool and attention_mask.dim() == 4
-                 and attention_mask.shape[1] == 1))
+        and (
+            attention_mask is None
+            or (
+                attention_mask.dtype == torch.bool
+                and attention_mask.dim() == 4
+                and attention_mask.shape[1] == 1
+            )
+        )
         and key.shape[-1] == value.shape[-1]
         and kwargs.get("softcap") is None
         and kwargs.get("position_bias") is None
         and not kwargs.get("output_attentions", False)
     )
-    if (plain_case and q_len > SDPA_MAX_ROWS and query.dtype == torch.bfloat16 and batch == 1
-            and not dropout and _blocked_prompts.get()):
+    if (
+        plain_case
+        and q_len > SDPA_MAX_ROWS
+        and query.dtype == torch.bfloat16
+        and batch == 1
+        and not dropout
+        and _blocked_prompts.get()
+    ):
         if attention_mask is not None and _mask_derived(attention_mask, "causal", _is_causal):
             attention_mask = None  # the blocks then skip the mask and the keys it hides
         return blocked_attention(query, key, value, attention_mask, scaling), None
@@ -104,13 +116,27 @@ def grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling
         folds = attention_mask is not None
     folds = folds and groups > 1 and plain_case
     if not folds:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
     # Rows ordered (query head within its group, position), matching the tiled mask.
     folded_query = query.reshape(batch, kv_heads, groups * q_len, head_dim)
     folded_mask = None if attention_mask is None else _tiled_mask(attention_mask, groups)
     attn_output = torch.nn.functional.scaled_dot_product_attention(
-        folded_query, key, value, attn_mask=folded_mask, dropout_p=dropout, scale=scaling,
+        folded_query,
+        key,
+        value,
+        attn_mask=folded_mask,
+        dropout_p=dropout,
+        scale=scaling,
     )  # (batch, kv_heads, groups * q_len, head_dim)
     attn_output = attn_output.reshape(batch, heads, q_len, head_dim)
     return attn_output.transpose(1, 2).contiguous(), None
@@ -134,8 +160,9 @@ def _mask_derived(attention_mask: torch.Tensor, name: str, make):
 def _tiled_mask(attention_mask: torch.Tensor, groups: int) -> torch.Tensor:
     """``attention_mask`` (batch, 1, q_len, kv_len) repeated ``groups`` times along the query
     axis (made once a pass)."""
-    return _mask_derived(attention_mask, ("tiled", groups),
-                         lambda mask: mask.repeat(1, 1, groups, 1))
+    return _mask_derived(
+        attention_mask, ("tiled", groups), lambda mask: mask.repeat(1, 1, groups, 1)
+    )
 
 
 def _is_causal(attention_mask: torch.Tensor) -> bool:
@@ -146,8 +173,13 @@ def _is_causal(attention_mask: torch.Tensor) -> bool:
     return bool(torch.equal(attention_mask[0, 0], causal.tril(kv_len - q_len)))
 
 
-def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+def blocked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
     """Attention of one sequence's query tokens, the last ``q_len`` of the ``kv_len`` cached
     ones, in blocks of :data:`BLOCK` query rows; returns ``(1, q_len, heads, head_dim)``.
 
@@ -161,7 +193,7 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     kv_heads, kv_len = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     offset = kv_len - q_len  # cache length before these queries
-    scaling = head_dim ** -0.5 if scaling is None else scaling
+    scaling = head_dim**-0.5 if scaling is None else scaling
     grouped_query = query[0].view(kv_heads, groups, q_len, head_dim)
     keys, values = key[0], value[0]  # (kv_heads, kv_len, head_dim)
     output = torch.empty(q_len, kv_heads, groups, head_dim, dtype=query.dtype, device=query.device)
@@ -180,10 +212,13 @@ def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         torch.mul(grouped_query[:, :, start:stop], scaling, out=block_query)  # a scaled copy
         block_query = block_query.view(kv_heads, groups * rows, head_dim)
         scores = torch.bmm(block_query, keys[:, :visible].transpose(1, 2))
-        scores.view(kv_heads, groups, rows, visible)[..., visible - hidden.shape[-1]:] \
-            .masked_fill_(hidden, float("-inf"))  # (kv_heads, groups * rows, visible)
+        scores.view(kv_heads, groups, rows, visible)[
+            ..., visible - hidden.shape[-1] :
+        ].masked_fill_(hidden, float("-inf"))  # (kv_heads, groups * rows, visible)
         weights = torch.softmax(scores, dim=-1)
-        block_output = torch.bmm(weights, values[:, :visible])  # (kv_heads, groups * rows, head_dim)
+        block_output = torch.bmm(
+            weights, values[:, :visible]
+        )  # (kv_heads, groups * rows, head_dim)
         output[start:stop] = block_output.view(kv_heads, groups, rows, head_dim).permute(2, 0, 1, 3)
     return output.view(1, q_len, heads, head_dim)
 
@@ -244,12 +279,17 @@ class PromptAttention:
         heads, kv_heads, head_dim = self.shape
         generator = torch.Generator().manual_seed(0)
         query = torch.randn(1, heads, TIMED_PROMPT, head_dim, generator=generator).bfloat16()
-        key, value = (torch.randn(1, kv_heads, TIMED_PROMPT, head_dim, generator=generator)
-                      .bfloat16() for _ in range(2))  # (1, kv_heads, TIMED_PROMPT, head_dim)
-        module = types.SimpleNamespace(is_causal=True, training=False,
-                                       num_key_value_groups=heads // kv_heads)
-        kernels = {"blocked": lambda: blocked_attention(query, key, value, None, None),
-                   "sdpa": lambda: sdpa_attention_forward(module, query, key, value, None)}
+        key, value = (
+            torch.randn(1, kv_heads, TIMED_PROMPT, head_dim, generator=generator).bfloat16()
+            for _ in range(2)
+        )  # (1, kv_heads, TIMED_PROMPT, head_dim)
+        module = types.SimpleNamespace(
+            is_causal=True, training=False, num_key_value_groups=heads // kv_heads
+        )
+        kernels = {
+            "blocked": lambda: blocked_attention(query, key, value, None, None),
+            "sdpa": lambda: sdpa_attention_forward(module, query, key, value, None),
+        }
         ratios = median_ratios(kernels, baseline="sdpa", rounds=5)
         return "blocked" if ratios["blocked"] < MARGIN else "sdpa"
 

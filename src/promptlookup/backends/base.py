@@ -4,7 +4,8 @@ new tokens and can crop the cache back after rejected drafts."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -73,7 +74,11 @@ class BatchTarget(Target, Protocol):
     def new_sequence(self) -> SequenceCache:
         """An empty cache for one more sequence."""
 
-    def forward_batch(self, caches: Sequence[SequenceCache], token_ids: Sequence[Sequence[int]],
-                      keep: Sequence[int]) -> list[torch.Tensor]:
+    def forward_batch(
+        self,
+        caches: Sequence[SequenceCache],
+        token_ids: Sequence[Sequence[int]],
+        keep: Sequence[int],
+    ) -> list[torch.Tensor]:
         """One forward pass: ``token_ids[i]`` appended to ``caches[i]``. Returns, per sequence,
         float32 logits ``(keep[i], vocab)`` of its last ``keep[i]`` tokens (0: none)."""

@@ -102,8 +102,10 @@ def growing_cache(config, transposed_keys: bool = False) -> DynamicCache:
     """``DynamicCache(config=config)`` with each plain ``DynamicLayer`` made a :class:`GrowingLayer`
     (sliding-window and other special layers stay as transformers makes them)."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer(transposed_keys) if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
+    cache.layers = [
+        GrowingLayer(transposed_keys) if type(layer) is DynamicLayer else layer
+        for layer in cache.layers
+    ]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
         cache.layer_class_to_replicate = functools.partial(GrowingLayer, transposed_keys)
     return cache

@@ -36,9 +36,9 @@ import statistics
 import time
 import types
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
@@ -72,27 +72,32 @@ def packed_linear(module: torch.nn.Linear, x: torch.Tensor, packed: torch.Tensor
 def at_least_two_rows(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """``forward`` with a single row padded to two (a zero row, dropped from the result), so
     that one row takes the path of every longer product."""
+
     def padded(x: torch.Tensor) -> torch.Tensor:
         if x.numel() != x.shape[-1]:
             return forward(x)
         pair = torch.cat([x.reshape(1, -1), x.new_zeros(1, x.shape[-1])])  # (2, in)
         return forward(pair)[:1].reshape(*x.shape[:-1], -1)
+
     return padded
 
 
 def one_row_at_a_time(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """``forward`` applied to each row on its own (as a one-token pass applies it)."""
+
     def by_rows(x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, 1, x.shape[-1])  # (rows, 1, in)
         return torch.cat([forward(row) for row in rows]).reshape(*x.shape[:-1], -1)
+
     return by_rows
 
 
 def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
-    weight_bytes = sum(m.weight.numel() * m.weight.element_size()
-                       for modules in groups.values() for m in modules)
+    weight_bytes = sum(
+        m.weight.numel() * m.weight.element_size() for modules in groups.values() for m in modules
+    )
     memory = memory_bytes()  # 0 when unknown: no packing
     return memory > 0 and weight_bytes <= PACKING_MEMORY_SHARE * memory
 
@@ -113,8 +118,11 @@ class LinearKernels:
                 self.groups[self._key(module)].append(module)
         #: Whether every row of a product is computed as the product of that row alone.
         self.row_invariant = row_invariant
-        packing = (torch.backends.mkldnn.is_available() if row_invariant
-                   else _packing_possible(self.groups))
+        packing = (
+            torch.backends.mkldnn.is_available()
+            if row_invariant
+            else _packing_possible(self.groups)
+        )
         self.kernels = KERNELS if packing else KERNELS[:2]
         #: The product every candidate must reproduce bit for bit (row-invariant mode).
         self.reference = "packed" if packing else "linear"
@@ -141,7 +149,9 @@ class LinearKernels:
             keys = {self._name(key): key for key in self.groups}
             for rows, chosen in stored.items():
                 if set(chosen) <= set(keys) and set(chosen.values()) <= self._known():
-                    self.choices[int(rows)] = {keys[name]: kernel for name, kernel in chosen.items()}
+                    self.choices[int(rows)] = {
+                        keys[name]: kernel for name, kernel in chosen.items()
+                    }
         except (OSError, ValueError, TypeError, AttributeError):
             pass
 
@@ -150,9 +160,13 @@ class LinearKernels:
             return
         from ..cache_files import save_cache_json
 
-        save_cache_json(self.cache_file, {
-            str(rows): {self._name(key): kernel for key, kernel in chosen.items()}
-            for rows, chosen in self.choices.items()})
+        save_cache_json(
+            self.cache_file,
+            {
+                str(rows): {self._name(key): kernel for key, kernel in chosen.items()}
+                for rows, chosen in self.choices.items()
+            },
+        )
 
     def choose(self, rows: int) -> dict[tuple, str]:
         """The groups switched away from ``nn.Linear`` in a pass over ``rows`` rows, and their
@@ -176,7 +190,9 @@ class LinearKernels:
     def _known(self) -> set[str]:
         return {*self.kernels, "rows"} if self.row_invariant else set(self.kernels)
 
-    def _forward(self, kernel: str, module: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _forward(
+        self, kernel: str, module: torch.nn.Linear
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The forward ``kernel`` runs for ``module`` (row-invariant mode: one row padded to
         two; ``rows``: the reference one row at a time)."""
         if kernel == "rows":
@@ -188,6 +204,7 @@ class LinearKernels:
         if kernel == "weight_first":
             return types.MethodType(weight_first_linear, module)
         if kernel == "packed":
+
             def forward(x: torch.Tensor) -> torch.Tensor:
                 # Reordered again whenever the weight was changed or replaced since.
                 weight = module.weight
@@ -197,6 +214,7 @@ class LinearKernels:
                     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
                     self.packed[id(module)] = (packed, stamp)
                 return packed_linear(module, x, packed)
+
             return forward
         return module.forward
 
@@ -208,6 +226,7 @@ class LinearKernels:
         weight = modules[0].weight
         x = torch.randn(1, rows, weight.shape[1], generator=torch.Generator().manual_seed(rows))
         x = x.to(weight.dtype)
+
         def run_all(functions: list[Callable]) -> None:
             for function in functions:
                 function(x)
@@ -219,9 +238,14 @@ class LinearKernels:
             baseline = self.reference if self.reference in candidates else candidates[0]
         else:
             candidates, baseline = list(self.kernels), "linear"
-        ratios = median_ratios({kernel: functools.partial(run_all, [self._forward(kernel, m)
-                                                                    for m in modules])
-                                for kernel in candidates}, baseline=baseline, rounds=5)
+        ratios = median_ratios(
+            {
+                kernel: functools.partial(run_all, [self._forward(kernel, m) for m in modules])
+                for kernel in candidates
+            },
+            baseline=baseline,
+            rounds=5,
+        )
         best = min(ratios, key=ratios.get)
         return best if ratios[best] < MARGIN else baseline
 
@@ -231,23 +255,33 @@ class LinearKernels:
         product of each row alone, at every row count that uses the choice made at ``rows``
         (:func:`checked_rows`); ``["rows"]`` if even the reference's are not."""
         counts = checked_rows(rows)
-        x = torch.randn(1, max(counts), module.in_features,
-                        generator=torch.Generator().manual_seed(rows)).to(module.weight.dtype)
+        x = torch.randn(
+            1, max(counts), module.in_features, generator=torch.Generator().manual_seed(rows)
+        ).to(module.weight.dtype)
         alone = one_row_at_a_time(self._forward(self.reference, module))(x)
         # Only where the check is sharp are other kernels trusted: up to 16 rows (every count
         # checked) in float32 (bfloat16 results round most reorderings of a sum away).
         sharp = rows <= 16 and module.weight.dtype == torch.float32
         kernels = self.kernels if sharp else [self.reference]
-        agree = [kernel for kernel in kernels
-                 if all(torch.equal(self._forward(kernel, module)(x[:, :count]), alone[:, :count])
-                        for count in counts)]
+        agree = [
+            kernel
+            for kernel in kernels
+            if all(
+                torch.equal(self._forward(kernel, module)(x[:, :count]), alone[:, :count])
+                for count in counts
+            )
+        ]
         return agree if self.reference in agree else ["rows"]
 
     def _drop_unused_packing(self) -> None:
         """Free the reordered copies of groups that no row count uses."""
-        used = {id(m) for chosen in self.choices.values() for key, kernel in chosen.items()
-                if kernel == "packed" or (kernel == "rows" and self.reference == "packed")
-                for m in self.groups[key]}
+        used = {
+            id(m)
+            for chosen in self.choices.values()
+            for key, kernel in chosen.items()
+            if kernel == "packed" or (kernel == "rows" and self.reference == "packed")
+            for m in self.groups[key]
+        }
         for module_id in set(self.packed) - used:
             del self.packed[module_id]
 
@@ -263,7 +297,9 @@ class LinearKernels:
         if switch is None:
             switch = self.switches[timed] = [
                 (module, self._forward(kernel, module))
-                for key, kernel in self.choose(rows).items() for module in self.groups[key]]
+                for key, kernel in self.choose(rows).items()
+                for module in self.groups[key]
+            ]
         # An instance attribute shadows nn.Linear.forward; set in the instance's __dict__
         # directly (what nn.Module.__setattr__ ends with for a function, minus its checks).
         for module, forward in switch:
@@ -275,8 +311,9 @@ class LinearKernels:
                 module.__dict__.pop("forward", None)
 
 
-def median_ratios(kernels: dict[str, Callable[[], object]], baseline: str, rounds: int,
-                  warmup: int = 1) -> dict[str, float]:
+def median_ratios(
+    kernels: dict[str, Callable[[], object]], baseline: str, rounds: int, warmup: int = 1
+) -> dict[str, float]:
     """Each of ``kernels``' time over ``baseline``'s, the median over ``rounds`` rounds that run
     them in turn (interleaved, and each round's ratios from that round alone, so a slow spell
     of the host hits both sides of a ratio), after ``warmup`` untimed rounds (first calls pay

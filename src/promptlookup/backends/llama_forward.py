@@ -72,19 +72,25 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     _, layer_class, attention_class, mlp_class = classes
     dtype = base.embed_tokens.weight.dtype  # the activations'
-    return all(type(layer).__name__ == layer_class
-               and type(layer.self_attn).__name__ == attention_class
-               and type(layer.mlp).__name__ == mlp_class
-               and getattr(layer.self_attn, "sliding_window", None) is None
-               and _is_rms_norm(layer.input_layernorm, dtype)
-               and _is_rms_norm(layer.post_attention_layernorm, dtype)
-               for layer in base.layers)
+    return all(
+        type(layer).__name__ == layer_class
+        and type(layer.self_attn).__name__ == attention_class
+        and type(layer.mlp).__name__ == mlp_class
+        and getattr(layer.self_attn, "sliding_window", None) is None
+        and _is_rms_norm(layer.input_layernorm, dtype)
+        and _is_rms_norm(layer.post_attention_layernorm, dtype)
+        for layer in base.layers
+    )
 
 
 def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
     """Whether :func:`rms_norm` computes ``norm`` on activations of ``dtype``."""
-    return (type(norm).__name__ in RMS_NORM_CLASSES and hasattr(norm, "variance_epsilon")
-            and getattr(norm, "weight", None) is not None and norm.weight.dtype == dtype)
+    return (
+        type(norm).__name__ in RMS_NORM_CLASSES
+        and hasattr(norm, "variance_epsilon")
+        and getattr(norm, "weight", None) is not None
+        and norm.weight.dtype == dtype
+    )
 
 
 class LlamaForward:
@@ -104,8 +110,11 @@ class LlamaForward:
         #: over the BLAS. Fixed for the process, so every pass computes a row one way.
         attention = model.model.layers[0].self_attn
         self.native_attention = row_invariant and kernel_takes(
-            model.config.num_attention_heads, model.config.num_key_value_heads,
-            attention.head_dim, base.embed_tokens.weight.dtype)
+            model.config.num_attention_heads,
+            model.config.num_key_value_heads,
+            attention.head_dim,
+            base.embed_tokens.weight.dtype,
+        )
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
@@ -128,9 +137,13 @@ class LlamaForward:
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
         # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
         # cache (True: may attend), made once per pass; none for one token or a first chunk.
-        mask = (None if length == 1 or start == 0
-                else torch.ones(length, start + length, dtype=torch.bool, device=input_ids.device)
-                .tril(start)[None, None])  # (1, 1, n, start + n)
+        mask = (
+            None
+            if length == 1 or start == 0
+            else torch.ones(length, start + length, dtype=torch.bool, device=input_ids.device).tril(
+                start
+            )[None, None]
+        )  # (1, 1, n, start + n)
         for layer, cache_layer in zip(self.layers, cache.layers):
             hidden = layer.forward(hidden, cos, sin, [cache_layer], [length], mask, False)
         if logits_to_keep:
@@ -150,8 +163,9 @@ class LlamaForward:
         device = input_ids.device
         hidden = self.embed_tokens.forward(input_ids)  # (1, total, hidden)
         starts = [cache.get_seq_length() for cache in caches]
-        positions = torch.cat([torch.arange(start, start + n, device=device)
-                               for start, n in zip(starts, lengths)]).unsqueeze(0)
+        positions = torch.cat(
+            [torch.arange(start, start + n, device=device) for start, n in zip(starts, lengths)]
+        ).unsqueeze(0)
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
         pass_rows = PassRows(starts, lengths) if self.native_attention else None
         for index, layer in enumerate(self.layers):
@@ -170,20 +184,33 @@ class _LayerModules:
 
     def __init__(self, layer: torch.nn.Module) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        self.input_layernorm, self.post_attention_layernorm = (layer.input_layernorm,
-                                                               layer.post_attention_layernorm)
+        self.input_layernorm, self.post_attention_layernorm = (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+        )
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj)
+            attention.q_proj,
+            attention.k_proj,
+            attention.v_proj,
+            attention.o_proj,
+        )
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         # SiLU (every supported model's) is applied in place: the same values, no new tensor.
-        self.act_fn = (_silu_in_place if type(mlp.act_fn).__name__ in SILU_CLASSES
-                       else mlp.act_fn)
+        self.act_fn = _silu_in_place if type(mlp.act_fn).__name__ in SILU_CLASSES else mlp.act_fn
         self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache_layers: list, lengths: list[int], mask: torch.Tensor | None,
-                row_invariant: bool = True, pass_rows: PassRows | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache_layers: list,
+        lengths: list[int],
+        mask: torch.Tensor | None,
+        row_invariant: bool = True,
+        pass_rows: PassRows | None = None,
+    ) -> torch.Tensor:
         """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
         of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
         (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``;
@@ -198,8 +225,9 @@ class _LayerModules:
         if pass_rows is not None:  # every sequence in one call, each row over its own cache
             first = 0
             for cache_layer, length in zip(cache_layers, lengths):
-                cache_layer.update(key[:, :, first : first + length],
-                                   value[:, :, first : first + length])
+                cache_layer.update(
+                    key[:, :, first : first + length], value[:, :, first : first + length]
+                )
                 first += length
             attended = native_attention(query, cache_layers, pass_rows, self.scaling)
         elif row_invariant:  # each sequence over its buffers: whole key blocks, masked
@@ -208,15 +236,22 @@ class _LayerModules:
                 rows = slice(first, first + length)
                 start = cache_layer.get_seq_length()
                 cache_layer.update(key[:, :, rows], value[:, :, rows])
-                attended.append(row_invariant_attention(
-                    query[:, :, rows], cache_layer.key_buffer, cache_layer.value_buffer, start,
-                    self.scaling))  # (1, length, heads, head_dim)
+                attended.append(
+                    row_invariant_attention(
+                        query[:, :, rows],
+                        cache_layer.key_buffer,
+                        cache_layer.value_buffer,
+                        start,
+                        self.scaling,
+                    )
+                )  # (1, length, heads, head_dim)
                 first += length
             attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)
         else:
             keys, values = cache_layers[0].update(key, value)  # (1, kv_heads, start + n, d)
-            attended, _ = grouped_sdpa(self.attention, query, keys, values, mask,
-                                       scaling=self.scaling)  # (1, n, heads, head_dim)
+            attended, _ = grouped_sdpa(
+                self.attention, query, keys, values, mask, scaling=self.scaling
+            )  # (1, n, heads, head_dim)
         hidden.add_(self.o_proj.forward(attended.reshape(1, total, -1)))
         normed = rms_norm(self.post_attention_layernorm, hidden)
         gate = self.act_fn(self.gate_proj.forward(normed))  # (1, total, intermediate_size)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -43,8 +43,9 @@ def _import_llama_cpp():
     try:
         import llama_cpp
     except ImportError as exc:
-        raise ModelLoadError("the llama.cpp backend needs llama-cpp-python: "
-                             "pip install llama-cpp-python==0.3.36") from exc
+        raise ModelLoadError(
+            "the llama.cpp backend needs llama-cpp-python: pip install llama-cpp-python==0.3.36"
+        ) from exc
     return llama_cpp
 
 
@@ -67,8 +68,10 @@ class LlamaCppTarget:
         self._ctx = llama.ctx
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         # Recurrent state cannot be rolled back to an earlier position.
-        self.can_crop = not (llama_cpp.llama_model_is_recurrent(llama.model)
-                             or llama_cpp.llama_model_is_hybrid(llama.model))
+        self.can_crop = not (
+            llama_cpp.llama_model_is_recurrent(llama.model)
+            or llama_cpp.llama_model_is_hybrid(llama.model)
+        )
         # One batch of n_batch slots, reused by every forward pass; freed with the target.
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._finalizer = weakref.finalize(self, llama_cpp.llama_batch_free, self._batch)
@@ -116,8 +119,10 @@ class LlamaCppTarget:
             self._decode(chunk, first_output=outputs_from)
             if start + len(chunk) > first:
                 # llama.cpp keeps the requested rows contiguously, in batch order.
-                logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx),
-                                               shape=(len(chunk) - outputs_from, self.vocab_size))
+                logits = np.ctypeslib.as_array(
+                    self._lib.llama_get_logits(self._ctx),
+                    shape=(len(chunk) - outputs_from, self.vocab_size),
+                )
                 rows.append(torch.from_numpy(logits.copy()))
         if not rows:
             return torch.empty(0, self.vocab_size)
@@ -134,8 +139,10 @@ class LlamaCppTarget:
             return
         self._pending = []
         if not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
-            raise UnsupportedModelError("this model's llama.cpp cache cannot drop positions; "
-                                        "use drafter='none' (plain decoding)")
+            raise UnsupportedModelError(
+                "this model's llama.cpp cache cannot drop positions; "
+                "use drafter='none' (plain decoding)"
+            )
         self._length = length
 
     # -- internals ---------------------------------------------------------------------------
@@ -145,8 +152,9 @@ class LlamaCppTarget:
         rows ``first_output`` onwards."""
         n = len(token_ids)
         if self._length + n > self.max_context:
-            raise PromptTooLongError(f"the sequence would exceed the llama.cpp context of "
-                                     f"{self.max_context} tokens")
+            raise PromptTooLongError(
+                f"the sequence would exceed the llama.cpp context of {self.max_context} tokens"
+            )
         # Padding (batch_invariant): copies of the last token, fed but dropped afterwards.
         padded = max(n, min(self.min_pass_tokens, self.max_context - self._length))
         self._token[:n] = token_ids
@@ -159,8 +167,10 @@ class LlamaCppTarget:
         if status != 0:
             # Failed decodes may leave part of the batch cached: drop it, keep positions valid.
             self._lib.llama_memory_seq_rm(self._memory, 0, self._length, -1)
-            raise RuntimeError(f"llama_decode returned {status} (context {self.max_context}, "
-                               f"cache {self._length}, batch {n})")
+            raise RuntimeError(
+                f"llama_decode returned {status} (context {self.max_context}, "
+                f"cache {self._length}, batch {n})"
+            )
         if padded > n:
             self._lib.llama_memory_seq_rm(self._memory, 0, self._length + n, -1)
         self._length += n
@@ -168,8 +178,15 @@ class LlamaCppTarget:
 
 # -- opening a GGUF -----------------------------------------------------------------------------
 
-def open_llama(path: str | os.PathLike, *, n_ctx: int | None = None,
-               n_batch: int = DEFAULT_BATCH, n_threads: int | None = None, **llama_options):
+
+def open_llama(
+    path: str | os.PathLike,
+    *,
+    n_ctx: int | None = None,
+    n_batch: int = DEFAULT_BATCH,
+    n_threads: int | None = None,
+    **llama_options,
+):
     """A ``llama_cpp.Llama`` over a GGUF file, quiet, on ``n_threads`` threads for both single
     tokens and batches; ``n_ctx`` None means the model's training context, at most
     :data:`DEFAULT_MAX_CONTEXT`. Errors: :class:`ModelLoadError` for an unreadable file."""
@@ -179,13 +196,21 @@ def open_llama(path: str | os.PathLike, *, n_ctx: int | None = None,
     if n_ctx is None:
         n_ctx = min(_gguf_context_length(path) or DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT)
     try:
-        return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                               n_threads=threads, n_threads_batch=threads, verbose=False,
-                               **{"logits_all": False, **llama_options})
+        return llama_cpp.Llama(
+            str(path),
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=n_batch,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+            **{"logits_all": False, **llama_options},
+        )
     except (ValueError, RuntimeError, OSError) as exc:
-        raise ModelLoadError(f"{path}: llama.cpp cannot load this GGUF "
-                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-                             ) from exc
+        raise ModelLoadError(
+            f"{path}: llama.cpp cannot load this GGUF "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from exc
 
 
 def _gguf_context_length(path: Path) -> int | None:

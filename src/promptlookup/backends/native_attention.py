@@ -36,8 +36,16 @@ import torch
 from ..cache_files import cache_root
 
 SOURCE = Path(__file__).with_name("row_attention.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-fast-math",
-         "-std=gnu11", "-shared", "-fPIC")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-std=gnu11",
+    "-shared",
+    "-fPIC",
+)
 #: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
 ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
 
@@ -58,8 +66,13 @@ def _cpu_features() -> str:
 
 def _library_path(compiler: str) -> Path:
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
-                 _cpu_features().encode(), sys.platform.encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join(FLAGS).encode(),
+        compiler.encode(),
+        _cpu_features().encode(),
+        sys.platform.encode(),
+    ):
         key.update(part)
     return cache_root() / "native" / f"row_attention-{key.hexdigest()[:16]}.so"
 
@@ -68,8 +81,12 @@ def _compile(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as folder:
         built = Path(folder) / target.name
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         built.replace(target)  # atomic: another process may be building the same file
 
 
@@ -87,14 +104,30 @@ def kernel() -> ctypes.CDLL | None:
             _compile(compiler, target)
         library = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as error:
-        warnings.warn(f"row-invariant attention kernel not built ({error}); using the "
-                      "slower BLAS path", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"row-invariant attention kernel not built ({error}); using the slower BLAS path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     function = library.row_attention
     function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_int, _POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER,
-                         _POINTER, _POINTER, _POINTER, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                         ctypes.c_float, ctypes.c_int]
+    function.argtypes = [
+        ctypes.c_int,
+        _POINTER,
+        _POINTER,
+        ctypes.c_int64,
+        _POINTER,
+        _POINTER,
+        _POINTER,
+        _POINTER,
+        _POINTER,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
     return library
 
 
@@ -104,9 +137,14 @@ MAX_GROUP, MAX_DIM = 16, 256
 
 def kernel_takes(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
     """Whether passes of this attention shape and dtype can run in the kernel (built here)."""
-    return (dtype in (torch.float32, torch.bfloat16) and kv_heads >= 1 and heads % kv_heads == 0
-            and heads // kv_heads <= MAX_GROUP and head_dim <= MAX_DIM
-            and kernel() is not None)
+    return (
+        dtype in (torch.float32, torch.bfloat16)
+        and kv_heads >= 1
+        and heads % kv_heads == 0
+        and heads // kv_heads <= MAX_GROUP
+        and head_dim <= MAX_DIM
+        and kernel() is not None
+    )
 
 
 class PassRows:
@@ -122,8 +160,9 @@ class PassRows:
         self.row_position = torch.tensor(position, dtype=torch.int64)
 
 
-def native_attention(query: torch.Tensor, cache_layers: list, rows: PassRows,
-                     scaling: float) -> torch.Tensor:
+def native_attention(
+    query: torch.Tensor, cache_layers: list, rows: PassRows, scaling: float
+) -> torch.Tensor:
     """Attention of ``query`` (1, heads, total, head_dim), the new rows of every sequence of a
     pass, each over its own ``cache_layers[i]`` (already holding this pass's keys and values,
     keys transposed), for a shape :func:`kernel_takes`. Returns (1, total, heads, head_dim)."""
@@ -140,10 +179,21 @@ def native_attention(query: torch.Tensor, cache_layers: list, rows: PassRows,
     capacities = torch.tensor([v.shape[-2] for v in values], dtype=torch.int64)
     kv_heads = values[0].shape[1]
     status = library.row_attention(
-        int(query.dtype == torch.bfloat16), queries.data_ptr(), out.data_ptr(), total,
-        rows.row_sequence.data_ptr(), rows.row_position.data_ptr(), key_pointers.data_ptr(),
-        value_pointers.data_ptr(), capacities.data_ptr(), heads, kv_heads, head_dim,
-        scaling, torch.get_num_threads())
+        int(query.dtype == torch.bfloat16),
+        queries.data_ptr(),
+        out.data_ptr(),
+        total,
+        rows.row_sequence.data_ptr(),
+        rows.row_position.data_ptr(),
+        key_pointers.data_ptr(),
+        value_pointers.data_ptr(),
+        capacities.data_ptr(),
+        heads,
+        kv_heads,
+        head_dim,
+        scaling,
+        torch.get_num_threads(),
+    )
     if status != 0:
         raise MemoryError("row-invariant attention kernel: out of memory or an unchecked shape")
     return out

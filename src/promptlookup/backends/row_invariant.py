@@ -46,9 +46,14 @@ def key_length(position: int) -> int:
     return (position // KEY_BLOCK + 1) * KEY_BLOCK
 
 
-def row_invariant_attention(query: torch.Tensor, key_buffer: torch.Tensor,
-                            value_buffer: torch.Tensor, start: int, scaling: float,
-                            rows_alone: bool | None = None) -> torch.Tensor:
+def row_invariant_attention(
+    query: torch.Tensor,
+    key_buffer: torch.Tensor,
+    value_buffer: torch.Tensor,
+    start: int,
+    scaling: float,
+    rows_alone: bool | None = None,
+) -> torch.Tensor:
     """Causal attention of ``query`` (1, heads, n, head_dim), the tokens at positions
     ``start .. start + n - 1``, over ``key_buffer``/``value_buffer`` (1, kv_heads, capacity,
     head_dim) with capacity >= ``key_length(start + n - 1)``. Returns (1, n, heads, head_dim).
@@ -72,8 +77,9 @@ def row_invariant_attention(query: torch.Tensor, key_buffer: torch.Tensor,
         folded = scaled[:, :, first:stop].reshape(kv_heads, groups * rows, head_dim)
         padded = -(-groups * rows // ROW_TILE) * ROW_TILE
         if padded != groups * rows:  # (kv_heads, padded, head_dim)
-            folded = torch.cat([folded, folded.new_zeros(kv_heads, padded - groups * rows,
-                                                         head_dim)], dim=1)
+            folded = torch.cat(
+                [folded, folded.new_zeros(kv_heads, padded - groups * rows, head_dim)], dim=1
+            )
         keys = key_buffer[0, :, :length]  # (kv_heads, length, head_dim)
         scores = torch.bmm(folded, keys.transpose(1, 2))  # (kv_heads, padded, length)
         positions = torch.arange(start + first, start + stop, device=query.device)
@@ -88,8 +94,9 @@ def row_invariant_attention(query: torch.Tensor, key_buffer: torch.Tensor,
 
 
 @functools.cache
-def batched_rows_are_invariant(dtype: torch.dtype, head_dim: int, groups: int,
-                               threads: int | None = None) -> bool:
+def batched_rows_are_invariant(
+    dtype: torch.dtype, head_dim: int, groups: int, threads: int | None = None
+) -> bool:
     """Whether :func:`row_invariant_attention` over many rows gives, on this machine, the rows
     it gives one at a time, on random data: every draft-sized count of rows (1-16, and 17
     across a key block's end) and a prompt chunk's two blocks. Checked once per process,
@@ -97,8 +104,10 @@ def batched_rows_are_invariant(dtype: torch.dtype, head_dim: int, groups: int,
     del threads  # part of the cache key only: the BLAS splits rows among threads
     generator = torch.Generator().manual_seed(0)
     kv_heads, capacity = 2, 3 * KEY_BLOCK
+
     def sample(*shape):
         return torch.randn(*shape, generator=generator).to(dtype)
+
     keys, values = sample(1, kv_heads, capacity, head_dim), sample(1, kv_heads, capacity, head_dim)
     shapes = [(100, n) for n in range(1, 17)] + [(KEY_BLOCK - 5, 17), (0, 2 * KEY_BLOCK)]
     for start, n in shapes:

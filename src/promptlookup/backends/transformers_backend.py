@@ -9,7 +9,7 @@ own forward, whose multi-token passes may round differently from one-token passe
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -27,8 +27,13 @@ PREFILL_CHUNK = 2048
 class TransformersTarget:
     """A ``transformers`` causal LM as a :class:`~promptlookup.backends.base.Target`."""
 
-    def __init__(self, model: torch.nn.Module, kernels: LinearKernels | None = None,
-                 attention: PromptAttention | None = None, row_invariant: bool = True) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kernels: LinearKernels | None = None,
+        attention: PromptAttention | None = None,
+        row_invariant: bool = True,
+    ) -> None:
         """``kernels`` and ``attention``: choices already measured for this model (another
         target's), or None to measure them on first use. ``row_invariant=False`` gives up
         exactness for the fastest kernels by timing (to measure what exactness costs)."""
@@ -42,8 +47,9 @@ class TransformersTarget:
         #: Which kernel each weight's products use in a verification pass (measured).
         self.kernels = kernels if kernels is not None else LinearKernels(model, row_invariant)
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
-        self.attention = (attention if attention is not None
-                          else PromptAttention(config, self.dtype, self.device))
+        self.attention = (
+            attention if attention is not None else PromptAttention(config, self.dtype, self.device)
+        )
         #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None.
         #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
         #: model's own forward (bit-identical to transformers' plain decoding steps).
@@ -68,8 +74,7 @@ class TransformersTarget:
     def row_invariant(self) -> bool:
         """Whether every pass computes each row as a one-token pass would (see the module
         doc): the written-out pass, over row-invariant kernels."""
-        return (self._row_invariant and self.written_out is not None
-                and self.kernels.row_invariant)
+        return self._row_invariant and self.written_out is not None and self.kernels.row_invariant
 
     @property
     def cache_length(self) -> int:
@@ -80,14 +85,17 @@ class TransformersTarget:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
         # Row-invariant passes have their own attention: no prompt-attention choice to time.
-        blocked = (not self.row_invariant and length > SDPA_MAX_ROWS
-                   and self.attention.prefers_blocks())
+        blocked = (
+            not self.row_invariant and length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
+        )
         with verification_attention(self.config, blocked), self.kernels.use(length):
-            if self.written_out is not None and (self.row_invariant or length > 1
-                                                 or self.dtype != torch.float32):
+            if self.written_out is not None and (
+                self.row_invariant or length > 1 or self.dtype != torch.float32
+            ):
                 return self.written_out(input_ids, self.cache, logits_to_keep)[0]
-            out = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                             logits_to_keep=logits_to_keep)
+            out = self.model(
+                input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
+            )
         return out.logits[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
@@ -138,8 +146,12 @@ class TransformersTarget:
         native = self.written_out is not None and self.written_out.native_attention
         return growing_cache(self.model.config, transposed_keys=native)
 
-    def forward_batch(self, caches: Sequence[DynamicCache], token_ids: Sequence[Sequence[int]],
-                      keep: Sequence[int]) -> list[torch.Tensor]:
+    def forward_batch(
+        self,
+        caches: Sequence[DynamicCache],
+        token_ids: Sequence[Sequence[int]],
+        keep: Sequence[int],
+    ) -> list[torch.Tensor]:
         """One forward pass over several sequences (see
         :meth:`~promptlookup.backends.base.BatchTarget.forward_batch`): packed into one pass
         when :attr:`row_invariant`, else one pass per sequence (the model's own forward
@@ -147,17 +159,27 @@ class TransformersTarget:
         padding rounds a row differently than it is rounded alone)."""
         if not all(token_ids):  # sequences without new tokens sit this pass out
             fed = [index for index, tokens in enumerate(token_ids) if tokens]
-            logits = self.forward_batch([caches[i] for i in fed], [token_ids[i] for i in fed],
-                                        [keep[i] for i in fed]) if fed else []
+            logits = (
+                self.forward_batch(
+                    [caches[i] for i in fed], [token_ids[i] for i in fed], [keep[i] for i in fed]
+                )
+                if fed
+                else []
+            )
             rows = dict(zip(fed, logits))
-            return [rows.get(index, torch.empty(0, self.config.vocab_size))
-                    for index in range(len(token_ids))]
+            return [
+                rows.get(index, torch.empty(0, self.config.vocab_size))
+                for index in range(len(token_ids))
+            ]
         lengths = [len(tokens) for tokens in token_ids]
         if not self.row_invariant:
-            return [self._alone(cache, tokens, kept)
-                    for cache, tokens, kept in zip(caches, token_ids, keep)]
-        input_ids = torch.tensor([[t for tokens in token_ids for t in tokens]], dtype=torch.long,
-                                 device=self.device)
+            return [
+                self._alone(cache, tokens, kept)
+                for cache, tokens, kept in zip(caches, token_ids, keep)
+            ]
+        input_ids = torch.tensor(
+            [[t for tokens in token_ids for t in tokens]], dtype=torch.long, device=self.device
+        )
         with self.kernels.use(sum(lengths)):
             logits = self.written_out.batch(input_ids, caches, lengths, keep).float()
         return list(logits.split(list(keep)))  # (keep[i], vocab) each
@@ -170,7 +192,7 @@ class TransformersTarget:
             logits = self._run(token_ids, logits_to_keep=max(keep, 1)).float()
         finally:
             self.cache, self._pending = own_cache, own_pending
-        return logits[len(logits) - keep:]  # (keep, vocab)
+        return logits[len(logits) - keep :]  # (keep, vocab)
 
     def prepare(self, sizes: Sequence[int]) -> None:
         """Choose the kernels for verification passes of these sizes, and of every shorter
@@ -183,7 +205,7 @@ class TransformersTarget:
     def crop(self, length: int) -> None:
         cached = self.cache.get_seq_length()
         if length >= cached:  # only waiting prompt tokens go
-            del self._pending[max(length - cached, 0):]
+            del self._pending[max(length - cached, 0) :]
             return
         if not self.can_crop:
             raise UnsupportedModelError(

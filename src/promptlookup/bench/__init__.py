@@ -15,11 +15,31 @@ Importing this package loads no model.
 from __future__ import annotations
 
 from .data import BenchDataError, BenchRow, load_all, load_rows
-from .methods import (MethodOutput, Settings, make_method, parse_method_spec, register_backend,
-                      register_method)
+from .methods import (
+    MethodOutput,
+    Settings,
+    make_method,
+    parse_method_spec,
+    register_backend,
+    register_method,
+)
 from .report import read_results, report_from_dir, summarize
 from .runner import BenchResult, run_bench
 
-__all__ = ["BenchDataError", "BenchResult", "BenchRow", "MethodOutput", "Settings", "load_all",
-           "load_rows", "make_method", "parse_method_spec", "read_results", "register_backend",
-           "register_method", "report_from_dir", "run_bench", "summarize"]
+__all__ = [
+    "BenchDataError",
+    "BenchResult",
+    "BenchRow",
+    "MethodOutput",
+    "Settings",
+    "load_all",
+    "load_rows",
+    "make_method",
+    "parse_method_spec",
+    "read_results",
+    "register_backend",
+    "register_method",
+    "report_from_dir",
+    "run_bench",
+    "summarize",
+]

@@ -20,7 +20,7 @@ lean low; ``agreed_share`` says how much of plain's output they cover.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .methods import ALL_TASKS, BASELINE
 
@@ -62,20 +62,36 @@ def agreed_records(records: Sequence[dict]) -> list[dict]:
         length = agreed_length([r["token_ids"] for r in rows])
         if length == 0:
             continue
-        cut += [{"task": r["task"], "id": r["id"], "method": r["method"],
-                 "new_tokens": length, "seconds": r["token_seconds"][length - 1],
-                 "token_seconds": r["token_seconds"][:length],
-                 "forward_passes": None, "drafted_tokens": None, "accepted_tokens": None,
-                 "identical_to_plain": True} for r in rows]
+        cut += [
+            {
+                "task": r["task"],
+                "id": r["id"],
+                "method": r["method"],
+                "new_tokens": length,
+                "seconds": r["token_seconds"][length - 1],
+                "token_seconds": r["token_seconds"][:length],
+                "forward_passes": None,
+                "drafted_tokens": None,
+                "accepted_tokens": None,
+                "identical_to_plain": True,
+            }
+            for r in rows
+        ]
     return cut
 
 
 def agreed_share(records: Sequence[dict], agreed: Sequence[dict], task: str) -> float | None:
     """Agreed tokens over plain's new tokens, on the task's greedy prompts (``"all"``: every
     task). None when plain wrote nothing."""
+
     def plain_tokens(rows: Sequence[dict]) -> int:
-        return sum(r["new_tokens"] for r in rows if r["method"] == BASELINE
-                   and task in (ALL_TASKS, r["task"]) and r.get("identical_to_plain") is not None)
+        return sum(
+            r["new_tokens"]
+            for r in rows
+            if r["method"] == BASELINE
+            and task in (ALL_TASKS, r["task"])
+            and r.get("identical_to_plain") is not None
+        )
 
     total = plain_tokens(records)
     return plain_tokens(agreed) / total if total else None

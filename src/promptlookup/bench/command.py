@@ -19,15 +19,18 @@ def register_drafter_method(backend: str, item: str) -> str:
 
     name, sep, spec = item.partition("=")
     if not sep or not name or not spec or ":" in name or "," in name:
-        raise click.UsageError(f"--drafter-method {item!r}: expected NAME=SPEC, e.g. "
-                               "chain=prompt-lookup,draft-model:default")
+        raise click.UsageError(
+            f"--drafter-method {item!r}: expected NAME=SPEC, e.g. "
+            "chain=prompt-lookup,draft-model:default"
+        )
     if backend != "transformers":
         raise click.UsageError("--drafter-method is available with --backend transformers")
     check_drafter_spec(spec)
     from .methods import PromptLookupMethod
 
-    register_method(backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec),
-                    params={})
+    register_method(
+        backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec), params={}
+    )
     return name
 
 
@@ -35,47 +38,121 @@ from ..machine import default_threads as _default_threads  # noqa: E402 (one def
 
 
 @click.command()
-@click.option("--data", "data_files", multiple=True, metavar="FILE.jsonl",
-              help="Prompts, one JSON object per line with id, task, messages (repeatable).")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Use the first N rows of each file [all].")
+@click.option(
+    "--data",
+    "data_files",
+    multiple=True,
+    metavar="FILE.jsonl",
+    help="Prompts, one JSON object per line with id, task, messages (repeatable).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Use the first N rows of each file [all].",
+)
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--methods", default="plain,hf-pld,promptlookup", show_default=True,
-              help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
-                   "promptlookup:k=4,min=2. plain (the baseline) is always added.")
-@click.option("--drafter-method", "drafter_methods", multiple=True, metavar="NAME=SPEC",
-              help="Add a method NAME running promptlookup with drafter SPEC (repeatable), e.g. "
-                   "'chain=prompt-lookup,draft-model:default' or 'ref=reference:old.py'.")
-@click.option("--sweep", is_flag=True,
-              help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
-                   "report the best fixed setting per task.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run every method N times per prompt and keep its fastest run (a slow "
-                   "spell of a shared machine must then hit all N to count).")
+@click.option(
+    "--methods",
+    default="plain,hf-pld,promptlookup",
+    show_default=True,
+    help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
+    "promptlookup:k=4,min=2. plain (the baseline) is always added.",
+)
+@click.option(
+    "--drafter-method",
+    "drafter_methods",
+    multiple=True,
+    metavar="NAME=SPEC",
+    help="Add a method NAME running promptlookup with drafter SPEC (repeatable), e.g. "
+    "'chain=prompt-lookup,draft-model:default' or 'ref=reference:old.py'.",
+)
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
+    "report the best fixed setting per task.",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run every method N times per prompt and keep its fastest run (a slow "
+    "spell of a shared machine must then hit all N to count).",
+)
 @click.option("--sampling", is_flag=True, help="Sample instead of greedy decoding.")
-@click.option("--temperature", type=float, default=0.7, show_default=True,
-              help="With --sampling.")
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --sampling; 0 = off.")
+@click.option("--temperature", type=float, default=0.7, show_default=True, help="With --sampling.")
+@click.option(
+    "--top-k",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --sampling; 0 = off.",
+)
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="With --sampling.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="With --sampling: prompt i uses seed + i, for every method.")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="With --sampling: prompt i uses seed + i, for every method.",
+)
 @model_options
-@click.option("--backend", default="transformers", show_default=True,
-              help="transformers, or llama.cpp when its bench methods are installed.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch threads, fixed for the whole run [all cores].")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Output folder: results.jsonl, summary.json, report.md, PNG figures.")
-@click.option("--resume", is_flag=True,
-              help="Keep the prompts already complete in OUT/results.jsonl; run the rest.")
-@click.option("--report-only", is_flag=True,
-              help="Only regenerate summary.json, report.md and figures from OUT/results.jsonl.")
+@click.option(
+    "--backend",
+    default="transformers",
+    show_default=True,
+    help="transformers, or llama.cpp when its bench methods are installed.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torch threads, fixed for the whole run [all cores].",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Output folder: results.jsonl, summary.json, report.md, PNG figures.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep the prompts already complete in OUT/results.jsonl; run the rest.",
+)
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Only regenerate summary.json, report.md and figures from OUT/results.jsonl.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @friendly_errors
-def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, repeat, sampling,
-          temperature, top_k, top_p, seed, model, dtype, device, backend, threads, out_dir,
-          resume, report_only, no_progress):
+def bench(
+    data_files,
+    limit,
+    max_new_tokens,
+    methods,
+    drafter_methods,
+    sweep,
+    repeat,
+    sampling,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    model,
+    dtype,
+    device,
+    backend,
+    threads,
+    out_dir,
+    resume,
+    report_only,
+    no_progress,
+):
     """Measure speed-ups against plain decoding, interleaving methods prompt by prompt.
 
     Every method runs on the same model object and the same tokenised prompts (the chat
@@ -109,8 +186,9 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, re
 
     if report_only:
         summary = report_from_dir(out_dir)
-        records = read_results(os.path.join(out_dir, "results.jsonl"),
-                               tolerate_partial_last_line=True)
+        records = read_results(
+            os.path.join(out_dir, "results.jsonl"), tolerate_partial_last_line=True
+        )
         click.echo(console_tables(records, summary))
         click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
         return
@@ -135,11 +213,17 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, re
     for spec in specs:  # unknown names fail before the (slow) model load
         name, _ = parse_method_spec(spec)
         if name not in registry:
-            raise InvalidParameterError(f"unknown method {name!r} for backend {backend!r}; "
-                                        f"choose {', '.join(sorted(registry))}")
-    settings = Settings(max_new_tokens=max_new_tokens,
-                        temperature=temperature if sampling else 0.0, top_k=top_k if sampling else 0,
-                        top_p=top_p if sampling else 1.0, seed=seed if sampling else None)
+            raise InvalidParameterError(
+                f"unknown method {name!r} for backend {backend!r}; "
+                f"choose {', '.join(sorted(registry))}"
+            )
+    settings = Settings(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature if sampling else 0.0,
+        top_k=top_k if sampling else 0,
+        top_p=top_p if sampling else 1.0,
+        seed=seed if sampling else None,
+    )
     threads = threads or _default_threads()
     import torch
 
@@ -148,10 +232,23 @@ def bench(data_files, limit, max_new_tokens, methods, drafter_methods, sweep, re
     lm = loader(model, dtype, device, threads)
     from .runner import run_bench
 
-    result = run_bench(lm, rows, specs, settings, backend=backend, out_dir=out_dir,
-                       progress=not no_progress, resume=resume, threads=threads, repeat=repeat,
-                       meta={"command": "promptlookup " + shlex.join(sys.argv[1:]),
-                             "model": getattr(lm, "name", model), "dtype": dtype,
-                             "device": device})
+    result = run_bench(
+        lm,
+        rows,
+        specs,
+        settings,
+        backend=backend,
+        out_dir=out_dir,
+        progress=not no_progress,
+        resume=resume,
+        threads=threads,
+        repeat=repeat,
+        meta={
+            "command": "promptlookup " + shlex.join(sys.argv[1:]),
+            "model": getattr(lm, "name", model),
+            "dtype": dtype,
+            "device": device,
+        },
+    )
     click.echo(console_tables(result.records, result.summary))
     click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)

@@ -11,9 +11,9 @@ Hugging Face ``datasets`` sources are not supported: convert them to this JSONL 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import PromptLookupError
 
@@ -35,11 +35,15 @@ class BenchRow:
 
 def _check_messages(messages, where: str) -> list:
     if not isinstance(messages, list) or not messages:
-        raise BenchDataError(f"{where}: 'messages' must be a non-empty list of "
-                             "{\"role\", \"content\"} objects")
+        raise BenchDataError(
+            f'{where}: \'messages\' must be a non-empty list of {{"role", "content"}} objects'
+        )
     for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
             raise BenchDataError(f"{where}: messages[{i}] needs string 'role' and 'content'")
     return messages
 
@@ -56,9 +60,13 @@ def parse_line(text: str, path: str, line_number: int) -> BenchRow:
         raise BenchDataError(f"{where}: row has no 'messages'")
     messages = _check_messages(obj["messages"], where)
     reference = obj.get("reference")
-    return BenchRow(task=str(obj.get("task") or Path(path).stem), id=str(obj.get("id", line_number)),
-                    messages=messages, reference=reference if isinstance(reference, str) else None,
-                    source=where)
+    return BenchRow(
+        task=str(obj.get("task") or Path(path).stem),
+        id=str(obj.get("id", line_number)),
+        messages=messages,
+        reference=reference if isinstance(reference, str) else None,
+        source=where,
+    )
 
 
 def load_rows(path: str | Path, limit: int | None = None) -> list[BenchRow]:
@@ -89,8 +97,9 @@ def load_all(paths: Iterable[str | Path], limit: int | None = None) -> list[Benc
         for row in load_rows(path, limit):
             key = (row.task, row.id)
             if key in seen:
-                raise BenchDataError(f"{row.source}: duplicate task/id {row.task}/{row.id} "
-                                     f"(first at {seen[key]})")
+                raise BenchDataError(
+                    f"{row.source}: duplicate task/id {row.task}/{row.id} (first at {seen[key]})"
+                )
             seen[key] = row.source
             rows.append(row)
     return rows

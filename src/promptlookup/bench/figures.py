@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 #: A fixed setting of the ``--sweep`` grid, e.g. ``promptlookup:k=8,min=2``.
 SWEEP_NAME = re.compile(r"^promptlookup:k=(\d+),min=(\d+)$")

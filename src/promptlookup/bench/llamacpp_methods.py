@@ -25,11 +25,20 @@ different random streams); greedy runs are comparable token for token.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import InvalidParameterError
-from .methods import (LOOKUP_PARAMS, MethodOutput, PromptLookupMethod, Settings, Timer,
-                      check_int_options, cut_after_eos, register_backend, register_method)
+from .methods import (
+    LOOKUP_PARAMS,
+    MethodOutput,
+    PromptLookupMethod,
+    Settings,
+    Timer,
+    check_int_options,
+    cut_after_eos,
+    register_backend,
+    register_method,
+)
 
 BACKEND = "llama.cpp"
 
@@ -50,8 +59,7 @@ class LlamaGenerate:
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
         llama = self.llama
         if settings.sampling:
-            options = dict(temp=settings.temperature, top_k=settings.top_k,
-                           top_p=settings.top_p)
+            options = dict(temp=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
             llama.set_seed(settings.seed if settings.seed is not None else 0)
         else:
             options = dict(temp=0.0, top_k=1, top_p=1.0)
@@ -68,12 +76,21 @@ class LlamaGenerate:
         try:
             llama.reset()
             with Timer() as timer:
-                for token in llama.generate(list(prompt_ids), min_p=0.0, typical_p=1.0,
-                                            repeat_penalty=1.0, reset=True, **options):
+                for token in llama.generate(
+                    list(prompt_ids),
+                    min_p=0.0,
+                    typical_p=1.0,
+                    repeat_penalty=1.0,
+                    reset=True,
+                    **options,
+                ):
                     new.append(int(token))
                     token_seconds.append(timer.elapsed())
-                    if (self._is_eog(self._vocab, token) or token in self.lm.eos_token_ids
-                            or len(new) >= settings.max_new_tokens):
+                    if (
+                        self._is_eog(self._vocab, token)
+                        or token in self.lm.eos_token_ids
+                        or len(new) >= settings.max_new_tokens
+                    ):
                         break
         finally:
             del llama.eval
@@ -81,8 +98,9 @@ class LlamaGenerate:
         new = cut_after_eos(new, self.lm.eos_token_ids)
         passes = len(fed)
         drafted = sum(n - 1 for n in fed[1:])
-        return MethodOutput(new, timer.seconds, passes, drafted, len(new) - passes,
-                            token_seconds[: len(new)])
+        return MethodOutput(
+            new, timer.seconds, passes, drafted, len(new) - passes, token_seconds[: len(new)]
+        )
 
 
 def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:
@@ -92,12 +110,18 @@ def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:
 
     num_pred_tokens = options.get("num_pred_tokens", 10)
     if not isinstance(num_pred_tokens, int) or num_pred_tokens < 1:
-        raise InvalidParameterError(f"llamacpp-pld: k must be an integer >= 1, "
-                                    f"got {num_pred_tokens!r}")
+        raise InvalidParameterError(
+            f"llamacpp-pld: k must be an integer >= 1, got {num_pred_tokens!r}"
+        )
     base = lm.model
-    llama = open_llama(base.model_path, n_ctx=base.n_ctx(), n_batch=base.n_batch,
-                       n_threads=base.n_threads, logits_all=True,
-                       draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens))
+    llama = open_llama(
+        base.model_path,
+        n_ctx=base.n_ctx(),
+        n_batch=base.n_batch,
+        n_threads=base.n_threads,
+        logits_all=True,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
+    )
     return LlamaGenerate(lm, llama)
 
 
@@ -114,9 +138,14 @@ def load_for_bench(model: str | None, dtype: str, device: str, threads: int | No
 register_backend(BACKEND, load=load_for_bench)
 register_method(BACKEND, "plain", lambda lm, options: LlamaGenerate(lm))
 register_method(BACKEND, "llamacpp-pld", _llamacpp_pld, params={"k": "num_pred_tokens"})
-register_method(BACKEND, "promptlookup",
-                lambda lm, options: PromptLookupMethod(lm, "prompt-lookup",
-                                                       check_int_options("promptlookup", options)),
-                params={**LOOKUP_PARAMS, "speculation": "speculation"})
-register_method(BACKEND, "promptlookup-none",
-                lambda lm, options: PromptLookupMethod(lm, "none", {}))
+register_method(
+    BACKEND,
+    "promptlookup",
+    lambda lm, options: PromptLookupMethod(
+        lm, "prompt-lookup", check_int_options("promptlookup", options)
+    ),
+    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+)
+register_method(
+    BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none", {})
+)

@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
-BACKEND_MODULES = {"transformers": "promptlookup.bench.transformers_methods",
-                   "llama.cpp": "promptlookup.bench.llamacpp_methods"}
+BACKEND_MODULES = {
+    "transformers": "promptlookup.bench.transformers_methods",
+    "llama.cpp": "promptlookup.bench.llamacpp_methods",
+}
 
 #: The baseline every speed-up and identity check is measured against.
 BASELINE = "plain"
@@ -106,8 +109,9 @@ def register_backend(name: str, load: Callable | None = None) -> Backend:
     return backend
 
 
-def register_method(backend: str, name: str, factory: MethodFactory,
-                    params: dict[str, str] | None = None) -> None:
+def register_method(
+    backend: str, name: str, factory: MethodFactory, params: dict[str, str] | None = None
+) -> None:
     """Make ``name`` available for ``--backend backend``. ``params`` maps the spec's short keys
     to the option names ``factory`` receives, e.g. ``{"k": "num_tokens"}``; a key that maps to
     itself may be listed as ``{"num_tokens": "num_tokens"}``."""
@@ -172,14 +176,16 @@ def make_method(backend: str, spec: str, model) -> Method:
     name, raw = parse_method_spec(spec)
     registry = get_backend(backend).factories
     if name not in registry:
-        raise InvalidParameterError(f"unknown method {name!r} for backend {backend!r}; "
-                                    f"choose {', '.join(sorted(registry))}")
+        raise InvalidParameterError(
+            f"unknown method {name!r} for backend {backend!r}; choose {', '.join(sorted(registry))}"
+        )
     factory, params = registry[name]
     unknown = sorted(set(raw) - set(params))
     if unknown:
         allowed = ", ".join(sorted(params)) or "none"
-        raise InvalidParameterError(f"method {name!r}: unknown parameter(s) {', '.join(unknown)} "
-                                    f"(allowed: {allowed})")
+        raise InvalidParameterError(
+            f"method {name!r}: unknown parameter(s) {', '.join(unknown)} (allowed: {allowed})"
+        )
     options = {params[key]: _convert(value) for key, value in raw.items()}
     method = factory(model, options)
     method.name = canonical_name(spec)
@@ -250,23 +256,43 @@ class PromptLookupMethod:
         self.lm = lm
         self.drafter = drafter
         self.options = dict(options or {})
-        self.generate_options = {k: self.options.pop(k) for k in ("speculation",)
-                                 if k in self.options}
+        self.generate_options = {
+            k: self.options.pop(k) for k in ("speculation",) if k in self.options
+        }
         if "num_tokens" in self.options:  # an explicit k is a fixed setting (as in --sweep)
             self.generate_options.setdefault("speculation", "fixed")
         check_drafter_spec(drafter, **self.options)  # fail early
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
-        sampling = ({"temperature": settings.temperature, "top_k": settings.top_k,
-                     "top_p": settings.top_p, "seed": settings.seed} if settings.sampling else {})
+        sampling = (
+            {
+                "temperature": settings.temperature,
+                "top_k": settings.top_k,
+                "top_p": settings.top_p,
+                "seed": settings.seed,
+            }
+            if settings.sampling
+            else {}
+        )
         with Timer() as timer:
-            result = self.lm.generate(list(prompt_ids), max_new_tokens=settings.max_new_tokens,
-                                      drafter=self.drafter, **sampling, **self.generate_options,
-                                      **self.options)
+            result = self.lm.generate(
+                list(prompt_ids),
+                max_new_tokens=settings.max_new_tokens,
+                drafter=self.drafter,
+                **sampling,
+                **self.generate_options,
+                **self.options,
+            )
         stats = result.stats
         new = cut_after_eos(result.token_ids, self.lm.eos_token_ids)
         # The loop times its tokens from its own start; the call's set-up came before it.
         set_up = timer.seconds - stats.seconds
         token_seconds = [set_up + t for t in stats.token_seconds[: len(new)]]
-        return MethodOutput(new, timer.seconds, stats.forward_passes, stats.drafted_tokens,
-                            stats.accepted_tokens, token_seconds)
+        return MethodOutput(
+            new,
+            timer.seconds,
+            stats.forward_passes,
+            stats.drafted_tokens,
+            stats.accepted_tokens,
+            token_seconds,
+        )

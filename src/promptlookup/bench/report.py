@@ -5,15 +5,21 @@ columns are defined there)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .figures import bar_figure, headline_methods, sweep_figure
+
 # Re-exported: callers read results and summaries through the report as well.
-from .summary import (SUMMARY_KEYS, agreed_summary, best_promptlookup, held_out_ratio,  # noqa: F401
-                      read_results, repeat_spread, summarize)
-
-
+from .summary import (  # noqa: F401
+    SUMMARY_KEYS,
+    agreed_summary,
+    best_promptlookup,
+    held_out_ratio,
+    read_results,
+    repeat_spread,
+    summarize,
+)
 
 
 def _cell(value) -> str:
@@ -24,31 +30,64 @@ def _cell(value) -> str:
     return str(value)
 
 
-TABLE_HEADERS = ("task", "method", "prompts", "tokens/s", "speed-up", "median speed-up",
-                 "tokens/forward", "acceptance", "identical", "identical to -none",
-                 "first token s", "decode speed-up")
+TABLE_HEADERS = (
+    "task",
+    "method",
+    "prompts",
+    "tokens/s",
+    "speed-up",
+    "median speed-up",
+    "tokens/forward",
+    "acceptance",
+    "identical",
+    "identical to -none",
+    "first token s",
+    "decode speed-up",
+)
 #: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
-AGREED_KEYS = ("task", "method", "prompts", "agreed_share", "tokens_per_second", "speedup",
-               "median_speedup", "decode_speedup")
-AGREED_HEADERS = ("task", "method", "prompts", "share", "tokens/s", "speed-up", "median speed-up",
-                  "decode speed-up")
+AGREED_KEYS = (
+    "task",
+    "method",
+    "prompts",
+    "agreed_share",
+    "tokens_per_second",
+    "speedup",
+    "median_speedup",
+    "decode_speedup",
+)
+AGREED_HEADERS = (
+    "task",
+    "method",
+    "prompts",
+    "share",
+    "tokens/s",
+    "speed-up",
+    "median speed-up",
+    "decode speed-up",
+)
 
 
-def markdown_table(rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS,
-                   headers: Sequence[str] = TABLE_HEADERS) -> str:
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|"]
+def markdown_table(
+    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
+) -> str:
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|",
+    ]
     lines += ["| " + " | ".join(_cell(row[k]) for k in keys) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def text_table(rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS,
-               headers: Sequence[str] = TABLE_HEADERS) -> str:
+def text_table(
+    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
+) -> str:
     """Summary rows as aligned plain text (printed at the end of a run)."""
     cells = [list(headers)] + [[_cell(row[k]) for k in keys] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))) for row in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in cells
+    )
 
 
 def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
@@ -58,18 +97,23 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
     agreed, _ = agreed_summary(records)
     if agreed:
         shown = set(headline_methods(agreed))
-        text += ("\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
-                 "plain's tokens):\n" + text_table([r for r in agreed if r["method"] in shown],
-                                                    AGREED_KEYS, AGREED_HEADERS))
+        text += (
+            "\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
+            "plain's tokens):\n"
+            + text_table([r for r in agreed if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS)
+        )
     return text
 
 
 def _meta_lines(meta: dict, records: Sequence[dict] = ()) -> list[str]:
     machine = meta.get("machine") or {}
     settings = meta.get("settings") or {}
-    mode = (f"sampling (temperature {settings.get('temperature')}, top-k {settings.get('top_k')}, "
-            f"top-p {settings.get('top_p')}, seed {settings.get('seed')} + prompt index)"
-            if settings.get("temperature") else "greedy")
+    mode = (
+        f"sampling (temperature {settings.get('temperature')}, top-k {settings.get('top_k')}, "
+        f"top-p {settings.get('top_p')}, seed {settings.get('seed')} + prompt index)"
+        if settings.get("temperature")
+        else "greedy"
+    )
     version = f"promptlookup {machine['promptlookup']}, " if machine.get("promptlookup") else ""
     return [
         f"- Command: `{meta.get('command', '?')}`",
@@ -81,12 +125,20 @@ def _meta_lines(meta: dict, records: Sequence[dict] = ()) -> list[str]:
         f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
         f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",
         f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}"
-        + (f"; each method's fastest of {meta['repeat']} runs per prompt"
-           if meta.get("repeat", 1) > 1 else ""),
-    ] + ([f"- Noise: the slowest run of one method on one prompt took {spread[0]:.2f}x as long "
-          f"as its fastest (median over rows; {spread[1]:.2f}x at the 90th percentile), for "
-          "the same work; differences between methods within that are not resolved by one run"]
-         if (spread := repeat_spread(records)) else [])
+        + (
+            f"; each method's fastest of {meta['repeat']} runs per prompt"
+            if meta.get("repeat", 1) > 1
+            else ""
+        ),
+    ] + (
+        [
+            f"- Noise: the slowest run of one method on one prompt took {spread[0]:.2f}x as long "
+            f"as its fastest (median over rows; {spread[1]:.2f}x at the 90th percentile), for "
+            "the same work; differences between methods within that are not resolved by one run"
+        ]
+        if (spread := repeat_spread(records))
+        else []
+    )
 
 
 def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = "") -> list[str]:
@@ -94,21 +146,28 @@ def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = ""
     best = best_promptlookup(summary)
     if not best:
         return []
-    lines = ["", f"## Best promptlookup setting per task{where}", "",
-             "The fastest fixed setting measured, and the default (adaptive) against it. "
-             "*Held out*: the default against the best fixed setting chosen on the other "
-             "half of the task's prompts (odd vs even), which removes the luck of taking a "
-             "maximum on the very prompts it is reported on. *Decode*: the default's decode "
-             "speed-up over the best fixed setting's by that measure (time after the first "
-             "forward pass, so without the prefill's share and noise).", "",
-             "| task | best fixed setting | its speed-up | tokens/forward | default speed-up "
-             "| default / best | default / best, held out | default / best, decode |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    return lines + [f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
-                    f"{_cell(r['tokens_per_forward'])} | {_cell(r['default_speedup'])} | "
-                    f"{_cell(r['default_speedup'] / r['speedup'] if r['default_speedup'] else None)}"
-                    f" | {_cell(held_out_ratio(records, r['task']))} | {_cell(r['decode_ratio'])} |"
-                    for r in best]
+    lines = [
+        "",
+        f"## Best promptlookup setting per task{where}",
+        "",
+        "The fastest fixed setting measured, and the default (adaptive) against it. "
+        "*Held out*: the default against the best fixed setting chosen on the other "
+        "half of the task's prompts (odd vs even), which removes the luck of taking a "
+        "maximum on the very prompts it is reported on. *Decode*: the default's decode "
+        "speed-up over the best fixed setting's by that measure (time after the first "
+        "forward pass, so without the prefill's share and noise).",
+        "",
+        "| task | best fixed setting | its speed-up | tokens/forward | default speed-up "
+        "| default / best | default / best, held out | default / best, decode |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    return lines + [
+        f"| {r['task']} | {r['method']} | {_cell(r['speedup'])} | "
+        f"{_cell(r['tokens_per_forward'])} | {_cell(r['default_speedup'])} | "
+        f"{_cell(r['default_speedup'] / r['speedup'] if r['default_speedup'] else None)}"
+        f" | {_cell(held_out_ratio(records, r['task']))} | {_cell(r['decode_ratio'])} |"
+        for r in best
+    ]
 
 
 def agreed_lines(records: Sequence[dict]) -> list[str]:
@@ -116,28 +175,41 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
     if not rows:
         return []
     shown = set(headline_methods(rows))  # a sweep's grid only in the best-setting table below
-    lines = ["", "## Speed on agreed prefixes", "",
-             "Greedy outputs that differ from plain's (bfloat16 rounding) make tokens/s compare "
-             "different texts. Here every method is timed until it had produced the tokens that "
-             "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
-             "agreed tokens / plain's new tokens.", "",
-             markdown_table([r for r in rows if r["method"] in shown], AGREED_KEYS,
-                            AGREED_HEADERS)]
+    lines = [
+        "",
+        "## Speed on agreed prefixes",
+        "",
+        "Greedy outputs that differ from plain's (bfloat16 rounding) make tokens/s compare "
+        "different texts. Here every method is timed until it had produced the tokens that "
+        "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
+        "agreed tokens / plain's new tokens.",
+        "",
+        markdown_table([r for r in rows if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS),
+    ]
     return lines + best_lines(rows, agreed, ", on agreed prefixes")
 
 
-def render_markdown(summary: Sequence[dict], meta: dict, figures: Sequence[str],
-                    records: Sequence[dict] = ()) -> str:
-    parts = ["# promptlookup benchmark", "", *_meta_lines(meta, records), "", "## Summary", "",
-             markdown_table(summary), "",
-             "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
-             "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
-             "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
-             "of outputs token-identical to `plain` (– when sampling); identical to -none: "
-             "share identical to `promptlookup-none`'s; first token s: median "
-             "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
-             "speed-up after each request's first forward pass that produced tokens (prefill "
-             "left out)."]
+def render_markdown(
+    summary: Sequence[dict], meta: dict, figures: Sequence[str], records: Sequence[dict] = ()
+) -> str:
+    parts = [
+        "# promptlookup benchmark",
+        "",
+        *_meta_lines(meta, records),
+        "",
+        "## Summary",
+        "",
+        markdown_table(summary),
+        "",
+        "Speed-up: tokens per second against `plain` over the same prompts (ratio of "
+        "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
+        "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
+        "of outputs token-identical to `plain` (– when sampling); identical to -none: "
+        "share identical to `promptlookup-none`'s; first token s: median "
+        "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
+        "speed-up after each request's first forward pass that produced tokens (prefill "
+        "left out).",
+    ]
     parts += best_lines(summary, records)
     parts += agreed_lines(records)
     if figures:
@@ -152,23 +224,35 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     agreed, _ = agreed_summary(records)
     if agreed:
-        (out / "agreed_summary.json").write_text(json.dumps(agreed, indent=2) + "\n",
-                                                 encoding="utf-8")
+        (out / "agreed_summary.json").write_text(
+            json.dumps(agreed, indent=2) + "\n", encoding="utf-8"
+        )
     else:
         (out / "agreed_summary.json").unlink(missing_ok=True)  # from an earlier run here
     figures = []
     if summary:
-        bar_figure(summary, "speedup", "speed-up vs plain (tokens/s ratio)",
-                    "Speed-up per task and method", out / "speedup.png")
-        bar_figure(summary, "tokens_per_forward", "new tokens per forward pass",
-                    "Tokens per target forward pass", out / "tokens_per_forward.png")
+        bar_figure(
+            summary,
+            "speedup",
+            "speed-up vs plain (tokens/s ratio)",
+            "Speed-up per task and method",
+            out / "speedup.png",
+        )
+        bar_figure(
+            summary,
+            "tokens_per_forward",
+            "new tokens per forward pass",
+            "Tokens per target forward pass",
+            out / "tokens_per_forward.png",
+        )
         figures = ["speedup.png", "tokens_per_forward.png"]
         if sweep_figure(summary, out / "sweep.png"):
             figures.append("sweep.png")
         else:
             (out / "sweep.png").unlink(missing_ok=True)  # from an earlier run in this folder
-    (out / "report.md").write_text(render_markdown(summary, meta, figures, records),
-                                    encoding="utf-8")
+    (out / "report.md").write_text(
+        render_markdown(summary, meta, figures, records), encoding="utf-8"
+    )
     return summary
 
 

@@ -36,18 +36,31 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
 from .data import BenchRow
 from .methods import BASELINE, Method, MethodOutput, Settings, make_method
 
-RESULT_KEYS = ("task", "id", "method", "prompt_tokens", "new_tokens", "seconds", "forward_passes",
-               "drafted_tokens", "accepted_tokens", "identical_to_plain", "identical_to_none",
-               "text", "token_ids", "token_seconds")
+RESULT_KEYS = (
+    "task",
+    "id",
+    "method",
+    "prompt_tokens",
+    "new_tokens",
+    "seconds",
+    "forward_passes",
+    "drafted_tokens",
+    "accepted_tokens",
+    "identical_to_plain",
+    "identical_to_none",
+    "text",
+    "token_ids",
+    "token_seconds",
+)
 #: promptlookup's own plain decoding: every drafting method must write its text, sampling too.
 OWN_PLAIN = "promptlookup-none"
 WARMUP_TOKENS = 32
@@ -98,8 +111,10 @@ def encode_rows(model, rows: Sequence[BenchRow], max_new_tokens: int) -> list[li
         except PromptLookupError as exc:
             raise type(exc)(f"{row.source}: {exc}") from None
         if context and len(ids) + max_new_tokens > context:
-            raise PromptTooLongError(f"{row.source}: prompt ({len(ids)} tokens) + max_new_tokens "
-                                     f"({max_new_tokens}) exceeds the context of {context}")
+            raise PromptTooLongError(
+                f"{row.source}: prompt ({len(ids)} tokens) + max_new_tokens "
+                f"({max_new_tokens}) exceeds the context of {context}"
+            )
         encoded.append(ids)
     return encoded
 
@@ -112,8 +127,10 @@ def machine_info() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            cpu = next((line.split(":", 1)[1].strip() for line in handle
-                        if line.startswith("model name")), cpu)
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")),
+                cpu,
+            )
     except OSError:
         pass
     try:
@@ -125,10 +142,17 @@ def machine_info() -> dict:
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     from .. import __version__
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "load_average_1m": load, "promptlookup": __version__,
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers_version, "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": load,
+        "promptlookup": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers_version,
+        "platform": platform.platform(),
+    }
 
 
 def _completed(path: Path, method_names: list[str]) -> list[dict]:
@@ -171,11 +195,21 @@ def method_order(count: int, index: int) -> list[int]:
     return order[::-1] if count % 2 and index // count % 2 else order
 
 
-def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Settings = Settings(),
-              *, backend: str = "transformers", out_dir: str | Path | None = None,
-              warmup: bool = True, progress: bool = False, resume: bool = False,
-              threads: int | None = None, meta: dict | None = None,
-              repeat: int = 1) -> BenchResult:
+def run_bench(
+    model,
+    rows: Sequence[BenchRow],
+    methods: Sequence,
+    settings: Settings = Settings(),
+    *,
+    backend: str = "transformers",
+    out_dir: str | Path | None = None,
+    warmup: bool = True,
+    progress: bool = False,
+    resume: bool = False,
+    threads: int | None = None,
+    meta: dict | None = None,
+    repeat: int = 1,
+) -> BenchResult:
     """Benchmark ``methods`` (specs like ``"promptlookup:k=4"`` or method objects) on ``rows``
     with an already loaded ``model`` (a :class:`~promptlookup.LanguageModel` for the
     transformers backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
@@ -193,12 +227,17 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
         settings = replace(settings, seed=0)
     method_objs = resolve_methods(model, methods, backend)
     prompts = encode_rows(model, rows, settings.max_new_tokens)
-    meta = {**(meta or {}), "machine": machine_info(), "backend": backend,
-            "model": (meta or {}).get("model") or getattr(model, "name", None),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "settings": settings.__dict__, "methods": [m.name for m in method_objs],
-            "repeat": repeat,
-            "command": (meta or {}).get("command") or " ".join(sys.argv)}
+    meta = {
+        **(meta or {}),
+        "machine": machine_info(),
+        "backend": backend,
+        "model": (meta or {}).get("model") or getattr(model, "name", None),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": settings.__dict__,
+        "methods": [m.name for m in method_objs],
+        "repeat": repeat,
+        "command": (meta or {}).get("command") or " ".join(sys.argv),
+    }
     out = Path(out_dir) if out_dir is not None else None
     records: list[dict] = []
     if out is not None:
@@ -215,16 +254,26 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
             warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
             for method in method_objs:
                 method.run(prompts[0], warm)
-        todo = [(i, row, ids) for i, (row, ids) in enumerate(zip(rows, prompts))
-                if (row.task, row.id) not in done]
+        todo = [
+            (i, row, ids)
+            for i, (row, ids) in enumerate(zip(rows, prompts))
+            if (row.task, row.id) not in done
+        ]
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(todo) * len(method_objs) * repeat, disable=not progress,
-                   unit="gen", desc="bench", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(todo) * len(method_objs) * repeat,
+            disable=not progress,
+            unit="gen",
+            desc="bench",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         with bar:
             for index, row, prompt_ids in todo:
-                prompt_settings = (replace(settings, seed=settings.seed + index)
-                                   if settings.sampling else settings)
+                prompt_settings = (
+                    replace(settings, seed=settings.seed + index) if settings.sampling else settings
+                )
                 runs: dict[str, list[MethodOutput]] = {m.name: [] for m in method_objs}
                 for round_ in range(repeat):
                     for i in method_order(len(method_objs), index * repeat + round_):
@@ -238,14 +287,30 @@ def run_bench(model, rows: Sequence[BenchRow], methods: Sequence, settings: Sett
                 for method in method_objs:
                     output = outputs[method.name]
                     identical = None if settings.sampling else output.token_ids == baseline_tokens
-                    same_as_none = (None if own_plain is None
-                                    else output.token_ids == own_plain.token_ids)
-                    record = dict(zip(RESULT_KEYS, (
-                        row.task, row.id, method.name, len(prompt_ids), len(output.token_ids),
-                        round(output.seconds, 6), output.forward_passes, output.drafted_tokens,
-                        output.accepted_tokens, identical, same_as_none,
-                        _decode(model, output.token_ids),
-                        list(output.token_ids), _rounded(output.token_seconds))))
+                    same_as_none = (
+                        None if own_plain is None else output.token_ids == own_plain.token_ids
+                    )
+                    record = dict(
+                        zip(
+                            RESULT_KEYS,
+                            (
+                                row.task,
+                                row.id,
+                                method.name,
+                                len(prompt_ids),
+                                len(output.token_ids),
+                                round(output.seconds, 6),
+                                output.forward_passes,
+                                output.drafted_tokens,
+                                output.accepted_tokens,
+                                identical,
+                                same_as_none,
+                                _decode(model, output.token_ids),
+                                list(output.token_ids),
+                                _rounded(output.token_seconds),
+                            ),
+                        )
+                    )
                     if repeat > 1:
                         record["repeat_seconds"] = [round(o.seconds, 6) for o in runs[method.name]]
                     records.append(record)

@@ -25,17 +25,27 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .agreed import agreed_records, agreed_share
 from .data import BenchDataError
 from .methods import ALL_TASKS, BASELINE
 
-
-SUMMARY_KEYS = ("task", "method", "prompts", "tokens_per_second", "speedup", "median_speedup",
-                "tokens_per_forward", "acceptance_rate", "identical_fraction",
-                "identical_to_none_fraction", "first_token_seconds", "decode_speedup")
+SUMMARY_KEYS = (
+    "task",
+    "method",
+    "prompts",
+    "tokens_per_second",
+    "speedup",
+    "median_speedup",
+    "tokens_per_forward",
+    "acceptance_rate",
+    "identical_fraction",
+    "identical_to_none_fraction",
+    "first_token_seconds",
+    "decode_speedup",
+)
 
 
 def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -106,13 +116,20 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     paired = [(r, plain[(r["task"], r["id"])]) for r in mine if (r["task"], r["id"]) in plain]
     speedup = None
     if paired:
-        plain_rate = _ratio(sum(p["new_tokens"] for _, p in paired),
-                            sum(p["seconds"] for _, p in paired))
-        mine_rate = _ratio(sum(r["new_tokens"] for r, _ in paired),
-                           sum(r["seconds"] for r, _ in paired))
+        plain_rate = _ratio(
+            sum(p["new_tokens"] for _, p in paired), sum(p["seconds"] for _, p in paired)
+        )
+        mine_rate = _ratio(
+            sum(r["new_tokens"] for r, _ in paired), sum(r["seconds"] for r, _ in paired)
+        )
         speedup = _ratio(mine_rate, plain_rate) if mine_rate is not None and plain_rate else None
-    per_prompt = [_ratio(_ratio(r["new_tokens"], r["seconds"]) or 0.0,
-                         _ratio(p["new_tokens"], p["seconds"]) or 0.0) for r, p in paired]
+    per_prompt = [
+        _ratio(
+            _ratio(r["new_tokens"], r["seconds"]) or 0.0,
+            _ratio(p["new_tokens"], p["seconds"]) or 0.0,
+        )
+        for r, p in paired
+    ]
     per_prompt = [x for x in per_prompt if x is not None]
     forwards = total("forward_passes", mine)
     drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
@@ -121,15 +138,31 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
-    return dict(zip(SUMMARY_KEYS, (
-        task, method, len(mine), _round(rate, 3), _round(speedup),
-        _round(statistics.median(per_prompt)) if per_prompt else None,
-        _round(_ratio(total("new_tokens", mine), forwards)) if forwards is not None else None,
-        _round(_ratio(accepted, drafted)) if drafted is not None and accepted is not None else None,
-        _round(sum(identical) / len(identical)) if identical else None,
-        _round(sum(same_as_none) / len(same_as_none)) if same_as_none else None,
-        _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
-        _round(_ratio(decode, plain_decode)) if decode is not None and plain_decode else None)))
+    return dict(
+        zip(
+            SUMMARY_KEYS,
+            (
+                task,
+                method,
+                len(mine),
+                _round(rate, 3),
+                _round(speedup),
+                _round(statistics.median(per_prompt)) if per_prompt else None,
+                _round(_ratio(total("new_tokens", mine), forwards))
+                if forwards is not None
+                else None,
+                _round(_ratio(accepted, drafted))
+                if drafted is not None and accepted is not None
+                else None,
+                _round(sum(identical) / len(identical)) if identical else None,
+                _round(sum(same_as_none) / len(same_as_none)) if same_as_none else None,
+                _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
+                _round(_ratio(decode, plain_decode))
+                if decode is not None and plain_decode
+                else None,
+            ),
+        )
+    )
 
 
 def summarize(records: Sequence[dict]) -> list[dict]:
@@ -157,17 +190,29 @@ def best_promptlookup(summary: Sequence[dict]) -> list[dict]:
     best fixed setting's by that measure (``decode_ratio``: prefill left out)."""
     best = []
     for task in dict.fromkeys(row["task"] for row in summary):
-        rows = [r for r in summary if r["task"] == task and r["speedup"] is not None
-                and r["method"].split(":")[0] == "promptlookup"]
+        rows = [
+            r
+            for r in summary
+            if r["task"] == task
+            and r["speedup"] is not None
+            and r["method"].split(":")[0] == "promptlookup"
+        ]
         fixed = [r for r in rows if r["method"] != "promptlookup"] or rows
         default = next((r for r in rows if r["method"] == "promptlookup"), {})
         decoded = [r["decode_speedup"] for r in fixed if r.get("decode_speedup")]
-        decode_ratio = (_ratio(default["decode_speedup"], max(decoded))
-                        if default.get("decode_speedup") and decoded else None)
+        decode_ratio = (
+            _ratio(default["decode_speedup"], max(decoded))
+            if default.get("decode_speedup") and decoded
+            else None
+        )
         if len(rows) > 1:
-            best.append({**max(fixed, key=lambda r: r["speedup"]),
-                         "default_speedup": default.get("speedup"),
-                         "decode_ratio": _round(decode_ratio)})
+            best.append(
+                {
+                    **max(fixed, key=lambda r: r["speedup"]),
+                    "default_speedup": default.get("speedup"),
+                    "decode_ratio": _round(decode_ratio),
+                }
+            )
     return best
 
 
@@ -187,8 +232,13 @@ def held_out_ratio(records: Sequence[dict], task: str) -> float | None:
     >>> held_out_ratio(rows, "t")
     2.0
     """
-    mine = [r for r in records if task in (ALL_TASKS, r["task"]) and r.get("seconds")
-            and r["method"].split(":")[0] == "promptlookup"]
+    mine = [
+        r
+        for r in records
+        if task in (ALL_TASKS, r["task"])
+        and r.get("seconds")
+        and r["method"].split(":")[0] == "promptlookup"
+    ]
     by = {(r["method"], (r["task"], r["id"])): r for r in mine}
     ids = list(dict.fromkeys((r["task"], r["id"]) for r in mine))
     fixed = sorted({r["method"] for r in mine} - {"promptlookup"})
@@ -221,12 +271,18 @@ def repeat_spread(records: Sequence[dict]) -> tuple[float, float] | None:
     ...                {"repeat_seconds": [3.0]}])
     (1.3, 1.46)
     """
-    spreads = sorted(max(r["repeat_seconds"]) / min(r["repeat_seconds"]) for r in records
-                     if len(r.get("repeat_seconds") or ()) > 1 and min(r["repeat_seconds"]) > 0)
+    spreads = sorted(
+        max(r["repeat_seconds"]) / min(r["repeat_seconds"])
+        for r in records
+        if len(r.get("repeat_seconds") or ()) > 1 and min(r["repeat_seconds"]) > 0
+    )
     if not spreads:
         return None
-    p90 = statistics.quantiles(spreads, n=10, method="inclusive")[-1] if len(spreads) > 1 \
+    p90 = (
+        statistics.quantiles(spreads, n=10, method="inclusive")[-1]
+        if len(spreads) > 1
         else spreads[0]
+    )
     return round(statistics.median(spreads), 2), round(p90, 2)
 
 

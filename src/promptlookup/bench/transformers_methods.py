@@ -28,13 +28,22 @@ the new tokens up to and including the first EOS. Only the ``generate`` call is 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ..errors import InvalidParameterError
-from .methods import (LOOKUP_PARAMS, MethodOutput, PromptLookupMethod, Settings, Timer,
-                      check_int_options, cut_after_eos, register_backend, register_method)
+from .methods import (
+    LOOKUP_PARAMS,
+    MethodOutput,
+    PromptLookupMethod,
+    Settings,
+    Timer,
+    check_int_options,
+    cut_after_eos,
+    register_backend,
+    register_method,
+)
 
 BACKEND = "transformers"
 
@@ -104,11 +113,24 @@ def generation_config(lm, settings: Settings, **extra):
     from transformers import GenerationConfig
 
     eos = list(lm.eos_token_ids)
-    sampling = {"do_sample": True, "temperature": settings.temperature, "top_k": settings.top_k,
-                "top_p": settings.top_p} if settings.sampling else {"do_sample": False}
-    return GenerationConfig(max_new_tokens=settings.max_new_tokens, eos_token_id=eos,
-                            pad_token_id=eos[0] if eos else None, repetition_penalty=1.0,
-                            **sampling, **extra)
+    sampling = (
+        {
+            "do_sample": True,
+            "temperature": settings.temperature,
+            "top_k": settings.top_k,
+            "top_p": settings.top_p,
+        }
+        if settings.sampling
+        else {"do_sample": False}
+    )
+    return GenerationConfig(
+        max_new_tokens=settings.max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=eos[0] if eos else None,
+        repetition_penalty=1.0,
+        **sampling,
+        **extra,
+    )
 
 
 class HFGenerate:
@@ -135,14 +157,25 @@ class HFGenerate:
                 torch.manual_seed(settings.seed)
             with Timer() as timer:
                 clock.start()
-                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                     generation_config=config, streamer=clock, **self.kwargs)
+                out = model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    generation_config=config,
+                    streamer=clock,
+                    **self.kwargs,
+                )
         sequences = out.sequences if hasattr(out, "sequences") else out  # (1, n + new)
-        new = cut_after_eos(sequences[0, len(prompt_ids):].tolist(), self.lm.eos_token_ids)
+        new = cut_after_eos(sequences[0, len(prompt_ids) :].tolist(), self.lm.eos_token_ids)
         passes, drafted, accepted = self._counts(trace, len(prompt_ids), len(new))
         token_seconds = clock.token_seconds[: len(new)]
-        return MethodOutput(new, timer.seconds, passes, drafted, accepted,
-                            token_seconds if len(token_seconds) == len(new) else None)
+        return MethodOutput(
+            new,
+            timer.seconds,
+            passes,
+            drafted,
+            accepted,
+            token_seconds if len(token_seconds) == len(new) else None,
+        )
 
     def _counts(self, trace: ForwardTrace, prompt_tokens: int, new_tokens: int):
         return trace.counts(prompt_tokens, new_tokens)
@@ -157,7 +190,8 @@ class HFCustomGenerate(HFGenerate):
             from .. import hf_generate
         except ImportError as exc:
             raise InvalidParameterError(
-                f"method hf-custom needs promptlookup.hf_generate, which is missing: {exc}") from exc
+                f"method hf-custom needs promptlookup.hf_generate, which is missing: {exc}"
+            ) from exc
         if "num_tokens" in options:  # an explicit k is a fixed setting, as for promptlookup:k=
             options = {"speculation": "fixed", **options}
         if hasattr(hf_generate, "make_custom_generate"):
@@ -187,21 +221,35 @@ def _hf_pld(lm, options: dict) -> HFGenerate:
 
 
 register_method(BACKEND, "plain", lambda lm, options: HFGenerate(lm))
-register_method(BACKEND, "hf-pld", _hf_pld,
-                params={"k": "prompt_lookup_num_tokens", "ngram": "max_matching_ngram_size"})
-register_method(BACKEND, "promptlookup",
-                lambda lm, options: PromptLookupMethod(lm, "prompt-lookup",
-                                                       check_int_options("promptlookup", options)),
-                params={**LOOKUP_PARAMS, "speculation": "speculation"})
-register_method(BACKEND, "promptlookup-none",
-                lambda lm, options: PromptLookupMethod(lm, "none"))
-register_method(BACKEND, "promptlookup-fastest",
-                lambda lm, options: PromptLookupMethod(fastest_twin(lm), "prompt-lookup",
-                                                       check_int_options("promptlookup", options)),
-                params={**LOOKUP_PARAMS, "speculation": "speculation"})
-register_method(BACKEND, "hf-custom",
-                lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
-                params={**LOOKUP_PARAMS, "speculation": "speculation"})
+register_method(
+    BACKEND,
+    "hf-pld",
+    _hf_pld,
+    params={"k": "prompt_lookup_num_tokens", "ngram": "max_matching_ngram_size"},
+)
+register_method(
+    BACKEND,
+    "promptlookup",
+    lambda lm, options: PromptLookupMethod(
+        lm, "prompt-lookup", check_int_options("promptlookup", options)
+    ),
+    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+)
+register_method(BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none"))
+register_method(
+    BACKEND,
+    "promptlookup-fastest",
+    lambda lm, options: PromptLookupMethod(
+        fastest_twin(lm), "prompt-lookup", check_int_options("promptlookup", options)
+    ),
+    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+)
+register_method(
+    BACKEND,
+    "hf-custom",
+    lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
+    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+)
 
 
 def fastest_twin(lm):

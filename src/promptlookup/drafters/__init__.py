@@ -15,22 +15,38 @@ Spec strings, for ``drafter=`` in the Python API and ``--drafter`` on the comman
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Union
 
 from ..errors import InvalidParameterError
-from .options import OPTIONS
 from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
+from .options import OPTIONS
 from .prompt_lookup import PromptLookupDrafter
 from .suffix_index import Match, SuffixIndex
+
+if TYPE_CHECKING:
+    from .draft_model import DraftModelDrafter
 
 #: What ``drafter=`` accepts: a spec string, a drafter, a callable, a loaded draft model
 #: (a :class:`~promptlookup.LanguageModel` or ``transformers`` model), None, or a list (a chain).
 DrafterSpec = Union[str, Drafter, Callable, None, Sequence]
 
-__all__ = ["CallableDrafter", "ChainDrafter", "Draft", "DraftModelDrafter", "Drafter", "DrafterSpec",
-           "Match", "NoDrafter", "PromptLookupDrafter", "SuffixIndex", "check_drafter_spec",
-           "make_drafter", "parse_drafter_spec"]
+__all__ = [
+    "CallableDrafter",
+    "ChainDrafter",
+    "Draft",
+    "DraftModelDrafter",
+    "Drafter",
+    "DrafterSpec",
+    "Match",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "SuffixIndex",
+    "check_drafter_spec",
+    "make_drafter",
+    "parse_drafter_spec",
+]
 
 _TAKES_ARGUMENT = {"reference": "FILE", "draft-model": "PATH_OR_ID"}
 
@@ -51,8 +67,9 @@ def parse_drafter_spec(spec: str) -> list[tuple[str, str | None]]:
         if name not in OPTIONS:
             raise InvalidParameterError(f"unknown drafter {item!r}; choose {_choices()}")
         if name in _TAKES_ARGUMENT and not argument:
-            raise InvalidParameterError(f"drafter {name!r} needs an argument: "
-                                        f"{name}:{_TAKES_ARGUMENT[name]}")
+            raise InvalidParameterError(
+                f"drafter {name!r} needs an argument: {name}:{_TAKES_ARGUMENT[name]}"
+            )
         if name not in _TAKES_ARGUMENT and colon:
             raise InvalidParameterError(f"drafter {name!r} takes no argument, got {item!r}")
         parsed.append((name, argument or None))
@@ -80,9 +97,17 @@ def check_drafter_spec(spec: DrafterSpec, **options) -> None:
             raise InvalidParameterError(f"reference file not found: {argument}")
 
 
-def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence[int] = (),
-                 tokenizer=None, chooser=None, policy=None, device: str = "cpu",
-                 dtype: str = "float32", **options) -> Drafter:
+def make_drafter(
+    spec: DrafterSpec = "prompt-lookup",
+    *,
+    eos_token_ids: Sequence[int] = (),
+    tokenizer=None,
+    chooser=None,
+    policy=None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    **options,
+) -> Drafter:
     """Build a fresh drafter for one generation.
 
     Context (``LanguageModel.generate`` passes it): ``tokenizer``, the target's (tokenizes
@@ -105,17 +130,26 @@ def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence
     >>> make_drafter(lambda tokens: tokens[-3:])        # any function of the tokens so far
     CallableDrafter('<lambda>')
     """
-    context = dict(eos_token_ids=eos_token_ids, tokenizer=tokenizer, chooser=chooser,
-                   policy=policy, device=str(device), dtype=str(dtype).removeprefix("torch."))
+    context = dict(
+        eos_token_ids=eos_token_ids,
+        tokenizer=tokenizer,
+        chooser=chooser,
+        policy=policy,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+    )
     if spec is None or isinstance(spec, str):
         parsed = parse_drafter_spec(spec or "none")
         _check_option_names(parsed, options)
-        drafters = [_build(name, argument, _options_for(name, options), context)
-                    for name, argument in parsed]
+        drafters = [
+            _build(name, argument, _options_for(name, options), context)
+            for name, argument in parsed
+        ]
         return drafters[0] if len(drafters) == 1 else ChainDrafter(drafters)
     if isinstance(spec, (list, tuple)):
-        return ChainDrafter([make_drafter(item, **context, **_options_for_item(item, options))
-                             for item in spec])
+        return ChainDrafter(
+            [make_drafter(item, **context, **_options_for_item(item, options)) for item in spec]
+        )
     torch = sys.modules.get("torch")  # a torch model can only exist once torch is imported
     loaded = torch is not None and _is_loaded_model(spec, torch)
     if loaded or (torch is not None and isinstance(spec, torch.nn.Module)):
@@ -136,6 +170,7 @@ def make_drafter(spec: DrafterSpec = "prompt-lookup", *, eos_token_ids: Sequence
 
 # -- building one drafter ----------------------------------------------------------------------
 
+
 def _build(name: str, argument: str | None, options: dict, context: dict) -> Drafter:
     if name == "none":
         return NoDrafter()
@@ -151,15 +186,19 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
         except FileNotFoundError:
             raise InvalidParameterError(f"reference file not found: {argument}") from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidParameterError(f"cannot read reference file {argument}: "
-                                        f"{type(exc).__name__}") from None
+            raise InvalidParameterError(
+                f"cannot read reference file {argument}: {type(exc).__name__}"
+            ) from None
         reference_ids = _tokenize(text, context["tokenizer"], f"reference:{argument}")
-        return _lookup_drafter(context["eos_token_ids"], {**options, "reference_ids": reference_ids})
+        return _lookup_drafter(
+            context["eos_token_ids"], {**options, "reference_ids": reference_ids}
+        )
     # draft-model
     from .draft_model import check_same_tokenizer, load_draft_model
 
-    model, draft_tokenizer = load_draft_model(argument, dtype=context["dtype"],
-                                              device=context["device"])
+    model, draft_tokenizer = load_draft_model(
+        argument, dtype=context["dtype"], device=context["device"]
+    )
     check_same_tokenizer(draft_tokenizer, context["tokenizer"], f"draft model {argument}")
     return _draft_model(model, options, context)
 
@@ -177,12 +216,17 @@ def _draft_model_options(options: dict) -> dict:
     start_tokens = options.get("start_tokens", 5)
     threshold = options.get("confidence_threshold", 0.4)
     if not isinstance(num_tokens, int) or num_tokens < 1:
-        raise InvalidParameterError(f"draft-model drafter: num_tokens must be >= 1, got {num_tokens!r}")
+        raise InvalidParameterError(
+            f"draft-model drafter: num_tokens must be >= 1, got {num_tokens!r}"
+        )
     if not isinstance(start_tokens, int) or start_tokens < 1:
-        raise InvalidParameterError(f"draft-model drafter: start_tokens must be >= 1, got {start_tokens!r}")
+        raise InvalidParameterError(
+            f"draft-model drafter: start_tokens must be >= 1, got {start_tokens!r}"
+        )
     if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-        raise InvalidParameterError("draft-model drafter: confidence_threshold must be in [0, 1], "
-                                    f"got {threshold!r}")
+        raise InvalidParameterError(
+            f"draft-model drafter: confidence_threshold must be in [0, 1], got {threshold!r}"
+        )
     return options
 
 
@@ -190,26 +234,37 @@ def _is_loaded_model(spec, torch) -> bool:
     """Whether ``spec`` is a loaded model (a :class:`~promptlookup.LanguageModel`: a torch
     ``model`` with its ``tokenizer`` and ``name``), read from its attributes so that drafters
     need not import the API built on them."""
-    return (all(hasattr(spec, name) for name in ("model", "tokenizer", "name", "target"))
-            and isinstance(spec.model, torch.nn.Module))
+    return all(
+        hasattr(spec, name) for name in ("model", "tokenizer", "name", "target")
+    ) and isinstance(spec.model, torch.nn.Module)
 
 
 def _draft_model(model, options: dict, context: dict) -> DraftModelDrafter:
     from .draft_model import DraftModelDrafter
 
-    options = _draft_model_options({k: v for k, v in options.items() if k in OPTIONS["draft-model"]})
-    return DraftModelDrafter(model, eos_token_ids=context["eos_token_ids"],
-                             chooser=context["chooser"], policy=context["policy"], **options)
+    options = _draft_model_options(
+        {k: v for k, v in options.items() if k in OPTIONS["draft-model"]}
+    )
+    return DraftModelDrafter(
+        model,
+        eos_token_ids=context["eos_token_ids"],
+        chooser=context["chooser"],
+        policy=context["policy"],
+        **options,
+    )
 
 
 def _tokenize(text: str, tokenizer, what: str) -> list[int]:
     if tokenizer is None:
-        raise InvalidParameterError(f"{what} needs the target's tokenizer (make_drafter(..., "
-                                    "tokenizer=...); LanguageModel.generate passes it)")
+        raise InvalidParameterError(
+            f"{what} needs the target's tokenizer (make_drafter(..., "
+            "tokenizer=...); LanguageModel.generate passes it)"
+        )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 # -- options -----------------------------------------------------------------------------------
+
 
 def _options_for(name: str, options: dict) -> dict:
     return {k: v for k, v in options.items() if k in OPTIONS[name]}
@@ -227,13 +282,17 @@ def _check_option_names(parsed: list[tuple[str, str | None]], options: dict) -> 
     unknown = sorted(set(options) - known)
     if unknown:
         names = ",".join(name for name, _ in parsed)
-        raise InvalidParameterError(f"drafter {names!r} takes no option {', '.join(unknown)}"
-                                    + (f" (it takes {', '.join(sorted(known))})" if known else ""))
+        raise InvalidParameterError(
+            f"drafter {names!r} takes no option {', '.join(unknown)}"
+            + (f" (it takes {', '.join(sorted(known))})" if known else "")
+        )
 
 
 def _choices() -> str:
-    return ("prompt-lookup, reference:FILE, draft-model:PATH_OR_ID, none, or a comma-separated "
-            "chain of these")
+    return (
+        "prompt-lookup, reference:FILE, draft-model:PATH_OR_ID, none, or a comma-separated "
+        "chain of these"
+    )
 
 
 def __getattr__(name: str):

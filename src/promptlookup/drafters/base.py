@@ -21,7 +21,8 @@ call, so drafters can index it incrementally. Drafters are torch-free unless the
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 
 class Draft(list):
@@ -40,8 +41,9 @@ class Draft(list):
     True
     """
 
-    def __init__(self, tokens: Iterable[int] = (), draft_probs=None,
-                 match_length: int | None = None) -> None:
+    def __init__(
+        self, tokens: Iterable[int] = (), draft_probs=None, match_length: int | None = None
+    ) -> None:
         super().__init__(tokens)
         self.draft_probs = draft_probs  # (len(self), vocab) or None
         self.match_length = match_length
@@ -106,8 +108,12 @@ class CallableDrafter:
             import inspect
 
             params = inspect.signature(function).parameters.values()
-            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-            self._takes_max = len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+            positional = [
+                p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+            self._takes_max = len(positional) >= 2 or any(
+                p.kind == p.VAR_POSITIONAL for p in params
+            )
         except (TypeError, ValueError):
             self._takes_max = False
 
@@ -162,7 +168,10 @@ class ChainDrafter:
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         for drafter in self.drafters:
-            drafter.update(draft if drafter is self._author else [], num_accepted if drafter is self._author else 0)
+            drafter.update(
+                draft if drafter is self._author else [],
+                num_accepted if drafter is self._author else 0,
+            )
 
     def __repr__(self) -> str:
         return f"ChainDrafter({self.drafters!r})"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -66,9 +66,17 @@ class DraftModelDrafter:
             length worth its cost, or None (every draft as long as the adaptive length).
     """
 
-    def __init__(self, model: torch.nn.Module, *, num_tokens: int = 16, start_tokens: int = 5,
-                 confidence_threshold: float = 0.4, eos_token_ids: Iterable[int] = (),
-                 chooser=None, policy=None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        num_tokens: int = 16,
+        start_tokens: int = 5,
+        confidence_threshold: float = 0.4,
+        eos_token_ids: Iterable[int] = (),
+        chooser=None,
+        policy=None,
+    ) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if start_tokens < 1:
@@ -128,8 +136,11 @@ class DraftModelDrafter:
                 token = int(scores[0].argmax())
             draft.append(token)
             rows.append(draft_probs)
-            if (len(draft) >= length or token in self.eos_token_ids
-                    or float(draft_probs.max()) < self.confidence_threshold):
+            if (
+                len(draft) >= length
+                or token in self.eos_token_ids
+                or float(draft_probs.max()) < self.confidence_threshold
+            ):
                 break
             draft_logits = self._feed([token])
             if input_ids is not None:
@@ -137,7 +148,9 @@ class DraftModelDrafter:
                 input_ids = torch.cat([input_ids, next_id], dim=1)
         if sampling:
             self.last_draft_probs = torch.stack(rows)  # (len(draft), vocab)
-        if len(draft) > 1:  # the time of its own forward passes, one per draft token after the first
+        if (
+            len(draft) > 1
+        ):  # the time of its own forward passes, one per draft token after the first
             seconds = (time.perf_counter() - start) / (len(draft) - 1)
             previous = self.seconds_per_token
             self.seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
@@ -161,8 +174,9 @@ class DraftModelDrafter:
         drop = len(self.cached) - keep
         if drop > 0:
             if not self.cache.is_croppable:
-                raise UnsupportedModelError(f"draft model {type(self.model).__name__} keeps a "
-                                            "cache that cannot be cropped")
+                raise UnsupportedModelError(
+                    f"draft model {type(self.model).__name__} keeps a cache that cannot be cropped"
+                )
             self.cache.crop(-drop)
             del self.cached[keep:]
         return self._feed(list(tokens[keep:]))
@@ -178,8 +192,10 @@ class DraftModelDrafter:
         return draft_logits
 
     def __repr__(self) -> str:
-        return (f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.max_tokens}, "
-                f"confidence_threshold={self.confidence_threshold})")
+        return (
+            f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.max_tokens}, "
+            f"confidence_threshold={self.confidence_threshold})"
+        )
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -197,29 +213,37 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return equal
 
 
-def check_same_tokenizer(draft_tokenizer, target_tokenizer, draft_name: str = "draft model") -> None:
+def check_same_tokenizer(
+    draft_tokenizer, target_tokenizer, draft_name: str = "draft model"
+) -> None:
     """Raise :class:`UnsupportedModelError` unless both tokenizers map the same strings to the
     same ids (a draft model's token ids must mean what the target's mean)."""
     if draft_tokenizer is None or target_tokenizer is None or draft_tokenizer is target_tokenizer:
         return
     draft_size, target_size = _size(draft_tokenizer), _size(target_tokenizer)
     if draft_size != target_size:
-        raise UnsupportedModelError(f"{draft_name}: its tokenizer has {draft_size} tokens, the "
-                                    f"target's {target_size}; a draft model must share the "
-                                    "target's tokenizer")
+        raise UnsupportedModelError(
+            f"{draft_name}: its tokenizer has {draft_size} tokens, the "
+            f"target's {target_size}; a draft model must share the "
+            "target's tokenizer"
+        )
     if hasattr(draft_tokenizer, "get_vocab") and hasattr(target_tokenizer, "get_vocab"):
         draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
         if draft_vocab != target_vocab:
             differing = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()))[:1]
             example = f" (e.g. {differing[0][0]!r})" if differing else ""
-            raise UnsupportedModelError(f"{draft_name}: its tokenizer maps tokens to other ids "
-                                        f"than the target's{example}; a draft model must share "
-                                        "the target's tokenizer")
+            raise UnsupportedModelError(
+                f"{draft_name}: its tokenizer maps tokens to other ids "
+                f"than the target's{example}; a draft model must share "
+                "the target's tokenizer"
+            )
 
 
 def _size(tokenizer) -> int | None:
     """Number of tokens, added tokens included."""
-    return len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    return (
+        len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    )
 
 
 @functools.lru_cache(maxsize=2)

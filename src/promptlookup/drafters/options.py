@@ -25,34 +25,67 @@ DRAFTER_KINDS = ("none", "prompt-lookup", "reference", "draft-model")
 _LOOKUP = ("prompt-lookup", "reference")
 
 DRAFTER_OPTIONS = (
-    DrafterOption("num_tokens", (*_LOOKUP, "draft-model"),
-                  "Most tokens per draft (prompt lookup [64], draft model [16]); the adaptive "
-                  "policy verifies only what pays.", flag="--draft-tokens", bench="k"),
-    DrafterOption("min_match", _LOOKUP, "Prompt lookup: shortest suffix that may match, in "
-                  "tokens [1].", flag="--min-match", bench="min"),
-    DrafterOption("max_match", _LOOKUP, "Prompt lookup: longest suffix compared, in tokens [64].",
-                  flag="--max-match", bench="max"),
-    DrafterOption("reference_ids", ("prompt-lookup",),
-                  "Prompt lookup: token ids to draft from besides the prompt (a predicted output)."),
-    DrafterOption("reference_text", ("prompt-lookup",),
-                  "Prompt lookup: text to draft from besides the prompt, tokenized by the target's "
-                  "tokenizer."),
-    DrafterOption("start_tokens", ("draft-model",), "Draft model: draft length of the first step [5]."),
-    DrafterOption("confidence_threshold", ("draft-model",),
-                  "Draft model: stop drafting after a token it is less sure of [0.4]."),
+    DrafterOption(
+        "num_tokens",
+        (*_LOOKUP, "draft-model"),
+        "Most tokens per draft (prompt lookup [64], draft model [16]); the adaptive "
+        "policy verifies only what pays.",
+        flag="--draft-tokens",
+        bench="k",
+    ),
+    DrafterOption(
+        "min_match",
+        _LOOKUP,
+        "Prompt lookup: shortest suffix that may match, in tokens [1].",
+        flag="--min-match",
+        bench="min",
+    ),
+    DrafterOption(
+        "max_match",
+        _LOOKUP,
+        "Prompt lookup: longest suffix compared, in tokens [64].",
+        flag="--max-match",
+        bench="max",
+    ),
+    DrafterOption(
+        "reference_ids",
+        ("prompt-lookup",),
+        "Prompt lookup: token ids to draft from besides the prompt (a predicted output).",
+    ),
+    DrafterOption(
+        "reference_text",
+        ("prompt-lookup",),
+        "Prompt lookup: text to draft from besides the prompt, tokenized by the target's "
+        "tokenizer.",
+    ),
+    DrafterOption(
+        "start_tokens", ("draft-model",), "Draft model: draft length of the first step [5]."
+    ),
+    DrafterOption(
+        "confidence_threshold",
+        ("draft-model",),
+        "Draft model: stop drafting after a token it is less sure of [0.4].",
+    ),
 )
 
 #: The keyword options each kind of drafter takes (a chain routes each option to its members).
-OPTIONS = {kind: {option.name for option in DRAFTER_OPTIONS if kind in option.kinds}
-           for kind in DRAFTER_KINDS}
+OPTIONS = {
+    kind: {option.name for option in DRAFTER_OPTIONS if kind in option.kinds}
+    for kind in DRAFTER_KINDS
+}
 #: Prompt lookup's own settings (what a predicted output keeps of a server's drafter options).
 LOOKUP_OPTIONS = tuple(option.name for option in DRAFTER_OPTIONS if "reference" in option.kinds)
 #: The options with a command-line flag, in the order of the flags.
 FLAGGED_OPTIONS = tuple(option for option in DRAFTER_OPTIONS if option.flag)
 #: Bench parameters of promptlookup's lookup methods -> drafter options (short and long names).
-BENCH_PARAMS = {**{option.bench: option.name for option in DRAFTER_OPTIONS
-                   if option.bench and option.name in LOOKUP_OPTIONS},
-                **{name: name for name in LOOKUP_OPTIONS}}
+BENCH_PARAMS = {
+    **{
+        option.bench: option.name
+        for option in DRAFTER_OPTIONS
+        if option.bench and option.name in LOOKUP_OPTIONS
+    },
+    **{name: name for name in LOOKUP_OPTIONS},
+}
 
 
 def options_from_flags(**values) -> dict:

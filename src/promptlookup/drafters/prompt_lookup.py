@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from .base import Draft
 from .suffix_index import Match, SuffixIndex
-
 
 #: Token placed between a reference text and the prompt in the index; never a real token.
 SEPARATOR = -1
@@ -41,8 +40,14 @@ class PromptLookupDrafter:
             prompt and output (more recent) win over the reference.
     """
 
-    def __init__(self, num_tokens: int = 64, min_match: int = 1, max_match: int = 64,
-                 eos_token_ids: Iterable[int] = (), reference_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        num_tokens: int = 64,
+        min_match: int = 1,
+        max_match: int = 64,
+        eos_token_ids: Iterable[int] = (),
+        reference_ids: Sequence[int] = (),
+    ) -> None:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         self.num_tokens = num_tokens
@@ -59,7 +64,7 @@ class PromptLookupDrafter:
         same list object growing, as in the loop), else re-indexed once."""
         indexed = len(self.index) - self._offset
         if tokens is not self._source or len(tokens) < indexed:
-            if len(tokens) < indexed or list(tokens[:indexed]) != self.index.tokens[self._offset:]:
+            if len(tokens) < indexed or list(tokens[:indexed]) != self.index.tokens[self._offset :]:
                 self._new_index()
                 indexed = 0
             self._source = tokens
@@ -94,5 +99,7 @@ class PromptLookupDrafter:
 
     def __repr__(self) -> str:
         extra = f", reference_ids=<{len(self.reference_ids)} tokens>" if self.reference_ids else ""
-        return (f"PromptLookupDrafter(num_tokens={self.num_tokens}, min_match={self.min_match}, "
-                f"max_match={self.max_match}{extra})")
+        return (
+            f"PromptLookupDrafter(num_tokens={self.num_tokens}, min_match={self.min_match}, "
+            f"max_match={self.max_match}{extra})"
+        )

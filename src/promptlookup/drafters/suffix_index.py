@@ -27,7 +27,8 @@ O(max_match) at worst and do not grow with the length of the sequence.
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 
 class Match(NamedTuple):

@@ -11,8 +11,12 @@ docs/server.md for everything the API supports and refuses. Serve the app with :
 import importlib
 
 __all__ = ["APIError", "GenerationWorker", "Server", "create_app"]
-_MODULES = {"create_app": ".app", "APIError": ".schemas", "GenerationWorker": ".worker",
-            "Server": ".state"}
+_MODULES = {
+    "create_app": ".app",
+    "APIError": ".schemas",
+    "GenerationWorker": ".worker",
+    "Server": ".state",
+}
 
 
 def __getattr__(name: str):

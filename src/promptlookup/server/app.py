@@ -42,8 +42,8 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -56,8 +56,14 @@ from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, content_text,
-                      parse_request, read_json)
+from .schemas import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    content_text,
+    parse_request,
+    read_json,
+)
 from .state import ModelOrLoader, ServerState
 from .worker import GenerationJob, QueueFull
 
@@ -67,13 +73,23 @@ DEFAULT_MAX_TOKENS = 512
 MAX_BODY_BYTES = 4 * 1024 * 1024
 BODY_TIMEOUT = 30.0  # seconds for a request body to arrive
 
-def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: str | None = None,
-               max_queue: int = 16, max_body_bytes: int = MAX_BODY_BYTES,
-               default_max_tokens: int = DEFAULT_MAX_TOKENS, drafter: str = "prompt-lookup",
-               drafter_options: dict | None = None, generation_options: dict | None = None,
-               on_load_error: Callable[[str], None] | None = None,
-               body_timeout: float = BODY_TIMEOUT, max_batch: int | None = None,
-               prefill_tokens: int | None = None) -> FastAPI:
+
+def create_app(
+    model: ModelOrLoader,
+    *,
+    model_id: str | None = None,
+    api_key: str | None = None,
+    max_queue: int = 16,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    drafter: str = "prompt-lookup",
+    drafter_options: dict | None = None,
+    generation_options: dict | None = None,
+    on_load_error: Callable[[str], None] | None = None,
+    body_timeout: float = BODY_TIMEOUT,
+    max_batch: int | None = None,
+    prefill_tokens: int | None = None,
+) -> FastAPI:
     """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
     one (called on a background thread at startup). ``model_id``: the name clients must send as
     ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
@@ -88,12 +104,21 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     decode (None: :data:`~promptlookup.batching.PREFILL_TOKENS`). Serve it with :class:`Server` for a graceful
     shutdown."""
     check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
-    state = ServerState(model, model_id=model_id, api_key=api_key, max_queue=max_queue,
-                        max_body_bytes=max_body_bytes, default_max_tokens=default_max_tokens,
-                        drafter=drafter, drafter_options=drafter_options,
-                        generation_options=generation_options, on_load_error=on_load_error,
-                        body_timeout=body_timeout, max_batch=max_batch,
-                        prefill_tokens=prefill_tokens)
+    state = ServerState(
+        model,
+        model_id=model_id,
+        api_key=api_key,
+        max_queue=max_queue,
+        max_body_bytes=max_body_bytes,
+        default_max_tokens=default_max_tokens,
+        drafter=drafter,
+        drafter_options=drafter_options,
+        generation_options=generation_options,
+        on_load_error=on_load_error,
+        body_timeout=body_timeout,
+        max_batch=max_batch,
+        prefill_tokens=prefill_tokens,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -111,10 +136,15 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
         if state.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if not (scheme.lower() == "bearer"
-                and hmac.compare_digest(token.strip().encode(), state.api_key.encode())):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+        if not (
+            scheme.lower() == "bearer"
+            and hmac.compare_digest(token.strip().encode(), state.api_key.encode())
+        ):
+            raise APIError(
+                401,
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
@@ -124,8 +154,12 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
         status = "shutting_down" if state.shutting_down else status
         body = {"status": status, "model": state.model_id}
         if state.worker is not None:
-            body["queue"] = {"running": state.worker.running, "waiting": state.worker.waiting,
-                             "capacity": state.max_queue, "max_batch": state.max_batch}
+            body["queue"] = {
+                "running": state.worker.running,
+                "waiting": state.worker.waiting,
+                "capacity": state.max_queue,
+                "max_batch": state.max_batch,
+            }
         if state.load_error:
             body["error"] = state.load_error
         ok = state.status == "ready" and not state.shutting_down
@@ -140,8 +174,12 @@ def create_app(model: ModelOrLoader, *, model_id: str | None = None, api_key: st
     async def model(model_id: str):
         state.ready_model()
         if model_id != state.model_id:
-            raise APIError(404, f"The model {model_id!r} does not exist; this server has "
-                                f"{state.model_id!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model {model_id!r} does not exist; this server has {state.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
         return state.model_card()
 
     @v1.post("/chat/completions")
@@ -165,25 +203,40 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
     state.ready_model()
     if req.model != state.model_id:
-        raise APIError(400, f"The model {req.model!r} does not exist; this server has "
-                            f"{state.model_id!r}", param="model", code="model_not_found")
+        raise APIError(
+            400,
+            f"The model {req.model!r} does not exist; this server has {state.model_id!r}",
+            param="model",
+            code="model_not_found",
+        )
     job_inputs = await run_in_threadpool(_prepare, state, req, chat)
-    job = GenerationJob(**job_inputs, n=req.choices, logprobs=req.top_logprobs_count,
-                        wants_deltas=bool(req.stream))
+    job = GenerationJob(
+        **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
+    )
     try:
         state.worker.submit(job)
     except QueueFull:
-        raise APIError(429, f"the server is busy ({state.max_queue} requests already waiting); "
-                            "retry later", type="rate_limit_error", code="queue_full",
-                       headers={"Retry-After": str(state.worker.retry_after())}) from None
-    meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            "created": int(time.time()), "model": state.model_id}
+        raise APIError(
+            429,
+            f"the server is busy ({state.max_queue} requests already waiting); retry later",
+            type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(state.worker.retry_after())},
+        ) from None
+    meta = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": state.model_id,
+    }
     predicted = req.prediction is not None
     if req.stream:
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
         events = _sse_events(job, writer, req.choices, req.include_usage, predicted)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     choices = await _outcome_unless_disconnected(job, request)
     if choices is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
@@ -199,22 +252,33 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
             prompt_ids = lm.encode([m.as_dict() for m in req.messages] if chat else req.prompt)
             reference_ids = None
             if req.prediction is not None:
-                reference_ids = list(lm.tokenizer(content_text(req.prediction.content),
-                                                  add_special_tokens=False)["input_ids"])
+                reference_ids = list(
+                    lm.tokenizer(content_text(req.prediction.content), add_special_tokens=False)[
+                        "input_ids"
+                    ]
+                )
         except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
-            if not (isinstance(exc, (PromptLookupError, ValueError, TypeError))
-                    or type(exc).__module__.startswith("jinja2")):
+            if not (
+                isinstance(exc, (PromptLookupError, ValueError, TypeError))
+                or type(exc).__module__.startswith("jinja2")
+            ):
                 raise
             empty = isinstance(exc, EmptyPromptError)
-            raise APIError(400, str(exc) if empty else f"cannot encode the prompt: {exc}",
-                           param=param) from None
+            raise APIError(
+                400, str(exc) if empty else f"cannot encode the prompt: {exc}", param=param
+            ) from None
     vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
     if vocab and any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
     sampling = req.sampling()
     try:
-        SamplingParams(sampling["temperature"], sampling["top_k"], sampling["top_p"],
-                       sampling["repetition_penalty"], sampling["seed"])
+        SamplingParams(
+            sampling["temperature"],
+            sampling["top_k"],
+            sampling["top_p"],
+            sampling["repetition_penalty"],
+            sampling["seed"],
+        )
     except PromptLookupError as exc:
         raise APIError(400, str(exc), param=str(exc).split()[0]) from None
     context, used = lm.target.max_context, len(prompt_ids)
@@ -222,16 +286,25 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
     if max_new_tokens is None:
         max_new_tokens = min(state.default_max_tokens, context - used)
     if max_new_tokens < 1 or used + max_new_tokens > context:
-        raise APIError(400, f"This model's maximum context length is {context} tokens; the "
-                            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
-                       param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the "
+            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
+            param=param,
+            code="context_length_exceeded",
+        )
     drafter, options = state.drafter, state.drafter_options
     if reference_ids:
         lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
         drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
-    return {"prompt_ids": prompt_ids, "max_new_tokens": max_new_tokens, "sampling": sampling,
-            "drafter": drafter, "drafter_options": options,
-            "generation_options": state.generation_options}
+    return {
+        "prompt_ids": prompt_ids,
+        "max_new_tokens": max_new_tokens,
+        "sampling": sampling,
+        "drafter": drafter,
+        "drafter_options": options,
+        "generation_options": state.generation_options,
+    }
 
 
 async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
@@ -254,8 +327,9 @@ async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
         job.cancel()  # no effect once the job has ended
 
 
-async def _sse_events(job: GenerationJob, writer: ChunkWriter, n: int, include_usage: bool,
-                      predicted: bool):
+async def _sse_events(
+    job: GenerationJob, writer: ChunkWriter, n: int, include_usage: bool, predicted: bool
+):
     """The stream's server-sent events. If the client disconnects, Starlette cancels this
     generator; its ``finally`` cancels the job."""
     try:
@@ -275,8 +349,13 @@ async def _sse_events(job: GenerationJob, writer: ChunkWriter, n: int, include_u
                     yield sse(writer.usage(value, predicted))
                 break
             else:
-                error = value if kind == "error" else APIError(
-                    503, "the generation was cancelled", type="server_error", code="cancelled")
+                error = (
+                    value
+                    if kind == "error"
+                    else APIError(
+                        503, "the generation was cancelled", type="server_error", code="cancelled"
+                    )
+                )
                 yield sse_error(error)
                 break
         yield "data: [DONE]\n\n"
@@ -289,8 +368,12 @@ async def _sse_events(job: GenerationJob, writer: ChunkWriter, n: int, include_u
 
 def _error_response(error: APIError) -> Response:
     # ASCII-escaped JSON: an error message may quote a client's string, lone surrogates included.
-    return Response(json.dumps(error.body()), status_code=error.status,
-                    media_type="application/json", headers=error.headers)
+    return Response(
+        json.dumps(error.body()),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
 
 
 async def _api_error_response(request: Request, exc: APIError) -> Response:
@@ -305,5 +388,6 @@ async def _http_error_response(request: Request, exc: StarletteHTTPException) ->
 
 async def _internal_error_response(request: Request, exc: Exception) -> Response:
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error_response(APIError(500, f"internal server error: {type(exc).__name__}",
-                                    type="server_error"))
+    return _error_response(
+        APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
+    )

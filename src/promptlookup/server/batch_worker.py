@@ -43,8 +43,14 @@ class _Running:
 class BatchWorker(GenerationWorker):
     """Runs queued jobs with continuous batching (see the module doc)."""
 
-    def __init__(self, lm, max_queue: int = 16, tokenizer_lock=None, max_batch: int = 8,
-                 prefill_tokens: int = PREFILL_TOKENS) -> None:
+    def __init__(
+        self,
+        lm,
+        max_queue: int = 16,
+        tokenizer_lock=None,
+        max_batch: int = 8,
+        prefill_tokens: int = PREFILL_TOKENS,
+    ) -> None:
         super().__init__(lm, max_queue, tokenizer_lock)
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self.decoder = self._new_decoder()
@@ -73,8 +79,11 @@ class BatchWorker(GenerationWorker):
                 events = self.decoder.step()
             except Exception as exc:  # a failing pass: its jobs end, the worker goes on
                 log.exception("a batched step failed")
-                self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                                        type="server_error"))
+                self._fail_all(
+                    APIError(
+                        500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error"
+                    )
+                )
                 continue
             for sequence, new_tokens in events:
                 self._deliver(sequence, new_tokens)
@@ -95,10 +104,15 @@ class BatchWorker(GenerationWorker):
                 running = _Running(job, {})
                 for index in range(job.n):
                     sequence, text = self.lm.batch_sequence(
-                        job.prompt_ids, max_new_tokens=job.max_new_tokens, drafter=job.drafter,
-                        should_stop=job.cancelled.is_set, logprobs=job.logprobs,
+                        job.prompt_ids,
+                        max_new_tokens=job.max_new_tokens,
+                        drafter=job.drafter,
+                        should_stop=job.cancelled.is_set,
+                        logprobs=job.logprobs,
                         **job.sampling_of(index),
-                        **job.generation_options, **job.drafter_options)
+                        **job.generation_options,
+                        **job.drafter_options,
+                    )
                     running.texts[sequence] = (index, text)
             except PromptLookupError as exc:
                 self.failed += 1
@@ -142,13 +156,14 @@ class BatchWorker(GenerationWorker):
             return
         self.completed += 1
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * max(
-            c.result.stats.seconds for c in running.choices.values())
+            c.result.stats.seconds for c in running.choices.values()
+        )
         job.emit("done", [running.choices[i] for i in range(job.n)])
 
     def _send(self, running: _Running, index: int, piece: str, sequence: BatchSequence) -> None:
         """Stream ``piece`` and the logprobs of the tokens behind it (streaming jobs only)."""
         infos = running.infos[index]
-        new = self._token_infos(sequence.stats.logprobs[len(infos):], self._names)
+        new = self._token_infos(sequence.stats.logprobs[len(infos) :], self._names)
         infos += new
         if running.job.wants_deltas and (piece or new):
             running.job.emit("delta", (index, piece, new))
@@ -162,8 +177,12 @@ class BatchWorker(GenerationWorker):
         self.decoder = self._new_decoder()
 
     def _new_decoder(self) -> BatchDecoder:
-        return BatchDecoder(self.lm.target, self.lm.policy, max_batch=self.max_batch,
-                            prefill_tokens=self.prefill_tokens)
+        return BatchDecoder(
+            self.lm.target,
+            self.lm.policy,
+            max_batch=self.max_batch,
+            prefill_tokens=self.prefill_tokens,
+        )
 
     def shutdown(self, reason: APIError | None = None) -> None:
         """Refuse new jobs; end the waiting ones and every running one with ``reason``."""

@@ -8,7 +8,7 @@ error JSON), so FastAPI cannot infer the bodies; :func:`install_openapi` writes 
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -25,8 +25,8 @@ class _Open(BaseModel):
 class ErrorDetail(_Open):
     message: str
     type: str
-    param: Optional[str]
-    code: Optional[str]
+    param: str | None
+    code: str | None
 
 
 class ErrorResponse(_Open):
@@ -48,7 +48,7 @@ class ModelList(_Open):
 class TopLogprob(_Open):
     token: str
     logprob: float
-    bytes: Optional[list[int]]
+    bytes: list[int] | None
 
 
 class TokenLogprobEntry(TopLogprob):
@@ -56,8 +56,8 @@ class TokenLogprobEntry(TopLogprob):
 
 
 class ChatLogprobs(_Open):
-    content: Optional[list[TokenLogprobEntry]]
-    refusal: Optional[str]
+    content: list[TokenLogprobEntry] | None
+    refusal: str | None
 
 
 class CompletionLogprobs(_Open):
@@ -89,14 +89,14 @@ class Usage(_Open):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    completion_tokens_details: Optional[CompletionTokensDetails]
+    completion_tokens_details: CompletionTokensDetails | None
     speculative: Speculative
 
 
 class AssistantMessage(_Open):
     role: Literal["assistant"]
     content: str
-    refusal: Optional[str]
+    refusal: str | None
 
 
 FinishReason = Literal["stop", "length"]
@@ -105,7 +105,7 @@ FinishReason = Literal["stop", "length"]
 class ChatChoice(_Open):
     index: int
     message: AssistantMessage
-    logprobs: Optional[ChatLogprobs]
+    logprobs: ChatLogprobs | None
     finish_reason: FinishReason
 
 
@@ -114,7 +114,7 @@ class ChatCompletion(_Open):
     object: Literal["chat.completion"]
     created: int
     model: str
-    system_fingerprint: Optional[str]
+    system_fingerprint: str | None
     choices: list[ChatChoice]
     usage: Usage
 
@@ -122,7 +122,7 @@ class ChatCompletion(_Open):
 class CompletionChoice(_Open):
     index: int
     text: str
-    logprobs: Optional[CompletionLogprobs]
+    logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
 
 
@@ -131,7 +131,7 @@ class Completion(_Open):
     object: Literal["text_completion"]
     created: int
     model: str
-    system_fingerprint: Optional[str]
+    system_fingerprint: str | None
     choices: list[CompletionChoice]
     usage: Usage
 
@@ -141,12 +141,26 @@ class Health(_Open):
     model: str
 
 
-_MODELS = (ChatCompletionRequest, CompletionRequest, ErrorResponse, ModelCard, ModelList,
-           ChatCompletion, Completion, Health)
-_ERRORS = {"400": "invalid request", "401": "missing or wrong API key",
-           "404": "unknown model or path", "408": "the request body did not arrive in time",
-           "413": "request body too large", "429": "queue full (see Retry-After)",
-           "500": "internal error", "503": "loading or shutting down (see Retry-After)"}
+_MODELS = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    ChatCompletion,
+    Completion,
+    Health,
+)
+_ERRORS = {
+    "400": "invalid request",
+    "401": "missing or wrong API key",
+    "404": "unknown model or path",
+    "408": "the request body did not arrive in time",
+    "413": "request body too large",
+    "429": "queue full (see Retry-After)",
+    "500": "internal error",
+    "503": "loading or shutting down (see Retry-After)",
+}
 
 
 def _ref(name: str) -> dict:
@@ -162,23 +176,31 @@ def _errors(*codes: str) -> dict:
 
 
 def build_openapi(app: FastAPI) -> dict:
-    doc = get_openapi(title="promptlookup", version=app.version,
-                      description="OpenAI-compatible API over one model, with prompt lookup "
-                                  "(speculative) decoding. See docs/server.md.",
-                      routes=app.routes)
+    doc = get_openapi(
+        title="promptlookup",
+        version=app.version,
+        description="OpenAI-compatible API over one model, with prompt lookup "
+        "(speculative) decoding. See docs/server.md.",
+        routes=app.routes,
+    )
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for model in _MODELS:
-        mode = "validation" if model in (ChatCompletionRequest, CompletionRequest) else \
-            "serialization"
+        mode = (
+            "validation" if model in (ChatCompletionRequest, CompletionRequest) else "serialization"
+        )
         schema = model.model_json_schema(mode=mode, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = schemas[name]["properties"]
-        props["temperature"] = {"anyOf": [{"type": "number", "enum": [0]},
-                                          {"type": "number", "minimum": MIN_TEMPERATURE,
-                                           "maximum": 2}, {"type": "null"}],
-                                "description": "0 is greedy; absent: 1"}
+        props["temperature"] = {
+            "anyOf": [
+                {"type": "number", "enum": [0]},
+                {"type": "number", "minimum": MIN_TEMPERATURE, "maximum": 2},
+                {"type": "null"},
+            ],
+            "description": "0 is greedy; absent: 1",
+        }
         state = getattr(app.state, "server", None)
         if state is not None and state.status == "ready":
             props["model"] = {"type": "string", "enum": [state.model_id]}
@@ -187,20 +209,27 @@ def build_openapi(app: FastAPI) -> dict:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     paths = doc["paths"]
     v1_errors = ("401", "500", "503") if secured else ("500", "503")
-    for path, request, response in (("/v1/chat/completions", "ChatCompletionRequest",
-                                     "ChatCompletion"),
-                                    ("/v1/completions", "CompletionRequest", "Completion")):
+    for path, request, response in (
+        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion"),
+        ("/v1/completions", "CompletionRequest", "Completion"),
+    ):
         operation = paths[path]["post"]
-        operation["requestBody"] = {"required": True, "content": {
-            "application/json": {"schema": _ref(request)}}}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(request)}},
+        }
         ok = _json(response)
         ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
         operation["responses"] = {"200": ok, **_errors("400", "408", "413", "429", *v1_errors)}
     paths["/v1/models"]["get"]["responses"] = {"200": _json("ModelList"), **_errors(*v1_errors)}
-    paths["/v1/models/{model_id}"]["get"]["responses"] = {"200": _json("ModelCard"),
-                                                          **_errors("404", *v1_errors)}
-    paths["/health"]["get"]["responses"] = {"200": _json("Health"),
-                                            "503": _json("Health", "loading or failed")}
+    paths["/v1/models/{model_id}"]["get"]["responses"] = {
+        "200": _json("ModelCard"),
+        **_errors("404", *v1_errors),
+    }
+    paths["/health"]["get"]["responses"] = {
+        "200": _json("Health"),
+        "503": _json("Health", "loading or failed"),
+    }
     for path, item in paths.items():
         for operation in item.values():
             operation.get("responses", {}).pop("422", None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -42,9 +42,16 @@ class APIError(Exception):
     """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``,
     with optional extra response ``headers`` (``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -54,8 +61,14 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class _Forbid(BaseModel):
@@ -78,7 +91,7 @@ def content_text(content: Content) -> str:
 class ChatMessage(_Forbid):
     role: Literal["system", "developer", "user", "assistant"]
     content: Content
-    name: Optional[str] = None
+    name: str | None = None
 
     def as_dict(self) -> dict:
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
@@ -95,8 +108,8 @@ class Prediction(_Forbid):
 
 
 class StreamOptions(_Forbid):
-    include_usage: Optional[bool] = False
-    include_obfuscation: Optional[bool] = None  # accepted, ignored (no obfuscation is added)
+    include_usage: bool | None = False
+    include_obfuscation: bool | None = None  # accepted, ignored (no obfuscation is added)
 
 
 class ResponseFormat(_Forbid):
@@ -120,22 +133,23 @@ def _float(default=None, **limits):
 
 class _GenerationRequest(_Forbid):
     model: str
-    max_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
-    temperature: Optional[float] = _float(ge=0, le=2)  # absent: 1.0, as OpenAI
-    top_p: Optional[float] = _float(gt=0, le=1)
-    top_k: Optional[int] = Field(None, ge=0, le=INT32_MAX)  # extension; 0 = off
-    repetition_penalty: Optional[float] = _float(ge=REPETITION_PENALTY_RANGE[0],
-                                                 le=REPETITION_PENALTY_RANGE[1])  # extension
-    seed: Optional[int] = Field(None, ge=INT64[0], le=INT64[1])
-    stop: Union[str, list[str], None] = Field(None, max_length=MAX_STOP_STRINGS)
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
-    n: Optional[int] = Field(1, ge=1, le=MAX_N)
-    presence_penalty: Optional[float] = _float(0.0, ge=-2, le=2)
-    frequency_penalty: Optional[float] = _float(0.0, ge=-2, le=2)
-    logit_bias: Optional[dict[str, float]] = None
-    prediction: Optional[Prediction] = None
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    temperature: float | None = _float(ge=0, le=2)  # absent: 1.0, as OpenAI
+    top_p: float | None = _float(gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)  # extension; 0 = off
+    repetition_penalty: float | None = _float(
+        ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )  # extension
+    seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
+    stop: str | list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int | None = Field(1, ge=1, le=MAX_N)
+    presence_penalty: float | None = _float(0.0, ge=-2, le=2)
+    frequency_penalty: float | None = _float(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    prediction: Prediction | None = None
 
     _presence = field_validator("presence_penalty")(_only(0, "presence_penalty"))
     _frequency = field_validator("frequency_penalty")(_only(0, "frequency_penalty"))
@@ -179,11 +193,14 @@ class _GenerationRequest(_Forbid):
 
     def sampling(self) -> dict:
         """Keyword arguments for :meth:`promptlookup.LanguageModel.stream`."""
-        return {"temperature": 1.0 if self.temperature is None else self.temperature,
-                "top_p": 1.0 if self.top_p is None else self.top_p,
-                "top_k": self.top_k or 0,
-                "repetition_penalty": self.repetition_penalty or 1.0,
-                "seed": self.seed, "stop": self.stop_list}
+        return {
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": self.top_k or 0,
+            "repetition_penalty": self.repetition_penalty or 1.0,
+            "seed": self.seed,
+            "stop": self.stop_list,
+        }
 
     def cross_check(self) -> None:
         """Rules between fields, as a 400."""
@@ -194,15 +211,15 @@ _UNSUPPORTED_TOOLS = " (tool calling is not supported)"
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1, le=INT32_MAX)
-    logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[Literal["none"]] = None
-    parallel_tool_calls: Optional[bool] = None
-    functions: Optional[list[Any]] = None
-    function_call: Optional[Literal["none"]] = None
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None
+    function_call: Literal["none"] | None = None
 
     @field_validator("tools", "functions")
     @classmethod
@@ -222,17 +239,20 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def cross_check(self) -> None:
         if self.top_logprobs is not None and not self.logprobs:
-            raise APIError(400, "top_logprobs: logprobs must be true when top_logprobs is given",
-                           param="top_logprobs")
+            raise APIError(
+                400,
+                "top_logprobs: logprobs must be true when top_logprobs is given",
+                param="top_logprobs",
+            )
 
 
 class CompletionRequest(_GenerationRequest):
     #: Text, or token ids; a list of one text or one token list is accepted too (no batching).
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    echo: Optional[bool] = False
-    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)  # must equal n when given
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    suffix: Optional[str] = None
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool | None = False
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # must equal n when given
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    suffix: str | None = None
 
     _echo = field_validator("echo")(_only(False, "echo"))
     _suffix = field_validator("suffix")(_only(None, "suffix"))
@@ -262,18 +282,26 @@ async def read_json(request, limit: int, timeout: float | None = None):
         async with asyncio.timeout(timeout):
             raw = await _read_body(request, limit)
     except TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
-                       code="request_timeout", headers={"Connection": "close"}) from None
+        raise APIError(
+            408,
+            f"the request body did not arrive within {timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):
-        raise APIError(400, "We could not parse the JSON body of your request: it is not valid "
-                            "JSON", code="invalid_json") from None
+        raise APIError(
+            400,
+            "We could not parse the JSON body of your request: it is not valid JSON",
+            code="invalid_json",
+        ) from None
 
 
 async def _read_body(request, limit: int) -> bytes:
-    too_large = APIError(413, f"request body larger than {limit} bytes", param=None,
-                         code="request_too_large")
+    too_large = APIError(
+        413, f"request body larger than {limit} bytes", param=None, code="request_too_large"
+    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large

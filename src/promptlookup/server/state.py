@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import Union
 
 import uvicorn
 
-from ..errors import PromptLookupError
-from ..generation import LanguageModel
-from .schemas import APIError
 from ..backends.base import BatchTarget
 from ..batching import PREFILL_TOKENS, default_max_batch
+from ..errors import PromptLookupError
+from ..generation import LanguageModel
 from .batch_worker import BatchWorker
+from .schemas import APIError
 from .worker import GenerationWorker, shutting_down
 
 log = logging.getLogger("promptlookup.server")
@@ -25,10 +26,23 @@ ModelOrLoader = Union[LanguageModel, Callable[[], LanguageModel]]
 class ServerState:
     """The model (once loaded), its worker, and the server's settings."""
 
-    def __init__(self, model: ModelOrLoader, *, model_id, api_key, max_queue, max_body_bytes,
-                 default_max_tokens, drafter, drafter_options, generation_options,
-                 on_load_error, body_timeout, max_batch=None,
-                 prefill_tokens=None) -> None:
+    def __init__(
+        self,
+        model: ModelOrLoader,
+        *,
+        model_id,
+        api_key,
+        max_queue,
+        max_body_bytes,
+        default_max_tokens,
+        drafter,
+        drafter_options,
+        generation_options,
+        on_load_error,
+        body_timeout,
+        max_batch=None,
+        prefill_tokens=None,
+    ) -> None:
         self.loader = model if not isinstance(model, LanguageModel) else None
         self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
         self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
@@ -63,8 +77,9 @@ class ServerState:
         try:
             self._ready(self.loader())
         except Exception as exc:  # a PromptLookupError is one line; anything else gets its type
-            self.load_error = str(exc) if isinstance(exc, PromptLookupError) else \
-                f"{type(exc).__name__}: {exc}"
+            self.load_error = (
+                str(exc) if isinstance(exc, PromptLookupError) else f"{type(exc).__name__}: {exc}"
+            )
             self.status = "failed"
             log.error("model loading failed: %s", self.load_error)
             if self.on_load_error is not None:
@@ -81,10 +96,11 @@ class ServerState:
         else:  # a target that runs one sequence at a time (llama.cpp)
             max_batch = 1
         self.max_batch = max_batch
-        self.worker = (BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch,
-                                   self.prefill_tokens)
-                       if max_batch > 1 else
-                       GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock))
+        self.worker = (
+            BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch, self.prefill_tokens)
+            if max_batch > 1
+            else GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock)
+        )
         self.worker.start()
         self.status = "ready"
         if self.shutting_down:
@@ -106,14 +122,21 @@ class ServerState:
             raise shutting_down()
         if self.status == "ready":
             return self.lm
-        message = ("the model is still loading" if self.status == "loading"
-                   else f"the model failed to load: {self.load_error}")
-        raise APIError(503, message, type="server_error", code=f"model_{self.status}",
-                       headers={"Retry-After": "5"} if self.status == "loading" else None)
+        message = (
+            "the model is still loading"
+            if self.status == "loading"
+            else f"the model failed to load: {self.load_error}"
+        )
+        raise APIError(
+            503,
+            message,
+            type="server_error",
+            code=f"model_{self.status}",
+            headers={"Retry-After": "5"} if self.status == "loading" else None,
+        )
 
     def model_card(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": 0,
-                "owned_by": "promptlookup"}
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "promptlookup"}
 
 
 def fingerprint(lm: LanguageModel) -> str:

@@ -126,15 +126,17 @@ class GenerationJob:
             if kind == "error":
                 raise value
             if kind == "cancelled":
-                raise APIError(503, "the generation was cancelled", type="server_error",
-                               code="cancelled")
+                raise APIError(
+                    503, "the generation was cancelled", type="server_error", code="cancelled"
+                )
 
 
 class GenerationWorker:
     """Runs queued :class:`GenerationJob` s one by one on a daemon thread."""
 
-    def __init__(self, lm: LanguageModel, max_queue: int = 16,
-                 tokenizer_lock: threading.Lock | None = None) -> None:
+    def __init__(
+        self, lm: LanguageModel, max_queue: int = 16, tokenizer_lock: threading.Lock | None = None
+    ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.lm = lm
@@ -169,8 +171,9 @@ class GenerationWorker:
         return max(1, min(60, math.ceil(self._job_seconds * (self.waiting + 1))))
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="promptlookup-generation",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="promptlookup-generation", daemon=True
+        )
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
@@ -253,8 +256,12 @@ class GenerationWorker:
         except Exception as exc:
             self.failed += 1
             log.exception("generation failed")
-            job.emit("error", APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                                       type="server_error"))
+            job.emit(
+                "error",
+                APIError(
+                    500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error"
+                ),
+            )
             return
         if job.cancelled.is_set():  # also when cancelled during the last step, which ended it
             self.cancelled += 1
@@ -267,11 +274,16 @@ class GenerationWorker:
 
     def _sequence(self, job: GenerationJob, index: int) -> Choice | None:
         """Generate sequence ``index`` of ``job`` (None if the job was cancelled)."""
-        stream = self.lm.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
-                                drafter=job.drafter, should_stop=job.cancelled.is_set,
-                                logprobs=job.logprobs, **job.sampling_of(index),
-                                **job.generation_options,
-                                **job.drafter_options)
+        stream = self.lm.stream(
+            job.prompt_ids,
+            max_new_tokens=job.max_new_tokens,
+            drafter=job.drafter,
+            should_stop=job.cancelled.is_set,
+            logprobs=job.logprobs,
+            **job.sampling_of(index),
+            **job.generation_options,
+            **job.drafter_options,
+        )
         names: dict[int, str] = {}
         infos: list[TokenInfo] = []
         with stream:
@@ -279,12 +291,12 @@ class GenerationWorker:
                 if job.cancelled.is_set():
                     return None
                 if job.wants_deltas:
-                    new = self._token_infos(stream.stats.logprobs[len(infos):], names)
+                    new = self._token_infos(stream.stats.logprobs[len(infos) :], names)
                     infos += new
                     job.emit("delta", (index, piece, new))
         if job.cancelled.is_set():
             return None
-        rest = self._token_infos(stream.stats.logprobs[len(infos):], names)
+        rest = self._token_infos(stream.stats.logprobs[len(infos) :], names)
         infos += rest
         if job.wants_deltas and rest:
             job.emit("delta", (index, "", rest))
@@ -302,11 +314,19 @@ class GenerationWorker:
         def finite(value: float) -> float:
             return value if math.isfinite(value) else FLOOR_LOGPROB
 
-        return [TokenInfo(name(e.token_id), finite(e.logprob),
-                          tuple((name(t), finite(lp)) for t, lp in e.top)) for e in entries]
+        return [
+            TokenInfo(
+                name(e.token_id), finite(e.logprob), tuple((name(t), finite(lp)) for t, lp in e.top)
+            )
+            for e in entries
+        ]
 
 
 def shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down; retry against another instance or later",
-                    type="server_error", code="server_shutting_down",
-                    headers={"Retry-After": "5"})
+    return APIError(
+        503,
+        "the server is shutting down; retry against another instance or later",
+        type="server_error",
+        code="server_shutting_down",
+        headers={"Retry-After": "5"},
+    )
