@@ -119,6 +119,7 @@ def test_one_table_of_drafter_options_serves_every_front_end():
     assert BENCH_PARAMS == LOOKUP_PARAMS  # what the bench should import
     assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
     assert OPTIONS["prompt-lookup"] == {
+        "cross_request",
         "num_tokens",
         "min_match",
         "max_match",

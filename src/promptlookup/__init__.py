@@ -29,6 +29,7 @@ _LAZY = {
     ".drafters": (
         "CallableDrafter",
         "ChainDrafter",
+        "CrossRequestIndex",
         "Draft",
         "DraftModelDrafter",
         "Drafter",
@@ -62,6 +63,7 @@ def __dir__():
 __all__ = [
     "CallableDrafter",
     "ChainDrafter",
+    "CrossRequestIndex",
     "Draft",
     "DraftModelDrafter",
     "Drafter",

@@ -260,6 +260,7 @@ class BatchDecoder:
                         entry.draft.match_length,
                         entry.sequence.acceptance,
                         entry.sequence.chooser.do_sample,
+                        entry.draft.source,
                     )
                     for entry in decided
                 ],
@@ -304,5 +305,6 @@ class BatchDecoder:
                 num_accepted,
                 sequence.acceptance,
                 sequence.chooser.do_sample,
+                source=draft.source,
             )
         return new_tokens

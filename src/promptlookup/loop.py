@@ -151,7 +151,8 @@ def speculative_generate(
         target.crop(len(tokens) - 1)
         drafter.update(draft, num_accepted)
         if policy is not None and draft:
-            policy.record_acceptance(draft.match_length, len(draft), num_accepted)
+            source = {} if draft.source is None else {"source": draft.source}
+            policy.record_acceptance(draft.match_length, len(draft), num_accepted, **source)
     stats.seconds = time.perf_counter() - start
 
 

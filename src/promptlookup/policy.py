@@ -4,7 +4,9 @@ A forward pass over ``n`` tokens costs ``cost(n)`` seconds — measured on the a
 model and dtype (a quick calibration on first use, then refined with every forward pass). A draft
 of ``k`` tokens is accepted token by token with probabilities learned online from how earlier
 drafts fared, keyed by how the drafter found it (for prompt lookup: the length of the suffix
-match; longer matches are accepted more often). A step that verifies ``k`` draft tokens yields
+match, longer matches being accepted more often; and the draft's source, when a drafter has
+several: drafts from a cross-request index keep statistics of their own). A step that
+verifies ``k`` draft tokens yields
 on average ``1 + E[accepted | k]`` tokens, so the policy picks
 
     k* = argmax_k (1 + E[accepted | k]) / cost(k + 1),    k = 0 .. len(draft)
@@ -56,14 +58,22 @@ __all__ = [
 MAX_DRAFT = 63
 
 
-def match_bucket(match_length: int | None) -> int:
-    """Group match lengths: None (no match info) -> 0, 1, 2, 3, 4-5, 6-7, 8-11, 12-15, 16-31, 32+."""
-    if not match_length:
-        return 0
-    for bucket, upper in enumerate((1, 2, 3, 5, 7, 11, 15, 31), start=1):
-        if match_length <= upper:
-            return bucket
-    return 9
+def match_bucket(match_length: int | None, source: str | None = None) -> int | tuple[str, int]:
+    """Group match lengths: None (no match info) -> 0, 1, 2, 3, 4-5, 6-7, 8-11, 12-15, 16-31, 32+.
+    A draft from another ``source`` than the request's own context gets its own buckets,
+    ``(source, bucket)``.
+
+    >>> match_bucket(6), match_bucket(6, source="shared")
+    (5, ('shared', 5))
+    """
+    bucket = 0
+    if match_length:
+        bucket = 9
+        for number, upper in enumerate((1, 2, 3, 5, 7, 11, 15, 31), start=1):
+            if match_length <= upper:
+                bucket = number
+                break
+    return bucket if source is None else (source, bucket)
 
 
 def position_bucket(position: int) -> int:
@@ -97,21 +107,24 @@ class AcceptanceModel:
         )
 
 
-def prior_acceptance(bucket: int) -> float:
-    """Before any evidence: trust a draft token more the longer the match that found it."""
-    return (0.35, 0.3, 0.45, 0.55, 0.62, 0.7, 0.76, 0.82, 0.87, 0.92)[bucket]
+def prior_acceptance(bucket: int | tuple[str, int]) -> float:
+    """Before any evidence: trust a draft token more the longer the match that found it (the
+    same prior for every source)."""
+    length_bucket = bucket[1] if isinstance(bucket, tuple) else bucket
+    return (0.35, 0.3, 0.45, 0.55, 0.62, 0.7, 0.76, 0.82, 0.87, 0.92)[length_bucket]
 
 
 @dataclass(frozen=True)
 class SequenceDraft:
-    """One sequence's part in a joint decision: its draft's length and match length (see
-    :meth:`SpeculationPolicy.draft_length`), its own acceptance statistics and whether it
+    """One sequence's part in a joint decision: its draft's length, match length and source
+    (see :meth:`SpeculationPolicy.draft_length`), its own acceptance statistics and whether it
     samples."""
 
     length: int
     match_length: int | None
     request: AcceptanceModel
     sampling: bool
+    source: str | None = None
 
 
 def check_speculation(speculation: str) -> str:
@@ -202,10 +215,27 @@ class SpeculationPolicy:
         return min(rate + bonus, 0.999)
 
     def draft_length(self, draft: Sequence[int], match_length: int | None) -> int:
-        """How many leading tokens of ``draft`` to verify (0 = a plain step)."""
+        """How many leading tokens of ``draft`` to verify (0 = a plain step), by the
+        statistics of its match length and of its ``source`` (a
+        :class:`~promptlookup.drafters.base.Draft`'s; a plain list: the request's own)."""
         if not draft:
             return 0
-        return self._best_length(match_bucket(match_length), min(len(draft), MAX_DRAFT))
+        bucket = match_bucket(match_length, getattr(draft, "source", None))
+        return self._best_length(bucket, min(len(draft), MAX_DRAFT))
+
+    def expected_accepted(
+        self, length: int, match_length: int | None, source: str | None = None
+    ) -> float:
+        """``E[accepted | k]`` for a draft of ``length`` tokens found by a match of
+        ``match_length`` in ``source`` (the current request's statistics): how a drafter with
+        several sources compares their drafts."""
+        bucket, survive, expected = match_bucket(match_length, source), 1.0, 0.0
+        for position in range(1, min(length, MAX_DRAFT) + 1):
+            survive *= self.acceptance(bucket, position)
+            expected += survive
+            if survive < 1e-3:
+                break
+        return expected
 
     def worth_drafting(self, seconds_per_draft_token: float, limit: int = MAX_DRAFT) -> int:
         """How many tokens a drafter that pays for each (a draft model: one forward pass of
@@ -251,7 +281,7 @@ class SpeculationPolicy:
         costs = self.batch_costs(len(drafts))
         gains: list[tuple[float, int]] = []  # (expected tokens it adds, sequence)
         for index, entry in enumerate(drafts):
-            bucket, survive = match_bucket(entry.match_length), 1.0
+            bucket, survive = match_bucket(entry.match_length, entry.source), 1.0
             for position in range(1, min(entry.length, MAX_DRAFT) + 1):
                 survive *= self.acceptance(bucket, position, entry.request, entry.sampling)
                 if survive < 1e-3:
@@ -293,8 +323,9 @@ class SpeculationPolicy:
         num_accepted: int,
         request: AcceptanceModel | None = None,
         sampling: bool | None = None,
+        source: str | None = None,
     ) -> None:
-        bucket = match_bucket(match_length)
+        bucket = match_bucket(match_length, source)
         (self.request if request is None else request).record(bucket, num_drafted, num_accepted)
         sampling = self.sampling if sampling is None else sampling
         self.history[sampling].record(bucket, num_drafted, num_accepted)

@@ -8,6 +8,8 @@ Spec strings, for ``drafter=`` in the Python API and ``--drafter`` on the comman
 - ``draft-model:PATH_OR_ID``: a smaller model sharing the target's tokenizer (a ``.gguf`` file,
   a Hugging Face folder or hub id), loaded on the target's device and dtype.
 - ``none``: plain decoding.
+- The option ``cross_request=index`` (a :class:`CrossRequestIndex`) makes prompt lookup draft
+  also from earlier requests' outputs (:mod:`.shared_lookup`).
 - A comma-separated chain, e.g. ``prompt-lookup,draft-model:PATH``: the next drafter is asked
   only when the previous one proposes nothing.
 """
@@ -21,8 +23,10 @@ from typing import TYPE_CHECKING, Union
 
 from ..errors import InvalidParameterError
 from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
+from .cross_request import CrossRequestIndex
 from .options import OPTIONS
 from .prompt_lookup import PromptLookupDrafter
+from .shared_lookup import SharedLookupDrafter, TenantIndexes
 from .suffix_index import Match, SuffixIndex
 
 if TYPE_CHECKING:
@@ -35,6 +39,7 @@ DrafterSpec = Union[str, Drafter, Callable, None, Sequence]
 __all__ = [
     "CallableDrafter",
     "ChainDrafter",
+    "CrossRequestIndex",
     "Draft",
     "DraftModelDrafter",
     "Drafter",
@@ -42,7 +47,9 @@ __all__ = [
     "Match",
     "NoDrafter",
     "PromptLookupDrafter",
+    "SharedLookupDrafter",
     "SuffixIndex",
+    "TenantIndexes",
     "check_drafter_spec",
     "make_drafter",
     "parse_drafter_spec",
@@ -178,7 +185,7 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
         if "reference_text" in options:
             text = options.pop("reference_text")
             options["reference_ids"] = _tokenize(text, context["tokenizer"], "reference_text")
-        return _lookup_drafter(context["eos_token_ids"], options)
+        return _lookup_drafter(context["eos_token_ids"], options, context["policy"])
     if name == "reference":
         path = Path(argument).expanduser()
         try:
@@ -203,8 +210,11 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
     return _draft_model(model, options, context)
 
 
-def _lookup_drafter(eos_token_ids, options: dict) -> PromptLookupDrafter:
+def _lookup_drafter(eos_token_ids, options: dict, policy=None) -> PromptLookupDrafter:
+    index = options.pop("cross_request", None)
     try:
+        if index is not None:
+            return SharedLookupDrafter(index, policy=policy, eos_token_ids=eos_token_ids, **options)
         return PromptLookupDrafter(eos_token_ids=eos_token_ids, **options)
     except (TypeError, ValueError) as exc:
         raise InvalidParameterError(f"prompt-lookup drafter: {exc}") from exc

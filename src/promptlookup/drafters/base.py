@@ -33,6 +33,9 @@ class Draft(list):
       speculative-sampling rejection rule, :mod:`promptlookup.rejection`); None otherwise.
     - ``match_length``: the length of the suffix match that found the draft (prompt lookup);
       the speculation policy trusts longer matches more. None when there is no such thing.
+    - ``source``: where the draft came from when a drafter has several sources (``"shared"``:
+      a :class:`~promptlookup.drafters.cross_request.CrossRequestIndex`); the policy keeps
+      acceptance statistics per source. None: the request's own context.
 
     >>> draft = Draft([4, 5, 6], match_length=2)
     >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length
@@ -42,11 +45,16 @@ class Draft(list):
     """
 
     def __init__(
-        self, tokens: Iterable[int] = (), draft_probs=None, match_length: int | None = None
+        self,
+        tokens: Iterable[int] = (),
+        draft_probs=None,
+        match_length: int | None = None,
+        source: str | None = None,
     ) -> None:
         super().__init__(tokens)
         self.draft_probs = draft_probs  # (len(self), vocab) or None
         self.match_length = match_length
+        self.source = source
 
     @classmethod
     def of(cls, proposed: Sequence[int] | None) -> Draft:
@@ -59,7 +67,9 @@ class Draft(list):
             return self
         length = max(length, 0)
         probs = self.draft_probs[:length] if self.draft_probs is not None else None
-        return Draft(self[:length], draft_probs=probs, match_length=self.match_length)
+        return Draft(
+            self[:length], draft_probs=probs, match_length=self.match_length, source=self.source
+        )
 
     def __repr__(self) -> str:
         return list.__repr__(self)

@@ -59,6 +59,12 @@ DRAFTER_OPTIONS = (
         "tokenizer.",
     ),
     DrafterOption(
+        "cross_request",
+        ("prompt-lookup",),
+        "Prompt lookup: a promptlookup.CrossRequestIndex kept across requests, drafted from "
+        "beside the prompt and output, and given this generation's output.",
+    ),
+    DrafterOption(
         "start_tokens", ("draft-model",), "Draft model: draft length of the first step [5]."
     ),
     DrafterOption(
