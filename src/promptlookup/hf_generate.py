@@ -20,11 +20,9 @@ Policies:
   padding or holes raise :class:`~promptlookup.errors.InvalidParameterError`. Padding is
   stripped for the model and kept in the returned sequences (processors and stopping criteria
   see it, as in plain ``generate``).
-- Batches (``input_ids`` (B, L), left padded) run on :mod:`promptlookup.batching` and return
-  what plain ``generate`` does: with an EOS criterion a row that stops early is right-padded
-  with ``pad_token_id`` (else ``eos_token_id[0]``), without one it goes on until every row has
-  stopped. Greedy rows equal plain ``generate``'s; sampled ones follow its distribution, not
-  its draws. No streamer with a batch; beam search and ``num_return_sequences > 1`` raise.
+- Batches (``input_ids`` (B, L), left padded) run with continuous batching and return what
+  plain ``generate`` does, row by row (see :mod:`promptlookup.hf_batch`). No streamer with a
+  batch; beam search and ``num_return_sequences > 1`` raise.
 - ``return_dict_in_generate=True`` returns a ``GenerateDecoderOnlyOutput`` with ``sequences``
   and ``cache`` (None for padded or batched inputs); asking for scores, logits, attentions or
   hidden states raises (not supported yet, never silently wrong).
@@ -39,28 +37,25 @@ arguments as ``model.generate``), the repository folder (``custom_generate="<rep
 from __future__ import annotations
 
 # transformers' generation utilities are imported where used: importing them costs seconds.
-import copy
 import inspect
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .backends.transformers_backend import TransformersTarget
-from .batching import BatchDecoder, BatchSequence
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
+from .hf_batch import PaddedChooser, decode_batch
 from .loading import transformers_cost_file
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
-from .sampling import TokenChooser
 
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
 
 #: Model inputs ``generate`` prepares for every decoder-only model; we recompute or ignore them.
 _PREPARED_INPUTS = frozenset(
-    {"attention_mask", "position_ids", "cache", "logits_to_keep", "use_cache", "cache_position"}
+    {"attention_mask", "position_ids", "cache", "logits_to_keep", "use_cache"}
 )
 _UNSUPPORTED_OUTPUTS = (
     "output_scores",
@@ -148,82 +143,91 @@ class CustomGenerate:
         **model_kwargs,
     ):
         """The signature ``generate`` calls a decoding method with (like ``_sample``).
-        ``input_ids`` (1, prompt_len) includes any left padding."""
+        ``input_ids`` (B, prompt_len) includes any left padding."""
         if streamer is None:
             streamer = _streamer_from_generate(inspect.currentframe().f_back)
+        was_training = model.training
         try:
-            return self._decode(
-                model,
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                synced_gpus,
-                streamer,
-                model_kwargs,
-            )
-        finally:
-            if streamer is not None:
-                streamer.end()
-
-    def _decode(
-        self,
-        model,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        synced_gpus,
-        streamer,
-        model_kwargs,
-    ):
-        _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
-        mask = model_kwargs.get("attention_mask")
-        pads = [
-            _left_padding(None if mask is None else mask[row], input_ids.shape[1])
-            for row in range(input_ids.shape[0])
-        ]
-        eos = generation_config.eos_token_id
-        eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        # The model's policy (a draft model is built with it too, to size its drafts by cost).
-        policy = policy_for(model) if self.speculation == "adaptive" else None
-        drafter = make_drafter(
-            self.drafter, eos_token_ids=eos_token_ids, policy=policy, **self.drafter_options
-        )
-        policy = policy if not isinstance(drafter, NoDrafter) else None
-        if input_ids.shape[0] > 1:
-            if streamer is not None:
+            _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs)
+            mask = model_kwargs.get("attention_mask")
+            pads = [
+                _left_padding(None if mask is None else mask[row], input_ids.shape[1])
+                for row in range(input_ids.shape[0])
+            ]
+            if len(pads) > 1 and streamer is not None:
                 raise InvalidParameterError(
                     "promptlookup's custom_generate streams one sequence "
                     "at a time; drop the streamer or the batch"
                 )
-            drafters = [drafter] + [
+            eos = generation_config.eos_token_id
+            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            # The model's policy (a draft model is built with it too, to size its drafts).
+            policy = policy_for(model) if self.speculation == "adaptive" else None
+            drafters = [
                 make_drafter(
                     self.drafter, eos_token_ids=eos_token_ids, policy=policy, **self.drafter_options
                 )
-                for _ in pads[1:]
+                for _ in pads
             ]
-            return self._decode_batch(
-                model,
-                input_ids,
-                pads,
-                drafters,
-                policy,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-            )
-        num_pad = pads[0]
+            policy = policy if not isinstance(drafters[0], NoDrafter) else None
+            target = target_for(model)  # sets eval mode; restored below
+            if len(pads) > 1:
+                sequences, self.last_stats = decode_batch(
+                    target,
+                    policy,
+                    input_ids,
+                    pads,
+                    drafters,
+                    logits_processor,
+                    stopping_criteria,
+                    generation_config,
+                )
+                cache = None  # the rows' caches do not line up with ``sequences``
+            else:
+                sequences, cache = self._decode_one(
+                    target,
+                    policy,
+                    input_ids,
+                    pads[0],
+                    drafters[0],
+                    logits_processor,
+                    stopping_criteria,
+                    generation_config,
+                    streamer,
+                )
+        finally:
+            model.train(was_training)
+            if streamer is not None:
+                streamer.end()
+        if not generation_config.return_dict_in_generate:
+            return sequences
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(sequences=sequences, cache=cache)
+
+    def _decode_one(
+        self,
+        target,
+        policy,
+        input_ids,
+        num_pad,
+        drafter,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer,
+    ):
+        """One row (1, L) with ``num_pad`` leading pad tokens: the returned ``sequences`` and
+        the cache as after ``_sample`` (every token but the last; None with padding, whose
+        positions would not line up with ``sequences``)."""
         prompt_ids = input_ids[0].tolist()
-        chooser = _PaddedChooser(
+        chooser = PaddedChooser(
             prompt_ids[:num_pad], logits_processor, do_sample=bool(generation_config.do_sample)
         )
         max_length = generation_config.max_length or len(prompt_ids) + 1
         # Like _sample, at least one token even when the prompt already reaches max_length.
         budget = max(1, max_length - len(prompt_ids))
         stats = self.last_stats = GenerationStats()
-        was_training = model.training
-        target = target_for(model)  # sets eval mode; restored below
         sequence = list(prompt_ids)  # padding + prompt + accepted tokens
         tokens = speculative_generate(
             target,
@@ -244,161 +248,9 @@ class CustomGenerate:
                     break
         finally:
             tokens.close()
-            model.train(was_training)
         sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
-        if not generation_config.return_dict_in_generate:
-            return sequences
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-        # The cache holds every token but the last (as after _sample); none when we stripped
-        # padding, since its positions would not line up with ``sequences``.
         target.crop(len(sequence) - num_pad - 1)
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences, cache=target.cache if num_pad == 0 else None
-        )
-
-    def _decode_batch(
-        self,
-        model,
-        input_ids,
-        pads,
-        drafters,
-        policy,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-    ):
-        """A batch (B, L) on the continuous-batching engine, returned as ``_sample`` would."""
-        # As _sample: rows stopped by an EOS-aware criterion get padding while others go on.
-        pad_rows = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
-        pad_id = getattr(generation_config, "_pad_token_tensor", None)  # pad, else eos[0]
-        if pad_rows and pad_id is None:
-            raise InvalidParameterError("a batch that stops on EOS needs a pad_token_id")
-        rows, length = input_ids.tolist(), input_ids.shape[1]
-        budget = max(1, (generation_config.max_length or length + 1) - length)  # >= 1 like _sample
-        sequences = [
-            BatchSequence(
-                row[pad:],
-                budget,
-                drafter=drafter,
-                adaptive=policy is not None,
-                chooser=_PaddedChooser(
-                    row[:pad],
-                    _row_processors(logits_processor, i),
-                    bool(generation_config.do_sample),
-                ),
-            )
-            for i, (row, pad, drafter) in enumerate(zip(rows, pads, drafters))
-        ]
-        stops: list[int | None] = [None] * len(rows)  # new tokens of each row when it stopped
-        was_training = model.training
-        decoder = BatchDecoder(target_for(model), policy, max_batch=len(rows))  # sets eval mode
-        try:
-            for sequence in sequences:
-                decoder.add(sequence)
-            for sequence, new_tokens in decoder.run():
-                i = sequences.index(sequence)  # by identity
-                if stops[i] is None:
-                    stops[i] = _stop(
-                        rows[i][: pads[i]],
-                        sequence,
-                        len(new_tokens),
-                        stopping_criteria,
-                        input_ids.device,
-                    )
-                    if stops[i] is not None and pad_rows:
-                        sequence.finish("stop", keep=sequence.stats.new_tokens - stops[i])
-                    elif stops[i] is not None and None not in stops:
-                        _settle(sequences, max(stops))  # every row runs to the longest stop
-        finally:
-            model.train(was_training)
-        longest = max(stops)
-        for row, sequence, stop in zip(rows, sequences, stops):
-            new = sequence.tokens[len(sequence.prompt_ids) :]
-            row += new[:stop] + [int(pad_id)] * (longest - stop) if pad_rows else new[:longest]
-        self.last_stats = _summed([sequence.stats for sequence in sequences])
-        out = torch.tensor(rows, dtype=input_ids.dtype, device=input_ids.device)
-        if not generation_config.return_dict_in_generate:
-            return out
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-        return GenerateDecoderOnlyOutput(sequences=out, cache=None)  # row caches do not line up
-
-
-def _row_processors(processors, row: int):
-    """``generate``'s processors for one row of its batch, called with that row alone: the
-    repetition penalty gets only the row's padding length (which it skips) and
-    ``prefix_allowed_tokens_fn`` the row's index; the others work row by row."""
-    from transformers import (
-        LogitsProcessorList,
-        PrefixConstrainedLogitsProcessor,
-        RepetitionPenaltyLogitsProcessor,
-    )
-
-    own = LogitsProcessorList()
-    for processor in processors or ():
-        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(
-            processor.prompt_ignore_length, torch.Tensor
-        ):
-            processor = copy.copy(processor)
-            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
-        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
-            processor, allowed = copy.copy(processor), processor._prefix_allowed_tokens_fn
-            processor._prefix_allowed_tokens_fn = lambda _, ids, allowed=allowed: allowed(row, ids)
-        own.append(processor)
-    return own
-
-
-def _stop(padding, sequence, num_new, stopping_criteria, device) -> int | None:
-    """The new-token count of ``sequence`` at which a stopping criterion fired on its running
-    ids (padding first) in its last ``num_new`` tokens, or when it finished, else None."""
-    done = sequence.stats.new_tokens
-    for count in range(done - num_new + 1, done + 1):
-        prefix = sequence.tokens[: len(sequence.prompt_ids) + count]
-        if bool(stopping_criteria(torch.tensor([padding + prefix], device=device), None).any()):
-            return count
-    return done if sequence.done else None
-
-
-def _settle(sequences, stop: int) -> None:
-    """Every row ends with ``stop`` new tokens: cut the ones past it, extend the others."""
-    for sequence in sequences:
-        if sequence.stats.new_tokens >= stop:
-            sequence.finish("stop", keep=sequence.stats.new_tokens - stop)
-        else:
-            sequence.max_new_tokens = stop
-
-
-def _summed(stats: Sequence[GenerationStats]) -> GenerationStats:
-    """The counters of a batch's rows added up (``seconds``: the longest row's)."""
-    return GenerationStats(
-        *(
-            sum(getattr(row, name) for row in stats)
-            for name in (
-                "prompt_tokens",
-                "new_tokens",
-                "forward_passes",
-                "drafted_tokens",
-                "accepted_tokens",
-            )
-        ),
-        seconds=max(row.seconds for row in stats),
-    )
-
-
-class _PaddedChooser(TokenChooser):
-    """A TokenChooser whose processors see the left padding before ``input_ids``, as in plain
-    ``generate`` (the repetition penalty skips it; min length counts it)."""
-
-    def __init__(self, padding: Sequence[int], processors, do_sample: bool) -> None:
-        super().__init__(processors, do_sample=do_sample, generator=None)
-        self.padding = list(padding)
-
-    def choose(self, input_ids: torch.Tensor, target_logits: torch.Tensor) -> int:
-        if self.padding:
-            pad = torch.tensor([self.padding], dtype=input_ids.dtype, device=input_ids.device)
-            input_ids = torch.cat([pad, input_ids], dim=1)  # (1, num_pad + n)
-        return super().choose(input_ids, target_logits)
+        return sequences, target.cache if num_pad == 0 else None
 
 
 def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:
@@ -422,7 +274,7 @@ def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwa
     if synced_gpus:
         raise InvalidParameterError("promptlookup's custom_generate does not support synced_gpus")
     if generation_config.return_dict_in_generate:
-        asked = [name for name in _UNSUPPORTED_OUTPUTS if getattr(generation_config, name, False)]
+        asked = [name for name in _UNSUPPORTED_OUTPUTS if getattr(generation_config, name)]
         if asked:
             raise InvalidParameterError(
                 f"promptlookup's custom_generate does not return "
@@ -511,7 +363,7 @@ def generate(
         elif config is not None and config.stop_strings is not None:
             stops = config.stop_strings
         else:
-            stops = getattr(model.generation_config, "stop_strings", None)
+            stops = model.generation_config.stop_strings
         if stops:
             criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
         generate_kwargs["stop_strings"] = None
