@@ -102,13 +102,12 @@ def server_command(
     threads: int,
     slots: int,
     llama_server: str | None = None,
-    max_batch: bool = False,
     ctx_per_slot: int = 4096,
     spec_args: tuple[str, ...] = NGRAM_ARGS,
     backend: str = "transformers",
 ) -> list[str]:
     """The command line that starts ``method``'s server with room for ``slots`` requests at
-    once."""
+    once (for ``promptlookup serve``: ``slots`` sequences in every forward pass)."""
     if method in LLAMA_METHODS:
         if not llama_server:
             raise ValueError("the llama-server methods need the llama-server binary")
@@ -153,13 +152,13 @@ def server_command(
         backend,
         "--threads",
         str(threads),
+        "--max-batch",
+        str(slots),
         "--max-queue",
         str(max(16, slots)),
         "--log-level",
         "warning",
     ]
-    if max_batch:
-        command += ["--max-batch", str(slots)]
     if method == "promptlookup-none":
         command += ["--drafter", "none"]
     return command
@@ -441,16 +440,6 @@ class Servers:
                 log.close()
 
 
-def serve_has_max_batch() -> bool:
-    help_text = subprocess.run(
-        [sys.executable, "-m", "promptlookup", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    return "--max-batch" in help_text
-
-
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -559,13 +548,6 @@ def main(argv=None) -> int:
         task: load_rows(args.data_dir / f"{task}.jsonl") for task in dict.fromkeys(TASK_CYCLE)
     }
     requests = pick_requests(rows_by_task, args.requests)
-    max_batch = any(m.startswith("promptlookup") for m in methods) and serve_has_max_batch()
-    if any(m.startswith("promptlookup") for m in methods) and not max_batch:
-        print(
-            "note: promptlookup serve has no --max-batch here: it serves one request at a "
-            "time and queues the rest",
-            file=sys.stderr,
-        )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
 
@@ -582,7 +564,6 @@ def main(argv=None) -> int:
             threads=args.threads,
             slots=levels[-1],
             llama_server=args.llama_server,
-            max_batch=max_batch,
             ctx_per_slot=args.ctx_per_slot,
             spec_args=spec_args,
             backend=args.backend,
@@ -640,7 +621,7 @@ def main(argv=None) -> int:
                 "levels": levels,
                 "methods": methods,
                 "model": model,
-                "promptlookup_max_batch": max_batch,
+                "promptlookup_max_batch": levels[-1],
                 "cpu_count": os.cpu_count(),
             },
             "servers": {

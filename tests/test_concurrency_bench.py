@@ -177,16 +177,11 @@ def test_pick_requests_cycles_tasks_in_file_order():
 
 
 def test_server_commands():
-    pl = bench.server_command(
-        "promptlookup-none", port=9, model="m.gguf", threads=2, slots=8, max_batch=True
-    )
+    pl = bench.server_command("promptlookup-none", port=9, model="m.gguf", threads=2, slots=8)
     assert pl[1:4] == ["-m", "promptlookup", "serve"]
     assert pl[pl.index("--max-batch") + 1] == "8" and pl[pl.index("--drafter") + 1] == "none"
     assert "--drafter" not in bench.server_command(
         "promptlookup", port=9, model="m", threads=2, slots=1
-    )
-    assert "--max-batch" not in bench.server_command(
-        "promptlookup", port=9, model="m", threads=2, slots=4, max_batch=False
     )
     ls = bench.server_command(
         "llama-server",

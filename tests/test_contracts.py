@@ -111,12 +111,17 @@ def test_every_backend_declares_prepare():
 
 
 def test_one_table_of_drafter_options_serves_every_front_end():
-    from promptlookup.bench.methods import LOOKUP_PARAMS
     from promptlookup.cli import drafter_kwargs
     from promptlookup.drafters import OPTIONS
     from promptlookup.drafters.options import BENCH_PARAMS, DRAFTER_OPTIONS, LOOKUP_OPTIONS
 
-    assert BENCH_PARAMS == LOOKUP_PARAMS  # what the bench should import
+    # The bench's method parameters, short and long (``promptlookup:k=8,max_match=3``).
+    assert BENCH_PARAMS == {
+        "k": "num_tokens",
+        "min": "min_match",
+        "max": "max_match",
+        **{name: name for name in ("num_tokens", "min_match", "max_match")},
+    }
     assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
     assert OPTIONS["prompt-lookup"] == {
         "cross_request",
@@ -154,8 +159,10 @@ def test_generate_takes_exactly_the_keywords_of_stream():
     assert list(generate) == list(inspect.signature(LanguageModel.stream).parameters)
 
 
-def test_default_threads_is_defined_once():
-    from promptlookup.bench import command
+def test_default_threads_are_the_cores_this_process_may_run_on(monkeypatch):
+    import os
+
     from promptlookup.machine import default_threads
 
-    assert command._default_threads() == default_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert default_threads() == 3
