@@ -135,6 +135,15 @@ def test_stop_string_ends_the_answer(server, lm):
     assert response.choices[0].finish_reason == "stop"
 
 
+def test_one_stop_string_longer_than_four_characters_is_one_stop_sequence(server, lm):
+    expected = lm.generate(MESSAGES, max_new_tokens=24, temperature=0).text
+    stop = expected[3:9]
+    assert len(stop) == 6
+    response = chat(server.client(), temperature=0, max_tokens=24, stop=stop)
+    assert response.choices[0].message.content == expected[: expected.index(stop)]
+    assert response.choices[0].finish_reason == "stop"
+
+
 def test_prediction_feeds_the_reference_drafter(server, lm):
     """The predicted output becomes draft material: with the true answer as prediction the
     drafts come from it and are accepted, and the answer itself does not change."""
@@ -207,6 +216,8 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
             "context_length_exceeded",
         ),
         ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+        ({**GOOD, "stop": "a" * 1001}, 400, "stop", None),
+        ({**GOOD, "stop": ["ab", "a" * 1001]}, 400, "stop", None),
     ],
     ids=[
         "malformed-json",
@@ -223,6 +234,8 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
         "prompt-beyond-context",
         "prompt-plus-max-tokens-beyond-context",
         "five-stop-strings",
+        "stop-string-too-long",
+        "listed-stop-string-too-long",
     ],
 )
 def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, param, code):

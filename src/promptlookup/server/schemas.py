@@ -9,7 +9,8 @@ Policies:
 - *Ranges* keep every number where torch's arithmetic stays finite (see :data:`LIMITS`):
   ``temperature`` 0 (greedy) or in [1e-4, 2]; ``top_p`` in (0, 1]; ``repetition_penalty`` in
   [0.01, 100]; ``seed`` a signed 64-bit integer; ``n`` in [1, 16]; ``top_logprobs`` in
-  [0, 20] (chat, with ``logprobs: true``); ``logprobs`` in [0, 5] (completions).
+  [0, 20] (chat, with ``logprobs: true``); ``logprobs`` in [0, 5] (completions); ``stop``
+  one string or a list of up to 4, each at most 1,000 characters.
 - *Refused features*: parameters whose only supported value is the default (``echo``,
   ``best_of``, ``suffix``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
   ``response_format`` other than text, ``tools``/``functions``) are accepted at that value and
@@ -22,15 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 
-#: Most stop strings per request (OpenAI's limit).
+#: Most stop strings per request (OpenAI's limit), and the most characters in one.
 MAX_STOP_STRINGS = 4
-#: Most sequences per request (``n``); they are generated one after another.
+MAX_STOP_CHARS = 1000
+#: Most sequences per request (``n``).
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -116,6 +118,10 @@ class ResponseFormat(_Forbid):
     type: Literal["text"]  # structured output (json_object, json_schema) is not supported
 
 
+#: One stop sequence (a request's ``stop`` is one, or a list of up to four).
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
 def _only(default: Any, name: str, why: str = ""):
     """A validator accepting ``default`` (or null) only."""
 
@@ -141,7 +147,7 @@ class _GenerationRequest(_Forbid):
         ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
     )  # extension
     seed: int | None = Field(None, ge=INT64[0], le=INT64[1])
-    stop: str | list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
