@@ -9,7 +9,6 @@ import time
 import openai
 import pytest
 import torch
-import uvicorn
 from conftest import TinyTokenizer, tiny_llama
 
 from promptlookup.backends.transformers_backend import TransformersTarget
@@ -111,8 +110,8 @@ class RunningServer:
 
     def __init__(self, app) -> None:
         self.app = app
-        self.server = Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+        self.server = Server.for_app(
+            app, host="127.0.0.1", port=0, log_level="warning", access_log=False
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

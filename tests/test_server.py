@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from promptlookup.cli import main as cli_main
 from promptlookup.errors import ModelLoadError
-from promptlookup.server import create_app
+from promptlookup.server import ServerSettings, create_app
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +29,16 @@ def lm():
 
 @pytest.fixture(scope="module")
 def server(lm):
-    with RunningServer(create_app(lm, generation_options=FIXED)) as running:
+    with RunningServer(create_app(lm, ServerSettings(generation_options=FIXED))) as running:
         yield running
 
 
 @pytest.fixture()
 def gated():
     lm = tiny_lm(gated=True)
-    with RunningServer(create_app(lm, max_queue=1, generation_options=FIXED)) as running:
+    with RunningServer(
+        create_app(lm, ServerSettings(max_queue=1, generation_options=FIXED))
+    ) as running:
         yield running, lm.target
         lm.target.gate.set()
 
@@ -292,6 +294,28 @@ def test_body_over_4_mib_is_a_413(server, chunked):
     assert response.json()["error"]["code"] == "request_too_large"
 
 
+def test_max_body_bytes_is_a_setting_and_an_option_of_serve(lm):
+    with RunningServer(create_app(lm, ServerSettings(max_body_bytes=200))) as running:
+        small = httpx.post(running.url + "/v1/chat/completions", json=GOOD)
+        assert small.status_code == 200
+        padded = {**GOOD, "user": "x" * 200}
+        large = httpx.post(running.url + "/v1/chat/completions", json=padded)
+        assert large.status_code == 413 and "200 bytes" in large.json()["error"]["message"]
+    help_text = CliRunner().invoke(cli_main, ["serve", "--help"]).output
+    assert "--max-body-bytes" in help_text and "4194304" in help_text
+    refused = CliRunner().invoke(cli_main, ["serve", "--max-body-bytes", "0"])
+    assert refused.exit_code == 2 and "--max-body-bytes" in refused.output
+
+
+def test_settings_are_checked_like_the_options():
+    from promptlookup.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="--max-queue"):
+        ServerSettings(max_queue=0)
+    with pytest.raises(InvalidParameterError, match="--log-level"):
+        ServerSettings(log_level="loud")
+
+
 def test_unknown_path_is_a_404_with_openai_error_json(server):
     response = httpx.get(server.url + "/v1/engines")
     assert response.status_code == 404 and "message" in response.json()["error"]
@@ -301,7 +325,7 @@ def test_unknown_path_is_a_404_with_openai_error_json(server):
 
 
 def test_api_key_is_required_on_v1_but_not_on_health(lm):
-    with RunningServer(create_app(lm, api_key="s3cret")) as running:
+    with RunningServer(create_app(lm, ServerSettings(api_key="s3cret"))) as running:
         with pytest.raises(openai.AuthenticationError):
             chat(running.client(api_key="wrong"), max_tokens=2)
         missing = httpx.get(running.url + "/v1/models")
@@ -414,7 +438,7 @@ def test_health_is_503_until_the_background_load_finishes():
         release.wait(60)
         return tiny_lm()
 
-    with RunningServer(create_app(load, model_id=MODEL)) as running:
+    with RunningServer(create_app(load, ServerSettings(model_id=MODEL))) as running:
         loading = httpx.get(running.url + "/health")
         assert loading.status_code == 503 and loading.json()["status"] == "loading"
         early = httpx.get(running.url + "/v1/models")
@@ -433,7 +457,7 @@ def test_a_failed_load_is_reported_by_health():
     def load():
         raise ModelLoadError("corrupt.gguf: cannot load GGUF")
 
-    app = create_app(load, model_id=MODEL, on_load_error=failures.append)
+    app = create_app(load, ServerSettings(model_id=MODEL), on_load_error=failures.append)
     with RunningServer(app) as running:
         wait_until(lambda: failures, what="the load to fail")
         health = httpx.get(running.url + "/health")
@@ -471,7 +495,7 @@ def test_serve_rejects_bad_settings_before_listening(args, message):
 def test_default_model_answers_like_the_library_and_drafts_from_the_prediction(default_lm):
     messages = [{"role": "user", "content": "Repeat exactly: alpha beta gamma delta epsilon"}]
     expected = default_lm.generate(messages, max_new_tokens=16, temperature=0, drafter="none")
-    with RunningServer(create_app(default_lm, generation_options=FIXED)) as running:
+    with RunningServer(create_app(default_lm, ServerSettings(generation_options=FIXED))) as running:
         response = running.client().chat.completions.create(
             model=default_lm.name,
             messages=messages,
@@ -564,7 +588,7 @@ def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
     import socket
     from urllib.parse import urlparse
 
-    with RunningServer(create_app(lm, body_timeout=0.5)) as running:
+    with RunningServer(create_app(lm, ServerSettings(body_timeout=0.5))) as running:
         address = urlparse(running.url)
         with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
             head = (

@@ -8,14 +8,16 @@ import openai
 import pytest
 from _server import FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
 
-from promptlookup.server import create_app
+from promptlookup.server import ServerSettings, create_app
 
 GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
 def server():
-    with RunningServer(create_app(tiny_lm(row_by_row=True), generation_options=FIXED)) as s:
+    with RunningServer(
+        create_app(tiny_lm(row_by_row=True), ServerSettings(generation_options=FIXED))
+    ) as s:
         yield s
 
 

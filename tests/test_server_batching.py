@@ -9,7 +9,7 @@ import threading
 import httpx
 from _server import MODEL, RunningServer, tiny_lm, wait_until
 
-from promptlookup.server import create_app
+from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.batch_worker import BatchWorker
 from promptlookup.server.worker import GenerationWorker
 
@@ -68,7 +68,7 @@ def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dic
 
 def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
     bodies = [body(p) for p in PROMPTS] + [body(PROMPTS[0], temperature=0.9, seed=7, n=3)]
-    with RunningServer(create_app(tiny_lm(), max_batch=1)) as alone:
+    with RunningServer(create_app(tiny_lm(), ServerSettings(max_batch=1))) as alone:
         assert type(alone.worker) is GenerationWorker
         want = [
             httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
@@ -85,7 +85,7 @@ def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
         lm.target.gate.set()
 
     # Prompts go in 5 tokens a step while others decode (--prefill-tokens): chunked, unchanged.
-    with RunningServer(create_app(lm, max_batch=4, prefill_tokens=5)) as batched:
+    with RunningServer(create_app(lm, ServerSettings(max_batch=4, prefill_tokens=5))) as batched:
         assert isinstance(batched.worker, BatchWorker)
         assert batched.worker.decoder.prefill_tokens == 5
         lm.target.gate.clear()
@@ -111,7 +111,7 @@ def test_one_disconnecting_stream_changes_no_other_answer():
         return real(caches, token_ids, keep)
 
     target.forward_batch = forward_batch
-    with RunningServer(create_app(lm, max_batch=4)) as running:
+    with RunningServer(create_app(lm, ServerSettings(max_batch=4))) as running:
         want = httpx.post(
             running.url + "/v1/chat/completions", json=body(PROMPTS[1]), timeout=60
         ).json()["choices"][0]["message"]["content"]
@@ -154,7 +154,7 @@ def test_one_disconnecting_stream_changes_no_other_answer():
 
 def test_a_streamed_batched_answer_concatenates_to_the_non_streamed_one():
     lm = tiny_lm()
-    with RunningServer(create_app(lm, max_batch=3)) as running:
+    with RunningServer(create_app(lm, ServerSettings(max_batch=3))) as running:
         plain = answers_at_once(running.url, [body(p) for p in PROMPTS[:3]])
         with httpx.stream(
             "POST",

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_server import GOOD
 
-from promptlookup.server.app import create_app
+from promptlookup.server import ServerSettings, create_app
 
 #: Any JSON value (small).
 JSON = st.recursive(
@@ -55,7 +55,7 @@ FIELDS = [
 
 @pytest.fixture(scope="module")
 def server():
-    with RunningServer(create_app(tiny_lm(), generation_options=FIXED)) as running:
+    with RunningServer(create_app(tiny_lm(), ServerSettings(generation_options=FIXED))) as running:
         yield running
 
 

@@ -1,21 +1,24 @@
 """``promptlookup serve``: an OpenAI-compatible HTTP server (FastAPI/uvicorn) over one model.
 
->>> from promptlookup.server import create_app                      # doctest: +SKIP
->>> app = create_app(promptlookup.load_model())                     # doctest: +SKIP
+>>> from promptlookup.server import Server, ServerSettings, create_app   # doctest: +SKIP
+>>> app = create_app(promptlookup.load_model(), ServerSettings(port=8001))  # doctest: +SKIP
+>>> Server.for_app(app).run()                                           # doctest: +SKIP
 
 See :mod:`.app` for the endpoints and policies, :mod:`.worker` for the queue, and
 docs/server.md for everything the API supports and refuses. Serve the app with :class:`Server`
-(uvicorn's, with a graceful shutdown).
+(uvicorn's, with a graceful shutdown); :class:`ServerSettings` holds every setting, the
+options of ``promptlookup serve``.
 """
 
 import importlib
 
-__all__ = ["APIError", "GenerationWorker", "Server", "create_app"]
+__all__ = ["APIError", "GenerationWorker", "Server", "ServerSettings", "create_app"]
 _MODULES = {
     "create_app": ".app",
     "APIError": ".schemas",
     "GenerationWorker": ".worker",
     "Server": ".state",
+    "ServerSettings": ".settings",
 }
 
 

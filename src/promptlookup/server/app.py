@@ -64,61 +64,28 @@ from .schemas import (
     parse_request,
     read_json,
 )
+from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
 from .worker import GenerationJob, QueueFull
 
 log = logging.getLogger("promptlookup.server")
 
-DEFAULT_MAX_TOKENS = 512
-MAX_BODY_BYTES = 4 * 1024 * 1024
-BODY_TIMEOUT = 30.0  # seconds for a request body to arrive
-
 
 def create_app(
     model: ModelOrLoader,
+    settings: ServerSettings | None = None,
     *,
-    model_id: str | None = None,
-    api_key: str | None = None,
-    max_queue: int = 16,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    default_max_tokens: int = DEFAULT_MAX_TOKENS,
-    drafter: str = "prompt-lookup",
-    drafter_options: dict | None = None,
-    generation_options: dict | None = None,
     on_load_error: Callable[[str], None] | None = None,
-    body_timeout: float = BODY_TIMEOUT,
-    max_batch: int | None = None,
-    prefill_tokens: int | None = None,
 ) -> FastAPI:
     """Build the app. ``model``: a :class:`~promptlookup.LanguageModel`, or a function returning
-    one (called on a background thread at startup). ``model_id``: the name clients must send as
-    ``model`` (default: the model's name). ``drafter``/``drafter_options``: a drafter spec
-    and its options, as in :func:`promptlookup.make_drafter`, for requests without a
-    ``prediction`` (those use prompt lookup with the prediction as reference).
-    ``generation_options``: more keyword arguments for every
-    :meth:`~promptlookup.LanguageModel.stream` call (e.g. ``{"speculation": "fixed"}``).
-    ``on_load_error(message)`` is called if the loader fails. ``body_timeout``: seconds a
-    request body may take to arrive (then 408). ``max_batch``: sequences that share each
-    forward pass (continuous batching; None: the default for the model and machine, 1: one
-    generation at a time). ``prefill_tokens``: prompt tokens a step carries while others
-    decode (None: :data:`~promptlookup.batching.PREFILL_TOKENS`). Serve it with :class:`Server` for a graceful
+    one (called on a background thread at startup). ``settings``: the
+    :class:`~promptlookup.server.ServerSettings` (the options of ``promptlookup serve``, its
+    drafter and generation options; default: the defaults). ``on_load_error(message)`` is
+    called if the loader fails. Serve it with :meth:`Server.for_app` for a graceful
     shutdown."""
-    check_drafter_spec(drafter, **(drafter_options or {}))  # bad settings fail here, not later
-    state = ServerState(
-        model,
-        model_id=model_id,
-        api_key=api_key,
-        max_queue=max_queue,
-        max_body_bytes=max_body_bytes,
-        default_max_tokens=default_max_tokens,
-        drafter=drafter,
-        drafter_options=drafter_options,
-        generation_options=generation_options,
-        on_load_error=on_load_error,
-        body_timeout=body_timeout,
-        max_batch=max_batch,
-        prefill_tokens=prefill_tokens,
-    )
+    settings = settings or ServerSettings()
+    check_drafter_spec(settings.drafter, **settings.drafter_options)  # bad ones fail here
+    state = ServerState(model, settings, on_load_error)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -133,12 +100,12 @@ def create_app(
     app.add_exception_handler(Exception, _internal_error_response)
 
     async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
+        key = state.settings.api_key
+        if key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if not (
-            scheme.lower() == "bearer"
-            and hmac.compare_digest(token.strip().encode(), state.api_key.encode())
+            scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
         ):
             raise APIError(
                 401,
@@ -157,7 +124,7 @@ def create_app(
             body["queue"] = {
                 "running": state.worker.running,
                 "waiting": state.worker.waiting,
-                "capacity": state.max_queue,
+                "capacity": state.settings.max_queue,
                 "max_batch": state.max_batch,
             }
         if state.load_error:
@@ -199,7 +166,8 @@ def create_app(
 
 
 async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
-    body = await read_json(request, state.max_body_bytes, state.body_timeout)
+    settings = state.settings
+    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
     state.ready_model()
     if req.model != state.model_id:
@@ -218,7 +186,7 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     except QueueFull:
         raise APIError(
             429,
-            f"the server is busy ({state.max_queue} requests already waiting); retry later",
+            f"the server is busy ({settings.max_queue} requests already waiting); retry later",
             type="rate_limit_error",
             code="queue_full",
             headers={"Retry-After": str(state.worker.retry_after())},
@@ -284,7 +252,7 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
     context, used = lm.target.max_context, len(prompt_ids)
     max_new_tokens = req.requested_max_tokens
     if max_new_tokens is None:
-        max_new_tokens = min(state.default_max_tokens, context - used)
+        max_new_tokens = min(state.settings.default_max_tokens, context - used)
     if max_new_tokens < 1 or used + max_new_tokens > context:
         raise APIError(
             400,
@@ -293,7 +261,7 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
             param=param,
             code="context_length_exceeded",
         )
-    drafter, options = state.drafter, state.drafter_options
+    drafter, options = state.settings.drafter, state.settings.drafter_options
     if reference_ids:
         lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
         drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
@@ -303,7 +271,7 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
         "sampling": sampling,
         "drafter": drafter,
         "drafter_options": options,
-        "generation_options": state.generation_options,
+        "generation_options": state.settings.generation_options,
     }
 
 

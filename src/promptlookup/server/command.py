@@ -8,6 +8,7 @@ import logging
 import click
 
 from ..cli import drafter_kwargs, drafter_options, friendly_errors, model_options
+from .settings import ServerSettings, setting_names, settings_options
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -22,107 +23,10 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
     help="As for generate: llama.cpp runs a .gguf model with "
     "llama-cpp-python (--dtype is then ignored).",
 )
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on. The default accepts local connections only; any other "
-    "address exposes the server to the network (use --api-key).",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="Port to listen on (0 picks a free one).",
-)
-@click.option(
-    "--api-key",
-    envvar="PROMPTLOOKUP_API_KEY",
-    default=None,
-    metavar="KEY",
-    help="Require 'Authorization: Bearer KEY' on /v1/* (else HTTP 401). "
-    "Also read from PROMPTLOOKUP_API_KEY, which keeps it out of `ps`.",
-)
-@click.option(
-    "--max-batch",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Sequences that share each forward pass (continuous batching); 1 runs one "
-    "generation at a time [default: 4 per core, at most 16, fewer if the "
-    "machine's memory cannot hold their caches at full context].",
-)
-@click.option(
-    "--prefill-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Prompt tokens a step carries while other sequences decode: more lifts "
-    "throughput and shortens later requests' time to first token; fewer keeps "
-    "running streams' inter-token latency low (such a step costs about one pass "
-    "over this many tokens) [default: 512].",
-)
-@click.option(
-    "--max-queue",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Requests that may wait beyond the running batch; then HTTP 429.",
-)
-@click.option(
-    "--default-max-tokens",
-    type=click.IntRange(min=1),
-    default=512,
-    show_default=True,
-    help="Token limit of requests without max_tokens (capped by the context left).",
-)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CPU threads for torch [default: torch's choice, one per core]. On a busy "
-    "machine, 1 can be much faster than oversubscribed cores.",
-)
-@click.option(
-    "--body-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="Seconds a request body may take to arrive; a client "
-    "that stalls longer gets HTTP 408 and is disconnected.",
-)
-@click.option(
-    "--model-id", default=None, help="The name clients send as 'model' [default: the model's name]."
-)
+@settings_options
 @drafter_options
-@click.option(
-    "--log-level",
-    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
-    default="info",
-    show_default=True,
-)
 @friendly_errors
-def serve(
-    model,
-    dtype,
-    device,
-    backend,
-    host,
-    port,
-    api_key,
-    max_batch,
-    prefill_tokens,
-    max_queue,
-    default_max_tokens,
-    threads,
-    body_timeout,
-    model_id,
-    drafter,
-    speculation,
-    draft_tokens,
-    min_match,
-    max_match,
-    log_level,
-):
+def serve(model, dtype, device, backend, drafter, speculation, **values):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -146,9 +50,9 @@ def serve(
     one forward pass; each gets exactly the text it would get alone. Requests join and leave
     the batch between steps (a joining prompt is read in chunks, so running streams keep
     going); --max-queue more may wait, and further requests get HTTP 429. A request with n > 1
-    is n sequences of the batch. A client that disconnects cancels its generation only. Without max_tokens a request generates at
-    most --default-max-tokens tokens; a prompt plus max_tokens beyond the model's context is a
-    400 error. 429 and 503 answers carry Retry-After. On SIGTERM the server stops taking
+    is n sequences of the batch. A client that disconnects cancels its generation only.
+    Without max_tokens a request generates at most --default-max-tokens tokens; a prompt plus
+    max_tokens beyond the model's context is a 400 error. 429 and 503 answers carry Retry-After. On SIGTERM the server stops taking
     requests, answers the waiting ones with a 503 and ends the running stream with an error
     event and [DONE].
 
@@ -159,8 +63,6 @@ def serve(
         -d '{"model": "SmolLM2-135M-Instruct.Q4_1", "temperature": 0,
              "messages": [{"role": "user", "content": "Hi"}]}'
     """
-    import uvicorn
-
     import promptlookup
 
     from ..drafters import check_drafter_spec
@@ -168,24 +70,31 @@ def serve(
     from .app import create_app
     from .state import Server
 
-    options = drafter_kwargs(draft_tokens, min_match, max_match)
+    names = setting_names()
+    options = drafter_kwargs(**{k: v for k, v in values.items() if k not in names})
     check_drafter_spec(drafter, **options)  # bad drafter settings: one line, before anything starts
+    settings = ServerSettings(
+        **{k: v for k, v in values.items() if k in names},
+        drafter=drafter,
+        drafter_options=options,
+        generation_options={"speculation": speculation},
+    )
     source = resolve_model(model)  # an unknown model: one line, before anything starts
-    if host not in LOOPBACK_HOSTS:
+    if settings.host not in LOOPBACK_HOSTS:
         click.echo(
-            f"warning: listening on {host}, reachable from other machines"
-            + ("" if api_key else " and without --api-key"),
+            f"warning: listening on {settings.host}, reachable from other machines"
+            + ("" if settings.api_key else " and without --api-key"),
             err=True,
         )
-    if threads is not None:
+    if settings.threads is not None:
         import torch
 
-        torch.set_num_threads(threads)  # a process-wide setting, seen by the generation thread
+        torch.set_num_threads(settings.threads)  # process-wide, seen by the generation thread
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)-9s %(message)s"))
     logger = logging.getLogger("promptlookup")
     logger.addHandler(handler)
-    logger.setLevel(log_level.upper())
+    logger.setLevel(settings.log_level.upper())
 
     server: Server | None = None
 
@@ -200,24 +109,11 @@ def serve(
         if server is not None:
             server.should_exit = True
 
-    app = create_app(
-        load,
-        model_id=model_id or source.name,
-        api_key=api_key,
-        max_queue=max_queue,
-        default_max_tokens=default_max_tokens,
-        drafter=drafter,
-        drafter_options=options,
-        on_load_error=stop_on_load_error,
-        generation_options={"speculation": speculation},
-        body_timeout=body_timeout,
-        max_batch=max_batch,
-        prefill_tokens=prefill_tokens,
-    )
+    if settings.model_id is None:
+        settings = settings.replace(model_id=source.name)
+    app = create_app(load, settings, on_load_error=stop_on_load_error)
     logger.info("loading %s in the background (GET /health is 503 until it is ready)", source.name)
-    server = Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    )
+    server = Server.for_app(app)
     server.run()
     if app.state.server.load_error:
         raise click.ClickException(f"cannot load the model: {app.state.server.load_error}")

@@ -191,6 +191,7 @@ def build_openapi(app: FastAPI) -> dict:
         schema = model.model_json_schema(mode=mode, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    state = getattr(app.state, "server", None)
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         props = schemas[name]["properties"]
         props["temperature"] = {
@@ -201,10 +202,9 @@ def build_openapi(app: FastAPI) -> dict:
             ],
             "description": "0 is greedy; absent: 1",
         }
-        state = getattr(app.state, "server", None)
         if state is not None and state.status == "ready":
             props["model"] = {"type": "string", "enum": [state.model_id]}
-    secured = getattr(getattr(app.state, "server", None), "api_key", None) is not None
+    secured = state is not None and state.settings.api_key is not None
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     paths = doc["paths"]

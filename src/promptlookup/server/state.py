@@ -16,6 +16,7 @@ from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .batch_worker import BatchWorker
 from .schemas import APIError
+from .settings import ServerSettings
 from .worker import GenerationWorker, shutting_down
 
 log = logging.getLogger("promptlookup.server")
@@ -29,36 +30,18 @@ class ServerState:
     def __init__(
         self,
         model: ModelOrLoader,
-        *,
-        model_id,
-        api_key,
-        max_queue,
-        max_body_bytes,
-        default_max_tokens,
-        drafter,
-        drafter_options,
-        generation_options,
-        on_load_error,
-        body_timeout,
-        max_batch=None,
-        prefill_tokens=None,
+        settings: ServerSettings,
+        on_load_error: Callable[[str], None] | None = None,
     ) -> None:
+        self.settings = settings
         self.loader = model if not isinstance(model, LanguageModel) else None
         self.lm: LanguageModel | None = model if isinstance(model, LanguageModel) else None
-        self.model_id = model_id or (self.lm.name if self.lm is not None else "promptlookup")
-        self._named = model_id is not None
-        self.api_key = api_key
-        self.max_queue = max_queue
-        #: Sequences per forward pass (None: the default for the model and machine; 1: one
-        #: generation at a time).
-        self.max_batch = max_batch
-        self.prefill_tokens = prefill_tokens or PREFILL_TOKENS  # while others decode
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout = body_timeout
-        self.default_max_tokens = default_max_tokens
-        self.drafter = drafter
-        self.drafter_options = dict(drafter_options or {})
-        self.generation_options = dict(generation_options or {})
+        self.model_id = settings.model_id or (
+            self.lm.name if self.lm is not None else "promptlookup"
+        )
+        #: Sequences per forward pass, resolved when the model is ready (1: one generation at
+        #: a time).
+        self.max_batch = settings.max_batch
         self.on_load_error = on_load_error
         self.worker: GenerationWorker | None = None
         self.status = "loading"
@@ -87,7 +70,7 @@ class ServerState:
 
     def _ready(self, lm: LanguageModel) -> None:
         self.lm = lm
-        if not self._named:
+        if self.settings.model_id is None:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
         max_batch = self.max_batch
@@ -96,10 +79,11 @@ class ServerState:
         else:  # a target that runs one sequence at a time (llama.cpp)
             max_batch = 1
         self.max_batch = max_batch
+        queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         self.worker = (
-            BatchWorker(lm, self.max_queue, self.tokenizer_lock, max_batch, self.prefill_tokens)
+            BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
             if max_batch > 1
-            else GenerationWorker(lm, self.max_queue, tokenizer_lock=self.tokenizer_lock)
+            else GenerationWorker(lm, queue, tokenizer_lock=self.tokenizer_lock)
         )
         self.worker.start()
         self.status = "ready"
@@ -155,6 +139,20 @@ class Server(uvicorn.Server):
     """uvicorn's server that tells the app when a shutdown begins (SIGTERM, SIGINT), before
     uvicorn waits for open connections: so that queued requests are answered and running
     streams end with an error event and ``[DONE]`` instead of being cut."""
+
+    @classmethod
+    def for_app(cls, app, **config) -> Server:
+        """The server for an app of :func:`~promptlookup.server.create_app`, listening where
+        its settings say; ``config``: more (or other) :class:`uvicorn.Config` arguments."""
+        settings: ServerSettings = app.state.server.settings
+        options = {
+            "host": settings.host,
+            "port": settings.port,
+            "log_level": settings.log_level,
+            "timeout_graceful_shutdown": 5,
+            **config,
+        }
+        return cls(uvicorn.Config(app, **options))
 
     def handle_exit(self, sig, frame) -> None:
         state = getattr(getattr(self.config.app, "state", None), "server", None)

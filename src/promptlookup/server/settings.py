@@ -1,0 +1,157 @@
+"""The server's settings: one dataclass whose fields carry their default, help text and check,
+from which the options of ``promptlookup serve`` are generated (:func:`settings_options`).
+
+>>> ServerSettings(max_queue=4).max_queue
+4
+>>> ServerSettings(max_queue=0)
+Traceback (most recent call last):
+    ...
+promptlookup.errors.InvalidParameterError: --max-queue: 0 is not in the range x>=1.
+
+Only click is imported here, so that ``promptlookup --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from ..errors import InvalidParameterError
+
+
+def setting(default: Any, flag: str, help: str, type: Any = None, **option: Any) -> Any:
+    """A settings field: its ``default``, and the ``promptlookup serve`` option ``flag`` with
+    its ``help`` and click ``type`` (also the check the field's value must pass)."""
+    return field(default=default, metadata={"flag": flag, "help": help, "type": type, **option})
+
+
+@dataclass
+class ServerSettings:
+    """Everything ``promptlookup serve`` and :func:`~promptlookup.server.create_app` take
+    besides the model. Values are checked on creation (an
+    :class:`~promptlookup.errors.InvalidParameterError` naming the option)."""
+
+    host: str = setting(
+        "127.0.0.1",
+        "--host",
+        "Address to listen on. The default accepts local connections only; any other "
+        "address exposes the server to the network (use --api-key).",
+    )
+    port: int = setting(
+        8000, "--port", "Port to listen on (0 picks a free one).", click.IntRange(0, 65535)
+    )
+    api_key: str | None = setting(
+        None,
+        "--api-key",
+        "Require 'Authorization: Bearer KEY' on /v1/* (else HTTP 401). "
+        "Also read from PROMPTLOOKUP_API_KEY, which keeps it out of `ps`.",
+        envvar="PROMPTLOOKUP_API_KEY",
+        metavar="KEY",
+    )
+    model_id: str | None = setting(
+        None, "--model-id", "The name clients send as 'model' [default: the model's name]."
+    )
+    max_batch: int | None = setting(
+        None,
+        "--max-batch",
+        "Sequences that share each forward pass (continuous batching); 1 runs one "
+        "generation at a time [default: 4 per core, at most 16, fewer if the "
+        "machine's memory cannot hold their caches at full context].",
+        click.IntRange(min=1),
+    )
+    prefill_tokens: int | None = setting(
+        None,
+        "--prefill-tokens",
+        "Prompt tokens a step carries while other sequences decode: more lifts "
+        "throughput and shortens later requests' time to first token; fewer keeps "
+        "running streams' inter-token latency low (such a step costs about one pass "
+        "over this many tokens) [default: 512].",
+        click.IntRange(min=1),
+    )
+    max_queue: int = setting(
+        16,
+        "--max-queue",
+        "Requests that may wait beyond the running batch; then HTTP 429.",
+        click.IntRange(min=1),
+    )
+    default_max_tokens: int = setting(
+        512,
+        "--default-max-tokens",
+        "Token limit of requests without max_tokens (capped by the context left).",
+        click.IntRange(min=1),
+    )
+    max_body_bytes: int = setting(
+        4 * 1024 * 1024,
+        "--max-body-bytes",
+        "Largest request body accepted; a larger one gets HTTP 413.",
+        click.IntRange(min=1),
+    )
+    body_timeout: float = setting(
+        30.0,
+        "--body-timeout",
+        "Seconds a request body may take to arrive; a client "
+        "that stalls longer gets HTTP 408 and is disconnected.",
+        click.FloatRange(min=0, min_open=True),
+    )
+    threads: int | None = setting(
+        None,
+        "--threads",
+        "CPU threads for torch [default: torch's choice, one per core]. On a busy "
+        "machine, 1 can be much faster than oversubscribed cores.",
+        click.IntRange(min=1),
+    )
+    log_level: str = setting(
+        "info",
+        "--log-level",
+        "Messages logged: the server's and uvicorn's.",
+        click.Choice(["critical", "error", "warning", "info", "debug"]),
+    )
+    #: The drafter spec and options of requests without a prediction, as in
+    #: :func:`promptlookup.make_drafter` (serve's drafter flags, shared with generate).
+    drafter: str = "prompt-lookup"
+    drafter_options: dict = field(default_factory=dict)
+    #: More keyword arguments for every generation (e.g. ``{"speculation": "fixed"}``).
+    generation_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for item in options():
+            value = getattr(self, item.name)
+            if value is None or item.metadata["type"] is None:
+                continue
+            try:
+                setattr(self, item.name, item.metadata["type"].convert(value, None, None))
+            except click.BadParameter as exc:
+                raise InvalidParameterError(f"{item.metadata['flag']}: {exc.message}") from None
+
+    def replace(self, **changes: Any) -> ServerSettings:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def options() -> list[dataclasses.Field]:
+    """The settings that are options of ``promptlookup serve``, in help order."""
+    return [item for item in dataclasses.fields(ServerSettings) if "flag" in item.metadata]
+
+
+def settings_options(func):
+    """Add one click option per setting to a command; its parameter is the field's name."""
+    for item in reversed(options()):
+        meta = dict(item.metadata)
+        flag, kind = meta.pop("flag"), meta.pop("type")
+        func = click.option(
+            flag,
+            item.name,
+            type=kind,
+            default=item.default,
+            show_default=item.default is not None,
+            **meta,
+        )(func)
+    return func
+
+
+def setting_names() -> set[str]:
+    """The parameter names :func:`settings_options` gives a command."""
+    return {item.name for item in options()}
