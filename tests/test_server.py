@@ -605,6 +605,34 @@ def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
         assert chat(running.client(), max_tokens=2).choices  # the server goes on
 
 
+def _closed_by_the_server(sock: socket.socket, within: float) -> bool:
+    """Whether the server closes ``sock`` within ``within`` seconds (reading what it sends)."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def test_a_connection_that_never_completes_its_request_head_is_closed(lm):
+    with RunningServer(create_app(lm, ServerSettings(header_timeout=0.2))) as running:
+        with socket.create_connection(("127.0.0.1", running.port)) as silent:
+            assert _closed_by_the_server(silent, within=10)
+        with socket.create_connection(("127.0.0.1", running.port)) as partial:
+            partial.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # no more
+            assert _closed_by_the_server(partial, within=10)
+        with socket.create_connection(("127.0.0.1", running.port)) as kept:
+            kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # a whole request
+            kept.settimeout(10)
+            head, _, body = kept.recv(65536).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            kept.sendall(b"GET /health HTTP/1.1\r\n")  # the next head, never finished
+            assert _closed_by_the_server(kept, within=3)  # before uvicorn's 5 s keep-alive
+        assert chat(running.client(), max_tokens=2).choices  # the server goes on
+
+
 def test_a_queued_request_whose_client_left_frees_its_slot(gated):
     running, target = gated  # one generation runs, max_queue=1 may wait
     target.gate.clear()

@@ -96,6 +96,13 @@ class ServerSettings:
         "that stalls longer gets HTTP 408 and is disconnected.",
         click.FloatRange(min=0, min_open=True),
     )
+    header_timeout: float = setting(
+        10.0,
+        "--header-timeout",
+        "Seconds a connection may take to send a complete request head (its first "
+        "one, or the next after some bytes of it); then it is closed.",
+        click.FloatRange(min=0, min_open=True),
+    )
     threads: int | None = setting(
         None,
         "--threads",

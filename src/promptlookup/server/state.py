@@ -15,6 +15,7 @@ from ..batching import PREFILL_TOKENS, default_max_batch
 from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .batch_worker import BatchWorker
+from .protocol import http_protocol
 from .schemas import APIError
 from .settings import ServerSettings
 from .worker import GenerationWorker, shutting_down
@@ -150,6 +151,7 @@ class Server(uvicorn.Server):
             "port": settings.port,
             "log_level": settings.log_level,
             "timeout_graceful_shutdown": 5,
+            "http": http_protocol(settings.header_timeout),
             **config,
         }
         return cls(uvicorn.Config(app, **options))
