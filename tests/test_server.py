@@ -633,6 +633,28 @@ def test_a_connection_that_never_completes_its_request_head_is_closed(lm):
         assert chat(running.client(), max_tokens=2).choices  # the server goes on
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["request-line", "content-length", "chunk-size"],
+)
+def test_malformed_http_gets_openai_error_json(server, request_bytes):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request_bytes)
+        parts = []
+        while part := sock.recv(65536):  # the server answers, then closes
+            parts.append(part)
+    head, _, body = b"".join(parts).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http_request"
+
+
 def test_a_queued_request_whose_client_left_frees_its_slot(gated):
     running, target = gated  # one generation runs, max_queue=1 may wait
     target.gate.clear()

@@ -1,4 +1,5 @@
-"""The HTTP connection: uvicorn's h11 protocol with a deadline for each request head.
+"""The HTTP connection: uvicorn's h11 protocol with a deadline for each request head, and
+OpenAI's error JSON for a request that is not valid HTTP.
 
 uvicorn closes an idle connection between requests (``timeout_keep_alive``) but sets no limit
 on a request head that is never completed, so one client could hold connections (and file
@@ -6,18 +7,26 @@ descriptors) without end. Here a connection must deliver each complete head with
 ``header_timeout`` seconds: counted from the connection's start for the first request, and
 from the first byte of the next one on a kept-alive connection (the idle time before it is
 uvicorn's keep-alive timeout). A connection past its deadline is closed.
+
+Malformed framing (a bad request line or header, a broken chunked body, a head over h11's
+size limit) gets a 400 in the same JSON as every other error, where uvicorn wrote plain text;
+the connection is then closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .schemas import APIError
+
 
 class HeadDeadlineProtocol(H11Protocol):
-    """:class:`H11Protocol` that closes a connection whose request head is late."""
+    """:class:`H11Protocol` that closes a connection whose request head is late, and answers
+    malformed HTTP with OpenAI's error JSON."""
 
     #: Seconds a request head may take (set by :func:`http_protocol`).
     header_timeout: float = 10.0
@@ -54,6 +63,20 @@ class HeadDeadlineProtocol(H11Protocol):
                 "closed a connection whose request head took over %g s", self.header_timeout
             )
             self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps(
+            APIError(400, f"{msg} (malformed HTTP)", code="invalid_http_request").body()
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body)):
+            self.transport.write(self.conn.send(event))
+        self.transport.write(self.conn.send(h11.EndOfMessage()))
+        self.transport.close()
 
 
 def http_protocol(header_timeout: float) -> type[HeadDeadlineProtocol]:
