@@ -8,6 +8,7 @@ generations are made with a target whose forward passes wait for a ``threading.E
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 
@@ -653,6 +654,27 @@ def test_malformed_http_gets_openai_error_json(server, request_bytes):
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http_request"
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line(server, caplog):
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="promptlookup.server")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+                b'{"model": "tiny", "messages": ['
+            )  # then it leaves
+        wait_until(lambda: caplog.records, what="the departure to be logged")
+        assert chat(server.client(), max_tokens=2).choices  # the server goes on
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    (record,) = caplog.records
+    assert record.exc_info is None and "\n" not in record.getMessage()
+    assert "left before sending its whole request body" in record.getMessage()
 
 
 def test_a_queued_request_whose_client_left_frees_its_slot(gated):

@@ -28,7 +28,8 @@ Policies:
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
 - *Disconnects* cancel the generation before its next forward pass, streaming or not; a
-  request still waiting leaves the queue at once.
+  request still waiting leaves the queue at once; a client that leaves while sending its body
+  is one line in the log.
 - *Shutdown* (:class:`Server`, on SIGTERM/SIGINT): new requests get 503; waiting ones are
   answered with a 503 error JSON; the running generation ends before its next forward pass, its
   stream with an ``event: error`` and ``data: [DONE]``.
@@ -49,6 +50,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..drafters import check_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
@@ -97,6 +99,7 @@ def create_app(
     app.state.server = state
     app.add_exception_handler(APIError, _api_error_response)
     app.add_exception_handler(StarletteHTTPException, _http_error_response)
+    app.add_exception_handler(ClientDisconnect, _client_left)
     app.add_exception_handler(Exception, _internal_error_response)
 
     async def check_api_key(request: Request) -> None:
@@ -352,6 +355,12 @@ async def _http_error_response(request: Request, exc: StarletteHTTPException) ->
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     error = APIError(exc.status_code, str(exc.detail), type=kind, headers=exc.headers)
     return _error_response(error)
+
+
+async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
+    client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+    log.info("%s left before sending its whole request body", client)
+    return Response(status_code=499)  # nobody reads it
 
 
 async def _internal_error_response(request: Request, exc: Exception) -> Response:
