@@ -338,6 +338,23 @@ def test_api_key_is_required_on_v1_but_not_on_health(lm):
         assert httpx.get(running.url + "/health").status_code == 200
 
 
+def test_under_an_api_key_unknown_v1_paths_need_the_key_too(lm):
+    with RunningServer(create_app(lm, ServerSettings(api_key="s3cret"))) as running:
+        for method, path in [
+            ("GET", "/v1/engines"),
+            ("POST", "/v1/models"),
+            ("DELETE", "/v1/chat/completions"),
+            ("GET", "/v1"),
+        ]:
+            response = httpx.request(method, running.url + path)
+            assert response.status_code == 401, (method, path)
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        key = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(running.url + "/v1/engines", headers=key).status_code == 404
+        assert httpx.post(running.url + "/v1/models", headers=key).status_code == 405
+        assert httpx.get(running.url + "/nowhere").status_code == 404  # outside /v1: no key
+
+
 # -- load and cancellation -------------------------------------------------------------------
 
 

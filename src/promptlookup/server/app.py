@@ -23,8 +23,9 @@ Policies:
   drafter's reference text (drafts come from it, the prompt, or the output so far).
 - *Limits*: a body over ``max_body_bytes`` is a 413, a body not received within
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
-  as are 503s while loading or shutting down; with ``api_key``, ``/v1/*`` need ``Authorization: Bearer <key>`` (compared in
-  constant time), else 401. ``/health`` is always open.
+  as are 503s while loading or shutting down; with ``api_key``, every ``/v1`` path needs
+  ``Authorization: Bearer <key>``, unknown ones included, else 401 (see :mod:`.edge`).
+  ``/health`` is always open.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
 - *Disconnects* cancel the generation before its next forward pass, streaming or not; a
@@ -38,24 +39,21 @@ Policies:
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from ..drafters import check_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
+from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
 from .schemas import (
@@ -97,26 +95,10 @@ def create_app(
 
     app = FastAPI(title="promptlookup", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
-    app.add_exception_handler(APIError, _api_error_response)
-    app.add_exception_handler(StarletteHTTPException, _http_error_response)
-    app.add_exception_handler(ClientDisconnect, _client_left)
-    app.add_exception_handler(Exception, _internal_error_response)
+    install_error_handlers(app)
+    app.add_middleware(APIKeyGate, key=settings.api_key)
 
-    async def check_api_key(request: Request) -> None:
-        key = state.settings.api_key
-        if key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if not (
-            scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-        ):
-            raise APIError(
-                401,
-                "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+    v1 = APIRouter(prefix="/v1")
 
     @app.get("/health")
     async def health():
@@ -332,39 +314,3 @@ async def _sse_events(
         yield "data: [DONE]\n\n"
     finally:
         job.cancel()  # no effect once the job has ended
-
-
-# -- errors ---------------------------------------------------------------------------------
-
-
-def _error_response(error: APIError) -> Response:
-    # ASCII-escaped JSON: an error message may quote a client's string, lone surrogates included.
-    return Response(
-        json.dumps(error.body()),
-        status_code=error.status,
-        media_type="application/json",
-        headers=error.headers,
-    )
-
-
-async def _api_error_response(request: Request, exc: APIError) -> Response:
-    return _error_response(exc)
-
-
-async def _http_error_response(request: Request, exc: StarletteHTTPException) -> Response:
-    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    error = APIError(exc.status_code, str(exc.detail), type=kind, headers=exc.headers)
-    return _error_response(error)
-
-
-async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
-    client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
-    log.info("%s left before sending its whole request body", client)
-    return Response(status_code=499)  # nobody reads it
-
-
-async def _internal_error_response(request: Request, exc: Exception) -> Response:
-    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error_response(
-        APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
-    )
