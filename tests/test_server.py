@@ -255,6 +255,50 @@ def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, 
     assert (error["param"], error["code"]) == (param, code)
 
 
+class CountingTokenizer:
+    """A tokenizer that records the length of every text it is given."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.lengths = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return self.inner(text, **kwargs)
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.lengths.append(sum(len(m["content"]) for m in messages))
+        return self.inner.apply_chat_template(messages, **kwargs)
+
+
+def test_a_megabyte_prompt_is_refused_without_tokenizing_it():
+    counted = tiny_lm()
+    counted.tokenizer = CountingTokenizer(counted.tokenizer)
+    word = "a" * (1 << 20)  # one word: the slowest kind of text to tokenize
+    with RunningServer(create_app(counted)) as running:
+        for path, body in [
+            ("/v1/completions", {"model": MODEL, "prompt": word}),
+            ("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": word}]}),
+            (
+                "/v1/completions",
+                {
+                    "model": MODEL,
+                    "prompt": "ab",
+                    "prediction": {"type": "content", "content": word},
+                },
+            ),
+        ]:
+            response = httpx.post(running.url + path, json=body, timeout=30)
+            assert response.status_code == 400, response.text
+            message = response.json()["error"]["message"]
+            assert "\n" not in message and "characters" in message
+        ok = httpx.post(running.url + "/v1/completions", json={"model": MODEL, "prompt": "ab"})
+        assert ok.status_code == 200
+    assert counted.tokenizer.lengths and max(counted.tokenizer.lengths) < 1000
+
+
 @pytest.mark.parametrize(
     "extra, param",
     [

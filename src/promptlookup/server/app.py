@@ -162,6 +162,7 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
             param="model",
             code="model_not_found",
         )
+    _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
     job_inputs = await run_in_threadpool(_prepare, state, req, chat)
     job = GenerationJob(
         **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
@@ -194,6 +195,30 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     if choices is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
     return JSONResponse(completion_body(meta, chat, choices, state.fingerprint, predicted))
+
+
+def _check_characters(state: ServerState, req, chat: bool) -> None:
+    """A 400 for a prompt (or prediction) with more characters than the context's tokens can
+    hold (:attr:`ServerState.max_text_chars`), found without tokenizing it."""
+    limit, context = state.max_text_chars, state.lm.target.max_context
+    if chat:
+        param, chars = "messages", sum(len(content_text(m.content)) for m in req.messages)
+    else:
+        param, chars = "prompt", len(req.prompt) if isinstance(req.prompt, str) else 0
+    if chars > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the {param} "
+            f"({chars} characters) cannot fit in it (at most {limit} characters)",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if req.prediction is not None and len(content_text(req.prediction.content)) > limit:
+        raise APIError(
+            400,
+            f"prediction: longer than this model's context can use (at most {limit} characters)",
+            param="prediction",
+        )
 
 
 def _prepare(state: ServerState, req, chat: bool) -> dict:

@@ -49,6 +49,8 @@ class ServerState:
         self.load_error: str | None = None
         self.tokenizer_lock = threading.Lock()  # request threads encode one at a time
         self.fingerprint: str | None = None
+        #: Characters beyond which a text cannot fit the context, however it tokenizes.
+        self.max_text_chars = 0
         self.shutting_down = False
 
     def start(self) -> None:
@@ -74,6 +76,7 @@ class ServerState:
         if self.settings.model_id is None:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
+        self.max_text_chars = lm.target.max_context * longest_token_chars(lm.tokenizer)
         max_batch = self.max_batch
         if isinstance(lm.target, BatchTarget):
             max_batch = max_batch or default_max_batch(lm.target)
@@ -122,6 +125,22 @@ class ServerState:
 
     def model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "promptlookup"}
+
+
+#: The most characters one token is assumed to stand for when the vocabulary cannot be read.
+MAX_TOKEN_CHARS = 128
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters any one token of ``tokenizer`` stands for: its vocabulary's longest
+    entry (written with at least one character per character it stands for, in byte-level BPE
+    and SentencePiece vocabularies), so that a text of more than ``context x this`` characters
+    has more tokens than the context holds."""
+    try:
+        vocabulary = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError, TypeError):
+        return MAX_TOKEN_CHARS
+    return max(map(len, vocabulary), default=MAX_TOKEN_CHARS)
 
 
 def fingerprint(lm: LanguageModel) -> str:
