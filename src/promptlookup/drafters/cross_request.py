@@ -9,8 +9,9 @@ context has nothing as good.
 Data structure
 --------------
 An n-gram table of continuation counts: for every *order* ``n`` in ``orders`` (default 1, 2,
-3, 4, 6, 8, 12, 16, 32) and every position of a document, the ``n`` tokens before it map to a
-count of each token that followed them. Adding a token updates one entry per order, and
+3, 4, 6, 8, 12, 16, 32) and every position of a document, the ``n`` tokens before it (by their
+hash: a collision could only merge two n-grams' counts, i.e. worse drafts) map to a count of
+each token that followed them. Adding a token updates one entry per order, and
 evicting a token undoes that, so both cost O(len(orders)) whatever the index holds. A lookup
 takes the longest order whose last ``n`` tokens of the request occur, and the continuation
 seen most often after them (ties: the one counted last); a draft repeats that, one token at a
@@ -82,7 +83,7 @@ class CrossRequestIndex:
 
     def __init__(
         self,
-        max_tokens: int = 65536,
+        max_tokens: int = 32768,
         orders: Sequence[int] = DEFAULT_ORDERS,
         include_prompts: bool = False,
     ) -> None:
@@ -95,8 +96,8 @@ class CrossRequestIndex:
         self.orders = tuple(orders)
         self.max_order = self.orders[-1]
         self.include_prompts = include_prompts
-        # n tokens -> {next token: count}, in the order the counts were last increased.
-        self._table: dict[tuple[int, ...], dict[int, int]] = {}
+        # hash of n tokens -> what followed them (see _Counts).
+        self._table: dict[int, int | dict[int, int]] = {}
         self._documents: collections.deque[Document] = collections.deque()  # oldest first
         self._size = 0
         self._lock = threading.RLock()
@@ -127,17 +128,24 @@ class CrossRequestIndex:
         if not document.alive:  # new, or evicted while being written: (re)join as the newest
             document.tokens, document.alive = [], True
             self._documents.append(document)
-        tokens = document.tokens
+        if not 0 <= token <= _TOKEN:
+            raise InvalidParameterError(f"token ids must be in 0..{_TOKEN}, got {token}")
+        tokens, table = document.tokens, self._table
         position = len(tokens)
         tokens.append(token)
         # One count per order: the n tokens before this one were followed by it.
         for n in self.orders:
             if n > position:
                 break
-            key = tuple(tokens[position - n : position])
-            counts = self._table.get(key)
+            key = hash(tuple(tokens[position - n : position]))
+            counts = table.get(key)
             if counts is None:
-                self._table[key] = {token: 1}
+                table[key] = _ONE | token
+            elif type(counts) is int:
+                if counts & _TOKEN == token:
+                    table[key] = counts + _ONE
+                else:
+                    table[key] = {counts & _TOKEN: counts >> 32, token: 1}
             else:
                 counts[token] = counts.pop(token, 0) + 1  # moved last: the latest on a tie
         self._size += 1
@@ -146,20 +154,26 @@ class CrossRequestIndex:
 
     def _evict(self, document: Document) -> None:
         """Remove a document's counts (the oldest document, whole)."""
-        tokens = document.tokens
+        tokens, table = document.tokens, self._table
         for position in range(1, len(tokens)):
             token = tokens[position]
             for n in self.orders:
                 if n > position:
                     break
-                key = tuple(tokens[position - n : position])
-                counts = self._table[key]
-                if counts[token] > 1:
+                key = hash(tuple(tokens[position - n : position]))
+                counts = table[key]
+                if type(counts) is int:
+                    if counts >= 2 * _ONE:
+                        table[key] = counts - _ONE
+                    else:
+                        del table[key]
+                elif counts[token] > 1:
                     counts[token] -= 1
-                elif len(counts) > 1:
-                    del counts[token]
                 else:
-                    del self._table[key]
+                    del counts[token]
+                    if len(counts) == 1:  # one continuation left: packed again
+                        ((last, count),) = counts.items()
+                        table[key] = count << 32 | last
         self._size -= len(tokens)
         document.tokens, document.alive = [], False
 
@@ -182,9 +196,9 @@ class CrossRequestIndex:
                 if n < min_match:
                     break
                 if n <= len(context):
-                    counts = self._table.get(tuple(context[len(context) - n :]))
-                    if counts:
-                        return n, dict(counts)
+                    counts = self._table.get(hash(tuple(context[len(context) - n :])))
+                    if counts is not None:
+                        return n, _as_dict(counts)
             return 0, {}
 
     def draft(
@@ -216,13 +230,13 @@ class CrossRequestIndex:
                     del window[0]
         return Draft(tokens, match_length=first, source=SHARED)
 
-    def _longest(self, window: list[int], min_match: int) -> tuple[int, dict[int, int] | None]:
+    def _longest(self, window: list[int], min_match: int) -> tuple[int, int | dict | None]:
         for n in reversed(self.orders):
             if n < min_match:
                 break
             if n <= len(window):
-                counts = self._table.get(tuple(window[len(window) - n :]))
-                if counts:
+                counts = self._table.get(hash(tuple(window[len(window) - n :])))
+                if counts is not None:
                     return n, counts
         return 0, None
 
@@ -277,8 +291,21 @@ class CrossRequestIndex:
         )
 
 
-def _most_frequent(counts: dict[int, int]) -> int:
+# What followed an n-gram: one token and its count packed in an int (``count << 32 | token``;
+# most n-grams have one continuation), else a dict {token: count} in the order the counts
+# last rose.
+_TOKEN = (1 << 32) - 1
+_ONE = 1 << 32
+
+
+def _as_dict(counts: int | dict[int, int]) -> dict[int, int]:
+    return {counts & _TOKEN: counts >> 32} if type(counts) is int else dict(counts)
+
+
+def _most_frequent(counts: int | dict[int, int]) -> int:
     """The token counted most often; on a tie, the one whose count rose last."""
+    if type(counts) is int:
+        return counts & _TOKEN
     best, best_count = -1, 0
     for token, count in counts.items():
         if count >= best_count:

@@ -97,7 +97,7 @@ class TenantIndexes:
 
     SHARING = ("off", "per-key", "global")
 
-    def __init__(self, sharing: str = "per-key", max_tokens: int = 65536, max_tenants: int = 64):
+    def __init__(self, sharing: str = "per-key", max_tokens: int = 32768, max_tenants: int = 16):
         if sharing not in self.SHARING:
             raise InvalidParameterError(
                 f"cross-request sharing must be one of {', '.join(self.SHARING)}, got {sharing!r}"

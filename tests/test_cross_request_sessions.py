@@ -1,0 +1,51 @@
+"""The session workload (:mod:`promptlookup.bench.sessions`): built from the installed standard
+library at run time, every kind's requests well formed, and a run on a tiny model whose
+outputs with the index equal those without."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TinyTokenizer, tiny_llama
+
+import promptlookup
+from promptlookup.bench import sessions as workload
+
+
+@pytest.fixture(scope="module")
+def long_tiny_lm():
+    """A tiny model with room for the workload's prompts (one character per token)."""
+    model = tiny_llama(seed=4)
+    model.config.max_position_embeddings = 4096
+    return promptlookup.from_transformers(model, TinyTokenizer(32), name="tiny-long")
+
+
+def test_sessions_are_built_from_the_standard_library():
+    functions = workload.stdlib_functions()
+    assert len(functions) >= 20 and all(f.source.startswith("def ") for f in functions)
+    built = workload.build_sessions(per_kind=2, requests=3)
+    assert [s.kind for s in built] == [k for k in workload.KINDS for _ in range(2)]
+    assert len({s.name for s in built}) == len(built)
+    for session in built:
+        for step in range(3):
+            messages = session.messages(step)
+            assert messages and all(m["content"] for m in messages)
+            session.answers.append("<tool_call>{}</tool_call>")
+    agent = next(s for s in built if s.kind == "agent")
+    assert sum(m["role"] == "assistant" for m in agent.messages(3)) == 2  # the last two turns
+
+
+def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
+    tiny_lm = long_tiny_lm
+    built = workload.build_sessions(("extraction", "agent"), per_kind=1, requests=2)
+    run = workload.run_sessions(tiny_lm, built, max_new_tokens=12, requests=2, log=lambda _: None)
+    assert run.identical and run.mismatches == []
+    assert run.tallies[("all", "off")].requests == 4
+    assert run.tallies[("all", "global")].new_tokens == run.tallies[("all", "off")].new_tokens
+    assert run.index_tokens["global"] > 0
+    table = workload.report(run)
+    assert "| all | global |" in table and "identical" in table
+    pair = workload.build_sessions(("extraction",), per_kind=2, requests=2)
+    batched = workload.run_sessions(
+        tiny_lm, pair, max_new_tokens=12, requests=2, concurrency=2, log=lambda _: None
+    )
+    assert batched.identical and batched.tallies[("all", "per-key")].requests == 4
