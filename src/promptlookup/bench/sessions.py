@@ -280,13 +280,13 @@ def run_sessions(
     for group in groups:
         for step in range(requests):
             prompts = [session.messages(step) for session in group]
-            outputs = {}
+            outputs, spent = {}, {}
             for mode in modes[turn % len(modes) :] + modes[: turn % len(modes)]:
                 indexes = [index_of(mode, session) for session in group]
                 start = time.perf_counter()
                 results = _generate(lm, prompts, indexes, max_new_tokens)
                 seconds = (time.perf_counter() - start) / len(results)  # concurrency 1: all
-                outputs[mode] = results
+                outputs[mode], spent[mode] = results, seconds * len(results)
                 for session, result in zip(group, results):
                     for kind in (session.kind, "all"):
                         tallies.setdefault((kind, mode), Tally()).add(result.stats, seconds)
@@ -301,7 +301,8 @@ def run_sessions(
                 f"{', '.join(s.name for s in group)} step {step + 1}/{requests}: "
                 + ", ".join(
                     f"{mode} {sum(r.stats.new_tokens for r in outputs[mode])} tokens in "
-                    f"{sum(r.stats.forward_passes for r in outputs[mode])} passes"
+                    f"{sum(r.stats.forward_passes for r in outputs[mode])} passes, "
+                    f"{spent[mode]:.2f} s"
                     for mode in modes
                 )
             )

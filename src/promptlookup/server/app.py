@@ -49,7 +49,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from ..drafters import check_drafter_spec
+from ..drafters import check_drafter_spec, parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
@@ -163,7 +163,10 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
             code="model_not_found",
         )
     _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
-    job_inputs = await run_in_threadpool(_prepare, state, req, chat)
+    # The tenant whose cross-request index the request drafts from: its API key (one tenant
+    # without --api-key, whatever clients send).
+    tenant = request.headers.get("authorization") if settings.api_key else None
+    job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
     job = GenerationJob(
         **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
     )
@@ -221,8 +224,9 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
         )
 
 
-def _prepare(state: ServerState, req, chat: bool) -> dict:
-    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs."""
+def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
+    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
+    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
     lm = state.lm
     param = "messages" if chat else "prompt"
     with state.tokenizer_lock:
@@ -275,6 +279,9 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
     if reference_ids:
         lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
         drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
+    index = state.cross_request.for_tenant(tenant)
+    if index is not None and _looks_up(drafter):
+        options = {**options, "cross_request": index}
     return {
         "prompt_ids": prompt_ids,
         "max_new_tokens": max_new_tokens,
@@ -283,6 +290,13 @@ def _prepare(state: ServerState, req, chat: bool) -> dict:
         "drafter_options": options,
         "generation_options": state.settings.generation_options,
     }
+
+
+def _looks_up(drafter) -> bool:
+    """Whether a drafter spec has a prompt lookup member (which takes ``cross_request``)."""
+    return isinstance(drafter, str) and any(
+        name == "prompt-lookup" for name, _ in parse_drafter_spec(drafter)
+    )
 
 
 async def _outcome_unless_disconnected(job: GenerationJob, request: Request):

@@ -103,6 +103,21 @@ class ServerSettings:
         "one, or the next after some bytes of it); then it is closed.",
         click.FloatRange(min=0, min_open=True),
     )
+    cross_request: str = setting(
+        "per-key",
+        "--cross-request",
+        "Prompt lookup also drafts from earlier requests' outputs (a bounded index): 'off'; "
+        "'per-key', an index per API key (one when no key is set), since acceptance speed "
+        "could reveal another client's answers; or 'global', one index for every request.",
+        click.Choice(["off", "per-key", "global"]),
+    )
+    cross_request_tokens: int = setting(
+        32768,
+        "--cross-request-tokens",
+        "Tokens each cross-request index holds (about 1.3 KB each at most), the oldest "
+        "outputs evicted first; at most 16 indexes, the least recently used forgotten.",
+        click.IntRange(min=1),
+    )
     threads: int | None = setting(
         None,
         "--threads",

@@ -12,6 +12,7 @@ import uvicorn
 
 from ..backends.base import BatchTarget
 from ..batching import PREFILL_TOKENS, default_max_batch
+from ..drafters import TenantIndexes
 from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .batch_worker import BatchWorker
@@ -48,6 +49,8 @@ class ServerState:
         self.status = "loading"
         self.load_error: str | None = None
         self.tokenizer_lock = threading.Lock()  # request threads encode one at a time
+        #: The cross-request indexes by tenant (API key), per ``--cross-request``.
+        self.cross_request = TenantIndexes(settings.cross_request, settings.cross_request_tokens)
         self.fingerprint: str | None = None
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
