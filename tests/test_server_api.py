@@ -142,3 +142,44 @@ def test_n_choices_use_derived_seeds_and_sum_usage(server):
         tokens += one.usage.completion_tokens
     assert many.usage.completion_tokens == tokens
     assert many.usage.prompt_tokens == one.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("max_batch", [1, 4], ids=["one-at-a-time", "batched"])
+def test_tokens_that_spell_the_stop_string_are_in_neither_logprobs_nor_usage(max_batch):
+    lm = tiny_lm(row_by_row=True)
+    whole = lm.generate(MESSAGES, max_new_tokens=24, temperature=0).text
+    stop = whole[5:8]  # three one-character tokens: two inside the stop string, one completing it
+    text = whole[: whole.index(stop)]
+    settings = ServerSettings(max_batch=max_batch, generation_options=FIXED)
+    with RunningServer(create_app(lm, settings)) as running:
+        client = running.client()
+        asked = dict(
+            model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24, stop=stop, logprobs=True
+        )
+        answer = client.chat.completions.create(**asked)
+        streamed = list(
+            client.chat.completions.create(
+                **asked, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        completion = client.completions.create(
+            model=MODEL, prompt="abcd abcd abcd", temperature=0, max_tokens=24, logprobs=1
+        )
+        cut = completion.choices[0].text[3:5]  # two tokens, both left out
+        stopped = client.completions.create(
+            model=MODEL, prompt="abcd abcd abcd", temperature=0, max_tokens=24, logprobs=1, stop=cut
+        )
+    assert answer.choices[0].message.content == text
+    entries = answer.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == text
+    assert answer.usage.completion_tokens == len(entries) == len(text)  # one character a token
+    pieces = [
+        e
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert pieces == entries and streamed[-1].usage.completion_tokens == len(text)
+    kept, full = stopped.choices[0], completion.choices[0].text
+    assert "".join(kept.logprobs.tokens) == kept.text == full[: full.index(cut)]
+    assert stopped.usage.completion_tokens == len(kept.text)

@@ -25,6 +25,7 @@ from ..batching import PREFILL_TOKENS, BatchDecoder, BatchSequence
 from ..errors import PromptLookupError
 from ..generation import TextAssembler
 from .schemas import APIError
+from .shown import ShownTokens
 from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo
 
 log = logging.getLogger("promptlookup.server")
@@ -38,6 +39,7 @@ class _Running:
     texts: dict[BatchSequence, tuple[int, TextAssembler]]
     choices: dict[int, Choice] = field(default_factory=dict)
     infos: dict[int, list[TokenInfo]] = field(default_factory=dict)
+    shown: dict[int, ShownTokens] = field(default_factory=dict)
 
 
 class BatchWorker(GenerationWorker):
@@ -130,20 +132,28 @@ class BatchWorker(GenerationWorker):
             return
         job, (index, text) = running.job, running.texts[sequence]
         infos = running.infos.setdefault(index, [])
+        shown = running.shown.setdefault(
+            index, ShownTokens(self.lm.tokenizer, self.lm.eos_token_ids)
+        )
         for position, token in enumerate(new_tokens):
             piece = text.add(token)
             if text.stopped:  # a stop string: the step's later tokens never happened
                 sequence.finish("stop", keep=len(new_tokens) - position - 1)
-            self._send(running, index, piece, sequence)
+            if job.wants_deltas and job.logprobs is not None:  # else counted at the end
+                shown.add([token], piece)
+            self._send(running, index, piece, sequence, shown.shown)
             if text.stopped:
                 break
         if not sequence.done:
             return
         del self.jobs[sequence]
         if sequence.finish_reason != "cancelled":
-            self._send(running, index, text.flush(), sequence)
+            piece = text.flush()
             result = text.result(sequence.stats, sequence.prompt_ids)
-            choice = Choice(index, result, infos if job.logprobs is not None else None)
+            reported = shown.reported(result)
+            self._send(running, index, piece, sequence, reported)
+            logprobs = infos if job.logprobs is not None else None
+            choice = Choice(index, result, logprobs, reported)
             running.choices[index] = choice
             job.emit("choice", choice)
         if any(entry is running for entry in self.jobs.values()):
@@ -160,10 +170,13 @@ class BatchWorker(GenerationWorker):
         )
         job.emit("done", [running.choices[i] for i in range(job.n)])
 
-    def _send(self, running: _Running, index: int, piece: str, sequence: BatchSequence) -> None:
-        """Stream ``piece`` and the logprobs of the tokens behind it (streaming jobs only)."""
+    def _send(
+        self, running: _Running, index: int, piece: str, sequence: BatchSequence, upto: int
+    ) -> None:
+        """Stream ``piece`` and the logprobs of the tokens before ``upto`` not yet sent (the
+        reported ones whose text is shown: see :mod:`.shown`)."""
         infos = running.infos[index]
-        new = self._token_infos(sequence.stats.logprobs[len(infos) :], self._names)
+        new = self._token_infos(sequence.stats.logprobs[len(infos) : upto], self._names)
         infos += new
         if running.job.wants_deltas and (piece or new):
             running.job.emit("delta", (index, piece, new))

@@ -3,8 +3,9 @@
 Logprobs follow OpenAI's two shapes: chat's ``{"content": [{"token", "logprob", "bytes",
 "top_logprobs"}], "refusal"}`` and the legacy completions' ``{"tokens", "token_logprobs",
 "top_logprobs", "text_offset"}`` (``text_offset``: character offsets in the completion text,
-counted from its start). There is one entry per generated token, the EOS token and the tokens
-of a stop string included (``usage.completion_tokens`` entries).
+counted from its start). There is one entry per token the answer reports
+(``usage.completion_tokens`` of them): every generated token, the EOS token included, except
+those that only spell a stop string the text was cut at (see :mod:`.shown`).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def usage(choices: list[Choice], predicted: bool) -> dict:
     ``completion_tokens_details`` for predicted outputs, and ``speculative`` statistics."""
     results = [c.result for c in choices]
     prompt = len(results[0].prompt_ids) if results else 0
-    completion = sum(len(r.token_ids) for r in results)
+    completion = sum(c.tokens for c in choices)
     passes = sum(r.stats.forward_passes for r in results)
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)

@@ -38,6 +38,7 @@ from ..errors import PromptLookupError
 from ..generation import GenerationResult, LanguageModel
 from ..sampling import TokenLogprob
 from .schemas import APIError
+from .shown import ShownTokens
 
 log = logging.getLogger("promptlookup.server")
 
@@ -65,6 +66,8 @@ class Choice:
     index: int
     result: GenerationResult
     logprobs: list[TokenInfo] | None = None
+    #: The tokens the answer reports (see :mod:`.shown`): ``usage.completion_tokens``.
+    tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -286,21 +289,26 @@ class GenerationWorker:
         )
         names: dict[int, str] = {}
         infos: list[TokenInfo] = []
+        shown = ShownTokens(self.lm.tokenizer, self.lm.eos_token_ids)
         with stream:
             for piece in stream:
                 if job.cancelled.is_set():
                     return None
                 if job.wants_deltas:
-                    new = self._token_infos(stream.stats.logprobs[len(infos) :], names)
+                    entries = stream.stats.logprobs
+                    shown.add((e.token_id for e in entries[len(shown) :]), piece)
+                    new = self._token_infos(entries[len(infos) : shown.shown], names)
                     infos += new
                     job.emit("delta", (index, piece, new))
         if job.cancelled.is_set():
             return None
-        rest = self._token_infos(stream.stats.logprobs[len(infos) :], names)
+        reported = shown.reported(stream.result)
+        rest = self._token_infos(stream.stats.logprobs[len(infos) : reported], names)
         infos += rest
         if job.wants_deltas and rest:
             job.emit("delta", (index, "", rest))
-        return Choice(index, stream.result, infos if job.logprobs is not None else None)
+        logprobs = infos if job.logprobs is not None else None
+        return Choice(index, stream.result, logprobs, reported)
 
     def _token_infos(self, entries: list[TokenLogprob], names: dict[int, str]) -> list[TokenInfo]:
         """The API's view of loop logprobs: token texts, and finite numbers."""
