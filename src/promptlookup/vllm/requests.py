@@ -74,6 +74,7 @@ class RequestTable:
         self.rows: list[RequestState | None] = []  # by row, as of the last step
         self.left: OrderedDict[int, RequestState] = OrderedDict()  # by id(), oldest first
         self.created = 0  # states built from scratch (for tests and logs)
+        self.resumed = 0  # states taken back after leaving the batch (preempted requests)
 
     def assign(
         self,
@@ -97,7 +98,8 @@ class RequestTable:
                 state, new = self.new_state(key, row, length), True
                 self.created += 1
             claimed.add(id(state))
-            self.left.pop(id(state), None)
+            if self.left.pop(id(state), None) is not None:
+                self.resumed += 1
             state.catch_up(row, length)
             result.append((state, new))
         for state in previous:  # left the batch: finished, aborted or preempted

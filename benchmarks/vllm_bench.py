@@ -1,0 +1,239 @@
+"""vLLM benchmark: tokens/s of vLLM's OpenAI server with no speculation, with vLLM's own n-gram
+and suffix speculation, and with promptlookup's proposer (with and without a prediction), on
+the same prompts and model, at several concurrency levels.
+
+Each method is one vLLM server a user would run (``python -m
+vllm.entrypoints.openai.api_server``, started by this script on a free 127.0.0.1 port, one at a
+time, with the same ``--max-model-len``, ``--dtype`` and ``--max-num-seqs``):
+
+- ``plain``: no speculation;
+- ``ngram``: ``{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,
+  "prompt_lookup_min": 2}`` (vLLM's n-gram proposer as its docs set it up);
+- ``suffix``: ``{"method": "suffix", "num_speculative_tokens": 16}`` (needs the package
+  ``arctic-inference``; skipped with a note when it is missing);
+- ``promptlookup``: promptlookup's proposer (``promptlookup vllm-serve``'s configuration,
+  drafts of up to 16 tokens);
+- ``promptlookup-predicted``: the same server, each request carrying OpenAI's ``prediction``:
+  plain's answer to it (a prediction that matches the answer, as when re-sending an edit).
+
+Requests: chat completions, greedy (temperature 0), ``max_tokens`` fixed, not streamed; the
+first ``--prompts`` prompts of each task file (JSONL rows with ``messages``), sent with N in
+flight at once (N client threads over the list), after one warm-up request. Recorded per task
+and level: completion tokens over wall time (tokens/s), and whether each text equals plain's at
+concurrency 1. Results go to ``--out`` (JSON) and a table on stdout with each method's ratio to
+plain and to ngram.
+
+    python benchmarks/vllm_bench.py --tasks code_edit=/path/code_edit.jsonl,\\
+        summarization=/path/summarization.jsonl,open_ended=benchmarks/data/open_ended.jsonl \\
+        --prompts 8 --max-tokens 128 --concurrency 1,8 --out bench-out/vllm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+METHODS = {
+    "plain": None,
+    "ngram": {
+        "method": "ngram",
+        "num_speculative_tokens": 8,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    },
+    "suffix": {"method": "suffix", "num_speculative_tokens": 16},
+    "promptlookup": {
+        "method": "custom_class",
+        "model": "promptlookup.vllm.PromptLookupProposer",
+        "num_speculative_tokens": 16,
+    },
+}
+
+
+def openmp_preload() -> dict:
+    from promptlookup.vllm.command import openmp_preload
+
+    return openmp_preload()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server for one method, and its base URL once /health answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--served-model-name", "model", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", str(args.max_model_len), "--dtype", args.dtype]
+    command += ["--max-num-seqs", str(max(args.concurrency)), "--disable-log-stats"]
+    command += ["--middleware", "promptlookup.vllm.PredictedOutputs"]
+    if args.enforce_eager:
+        command.append("--enforce-eager")
+    if spec is not None:
+        command += ["--speculative-config", json.dumps(spec)]
+    # No vLLM plugin loads: arctic-inference's would patch vLLM (the suffix method only
+    # imports its suffix tree).
+    env = {
+        **openmp_preload(),
+        "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
+        "VLLM_PLUGINS": "",
+    }
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.start_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return process, url
+        except OSError:
+            time.sleep(2)
+    process.terminate()
+    raise RuntimeError(f"server did not start in {args.start_timeout} s; see {log}")
+
+
+def chat(url: str, messages: list, max_tokens: int, prediction: str | None = None) -> dict:
+    body = {"model": "model", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    if prediction is not None:
+        body["prediction"] = {"type": "content", "content": prediction}
+    request = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=3600) as answer:
+        data = json.loads(answer.read())
+    return {
+        "text": data["choices"][0]["message"]["content"],
+        "tokens": data["usage"]["completion_tokens"],
+    }
+
+
+def run_level(url, prompts, max_tokens, concurrency, predictions=None) -> dict:
+    """All ``prompts`` with ``concurrency`` in flight: tokens/s over the wall time, texts."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(
+            pool.map(
+                lambda i: chat(url, prompts[i], max_tokens, predictions and predictions[i]),
+                range(len(prompts)),
+            )
+        )
+    seconds = time.perf_counter() - start
+    tokens = sum(a["tokens"] for a in answers)
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
+            "texts": [a["text"] for a in answers]}  # fmt: skip
+
+
+def read_prompts(path: str, count: int) -> list:
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [row["messages"] for row in rows[:count]]
+
+
+def ratio(cell: dict, other: dict | None) -> str:
+    """``cell``'s tokens/s over ``other``'s, as text (empty without ``other``)."""
+    return f"{cell['tokens_per_second'] / other['tokens_per_second']:.2f}" if other else ""
+
+
+def table(results: dict, levels: list[int]) -> str:
+    lines = ["| method | task | concurrency | tokens/s | x plain | x ngram | same text as plain |"]
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    for method, tasks in results.items():
+        for task, by_level in tasks.items():
+            for level in levels:
+                cell = by_level.get(str(level))
+                if cell is None:
+                    continue
+                plain = results.get("plain", {}).get(task, {}).get(str(level))
+                ngram = results.get("ngram", {}).get(task, {}).get(str(level))
+                lines.append(
+                    f"| {method} | {task} | {level} | {cell['tokens_per_second']:.1f} | "
+                    f"{ratio(cell, plain)} | {ratio(cell, ngram)} | {cell.get('same_as_plain', '')} |"
+                )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default", help="as for promptlookup vllm-serve")
+    parser.add_argument("--tasks", required=True, help="name=path.jsonl,... (rows with messages)")
+    parser.add_argument(
+        "--methods", default="plain,ngram,suffix,promptlookup,promptlookup-predicted"
+    )
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-gib", type=int, default=2)
+    parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile")
+    parser.add_argument("--start-timeout", type=float, default=1200)
+    parser.add_argument("--out", default="bench-out/vllm.json")
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    from promptlookup.vllm.command import model_folder
+
+    model, _ = model_folder(None if args.model == "default" else args.model)
+    tasks = {
+        name: read_prompts(path, args.prompts)
+        for name, path in (item.split("=", 1) for item in args.tasks.split(","))
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = json.loads(out.read_text()) if out.is_file() else {}
+    methods = args.methods.split(",")
+    for method in methods:
+        server_method = "promptlookup" if method == "promptlookup-predicted" else method
+        if method == "suffix" and not _has("arctic_inference"):
+            print("suffix: skipped, the package arctic-inference is not installed", flush=True)
+            continue
+        log = out.with_name(f"{out.stem}-{method}.log")
+        try:
+            process, url = start_server(model, METHODS[server_method], args, log)
+        except RuntimeError as exc:
+            print(f"{method}: {exc}", flush=True)
+            continue
+        try:
+            chat(url, [{"role": "user", "content": "Hello"}], 8)  # warm-up
+            mine = results.setdefault(method, {})
+            for task, prompts in tasks.items():
+                predictions = None
+                if method == "promptlookup-predicted":
+                    predictions = results["plain"][task]["1"]["texts"]
+                for level in args.concurrency:
+                    cell = run_level(url, prompts, args.max_tokens, level, predictions)
+                    plain = results.get("plain", {}).get(task, {}).get("1")
+                    if plain:
+                        same = sum(a == b for a, b in zip(cell["texts"], plain["texts"]))
+                        cell["same_as_plain"] = f"{same}/{len(prompts)}"
+                    mine.setdefault(task, {})[str(level)] = cell
+                    print(f"{method} {task} x{level}: {cell['tokens_per_second']:.1f} tokens/s "
+                          f"({cell['tokens']} tokens, {cell['seconds']:.1f} s)", flush=True)  # fmt: skip
+                    out.write_text(json.dumps(results, indent=1))
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    print(table(results, args.concurrency))
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+if __name__ == "__main__":
+    main()
