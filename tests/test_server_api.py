@@ -3,12 +3,15 @@ JSON, never a 500), the schema, model retrieval, logprobs and n through a real s
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
 from _server import FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
+from pydantic import BaseModel
 
-from promptlookup.server import ServerSettings, create_app
+from promptlookup.server import ServerSettings, bodies, create_app
 
 GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
 
@@ -183,3 +186,48 @@ def test_tokens_that_spell_the_stop_string_are_in_neither_logprobs_nor_usage(max
     kept, full = stopped.choices[0], completion.choices[0].text
     assert "".join(kept.logprobs.tokens) == kept.text == full[: full.index(cut)]
     assert stopped.usage.completion_tokens == len(kept.text)
+
+
+def _extras(value) -> list:
+    """Fields a validated body carries that its models do not declare (anywhere inside)."""
+    if isinstance(value, BaseModel):
+        found = list(value.model_extra or {})
+        for name in type(value).model_fields:
+            found += _extras(getattr(value, name))
+        return found
+    if isinstance(value, (list, tuple)):
+        return [extra for item in value for extra in _extras(item)]
+    if isinstance(value, dict):
+        return [extra for item in value.values() for extra in _extras(item)]
+    return []
+
+
+def test_every_answer_is_a_documented_body(server):
+    def post(path, **body):
+        return httpx.post(server.url + path, json={"model": MODEL, **body}, timeout=60)
+
+    def events(path, **body):
+        with httpx.stream("POST", server.url + path, json={"model": MODEL, **body}) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+        return [json.loads(line.removeprefix("data: ")) for line in lines]
+
+    chat = dict(messages=MESSAGES, max_tokens=6, logprobs=True, top_logprobs=2)
+    text = dict(prompt="abcd", max_tokens=6, logprobs=2)
+    answers = [
+        (bodies.ChatCompletion, post("/v1/chat/completions", **chat).json()),
+        (bodies.Completion, post("/v1/completions", **text).json()),
+        (bodies.ErrorResponse, post("/v1/completions", prompt="a", n=99).json()),
+        (bodies.Health, httpx.get(server.url + "/health").json()),
+        (bodies.ModelList, httpx.get(server.url + "/v1/models").json()),
+        (bodies.ModelCard, httpx.get(server.url + f"/v1/models/{MODEL}").json()),
+    ]
+    include = {"stream": True, "stream_options": {"include_usage": True}}
+    answers += [
+        (bodies.ChatCompletionChunk, c) for c in events("/v1/chat/completions", **chat, **include)
+    ]
+    answers += [(bodies.CompletionChunk, c) for c in events("/v1/completions", **text, **include)]
+    documented = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    for model, body in answers:
+        assert model.__name__ in documented
+        assert _extras(model.model_validate(body)) == [], (model.__name__, body)
+        assert bodies.dump(model.model_validate(body)) == body  # nothing added or lost

@@ -53,6 +53,7 @@ from ..drafters import check_drafter_spec, parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
+from .bodies import Health, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
@@ -104,23 +105,23 @@ def create_app(
     async def health():
         status = "ok" if state.status == "ready" else state.status
         status = "shutting_down" if state.shutting_down else status
-        body = {"status": status, "model": state.model_id}
+        body = Health(status=status, model=state.model_id)
         if state.worker is not None:
-            body["queue"] = {
-                "running": state.worker.running,
-                "waiting": state.worker.waiting,
-                "capacity": state.settings.max_queue,
-                "max_batch": state.max_batch,
-            }
+            body.queue = HealthQueue(
+                running=state.worker.running,
+                waiting=state.worker.waiting,
+                capacity=state.settings.max_queue,
+                max_batch=state.max_batch,
+            )
         if state.load_error:
-            body["error"] = state.load_error
+            body.error = state.load_error
         ok = state.status == "ready" and not state.shutting_down
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return JSONResponse(dump(body), status_code=200 if ok else 503)
 
     @v1.get("/models")
     async def models():
         state.ready_model()
-        return {"object": "list", "data": [state.model_card()]}
+        return dump(ModelList(object="list", data=[state.model_card()]))
 
     @v1.get("/models/{model_id:path}")
     async def model(model_id: str):
@@ -132,7 +133,7 @@ def create_app(
                 param="model",
                 code="model_not_found",
             )
-        return state.model_card()
+        return dump(state.model_card())
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):

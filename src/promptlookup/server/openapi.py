@@ -1,5 +1,5 @@
 """``GET /openapi.json``: the real request bodies (the validating models of :mod:`.schemas`)
-and the response bodies (the models below, which describe what :mod:`.responses` builds), so
+and the response bodies (the models of :mod:`.bodies`, from which the answers are built), so
 that clients and fuzzers can read them.
 
 The routes read their bodies themselves (for the size limit, the body timeout and OpenAI's
@@ -8,149 +8,14 @@ error JSON), so FastAPI cannot infer the bodies; :func:`install_openapi` writes 
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
 
 from ..limits import MIN_TEMPERATURE
+from .bodies import RESPONSE_MODELS
 from .schemas import ChatCompletionRequest, CompletionRequest
 
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ErrorDetail(_Open):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(_Open):
-    error: ErrorDetail
-
-
-class ModelCard(_Open):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-
-
-class ModelList(_Open):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class TopLogprob(_Open):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class TokenLogprobEntry(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(_Open):
-    content: list[TokenLogprobEntry] | None
-    refusal: str | None
-
-
-class CompletionLogprobs(_Open):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class Speculative(_Open):
-    """Extension: the speculative decoding statistics of the request."""
-
-    forward_passes: int
-    drafted_tokens: int
-    accepted_tokens: int
-    tokens_per_forward: float
-    acceptance_rate: float
-    seconds: float
-
-
-class CompletionTokensDetails(_Open):
-    accepted_prediction_tokens: int
-    rejected_prediction_tokens: int
-    reasoning_tokens: int
-    audio_tokens: int
-
-
-class Usage(_Open):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    completion_tokens_details: CompletionTokensDetails | None
-    speculative: Speculative
-
-
-class AssistantMessage(_Open):
-    role: Literal["assistant"]
-    content: str
-    refusal: str | None
-
-
-FinishReason = Literal["stop", "length"]
-
-
-class ChatChoice(_Open):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None
-    finish_reason: FinishReason
-
-
-class ChatCompletion(_Open):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    system_fingerprint: str | None
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class CompletionChoice(_Open):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: FinishReason
-
-
-class Completion(_Open):
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    system_fingerprint: str | None
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class Health(_Open):
-    status: str
-    model: str
-
-
-_MODELS = (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-    ChatCompletion,
-    Completion,
-    Health,
-)
+_MODELS = (ChatCompletionRequest, CompletionRequest, *RESPONSE_MODELS)
 _ERRORS = {
     "400": "invalid request",
     "401": "missing or wrong API key",
@@ -209,9 +74,9 @@ def build_openapi(app: FastAPI) -> dict:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     paths = doc["paths"]
     v1_errors = ("401", "500", "503") if secured else ("500", "503")
-    for path, request, response in (
-        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion"),
-        ("/v1/completions", "CompletionRequest", "Completion"),
+    for path, request, response, chunk in (
+        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"),
+        ("/v1/completions", "CompletionRequest", "Completion", "CompletionChunk"),
     ):
         operation = paths[path]["post"]
         operation["requestBody"] = {
@@ -219,7 +84,8 @@ def build_openapi(app: FastAPI) -> dict:
             "content": {"application/json": {"schema": _ref(request)}},
         }
         ok = _json(response)
-        ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        events = f"with stream: server-sent events, 'data: ' and a {chunk} each, then [DONE]"
+        ok["content"]["text/event-stream"] = {"schema": {"type": "string", "description": events}}
         operation["responses"] = {"200": ok, **_errors("400", "408", "413", "429", *v1_errors)}
     paths["/v1/models"]["get"]["responses"] = {"200": _json("ModelList"), **_errors(*v1_errors)}
     paths["/v1/models/{model_id}"]["get"]["responses"] = {

@@ -1,4 +1,5 @@
-"""OpenAI's response bodies: completions, streaming chunks, usage, logprobs, server-sent events.
+"""OpenAI's response bodies, built from the models of :mod:`.bodies`: completions, streaming
+chunks, usage, logprobs, server-sent events.
 
 Logprobs follow OpenAI's two shapes: chat's ``{"content": [{"token", "logprob", "bytes",
 "top_logprobs"}], "refusal"}`` and the legacy completions' ``{"tokens", "token_logprobs",
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from . import bodies as B
 from .schemas import APIError
 from .worker import Choice, TokenInfo
 
@@ -28,38 +30,40 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", "surrogatepass"))
 
 
-def chat_logprobs(infos: list[TokenInfo] | None) -> dict | None:
+def chat_logprobs(infos: list[TokenInfo] | None) -> B.ChatLogprobs | None:
     if infos is None:
         return None
-    return {
-        "content": [
-            {
-                "token": t.text,
-                "logprob": t.logprob,
-                "bytes": _bytes(t.text),
-                "top_logprobs": [
-                    {"token": s, "logprob": lp, "bytes": _bytes(s)} for s, lp in t.top
+    return B.ChatLogprobs(
+        content=[
+            B.TokenLogprobEntry(
+                token=t.text,
+                logprob=t.logprob,
+                bytes=_bytes(t.text),
+                top_logprobs=[
+                    B.TopLogprob(token=s, logprob=lp, bytes=_bytes(s)) for s, lp in t.top
                 ],
-            }
+            )
             for t in infos
         ],
-        "refusal": None,
-    }
+        refusal=None,
+    )
 
 
-def completion_logprobs(infos: list[TokenInfo] | None, offset: int = 0) -> dict | None:
+def completion_logprobs(
+    infos: list[TokenInfo] | None, offset: int = 0
+) -> B.CompletionLogprobs | None:
     if infos is None:
         return None
     offsets = []
     for t in infos:
         offsets.append(offset)
         offset += len(t.text)
-    return {
-        "tokens": [t.text for t in infos],
-        "token_logprobs": [t.logprob for t in infos],
-        "top_logprobs": [dict(t.top) for t in infos],
-        "text_offset": offsets,
-    }
+    return B.CompletionLogprobs(
+        tokens=[t.text for t in infos],
+        token_logprobs=[t.logprob for t in infos],
+        top_logprobs=[dict(t.top) for t in infos],
+        text_offset=offsets,
+    )
 
 
 class ChunkWriter:
@@ -69,102 +73,96 @@ class ChunkWriter:
         self.meta, self.chat, self.fingerprint, self.logprobs = meta, chat, fingerprint, logprobs
         self._offsets: dict[int, int] = {}
 
-    def _chunk(self, choices: list[dict]) -> dict:
-        return {
-            **self.meta,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "system_fingerprint": self.fingerprint,
-            "choices": choices,
-        }
-
-    def role(self, index: int) -> dict:
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ]
-        )
-
-    def delta(self, index: int, text: str, infos: list[TokenInfo]) -> dict:
-        infos = infos if self.logprobs else None
+    def _chunk(self, choices: list, **usage) -> dict:
         if self.chat:
-            return self._chunk(
-                [
-                    {
-                        "index": index,
-                        "delta": {"content": text},
-                        "logprobs": chat_logprobs(infos),
-                        "finish_reason": None,
-                    }
-                ]
+            chunk = B.ChatCompletionChunk(
+                **self.meta,
+                object="chat.completion.chunk",
+                system_fingerprint=self.fingerprint,
+                choices=choices,
+                **usage,
+            )
+        else:
+            chunk = B.CompletionChunk(
+                **self.meta,
+                object="text_completion",
+                system_fingerprint=self.fingerprint,
+                choices=choices,
+                **usage,
+            )
+        return B.dump(chunk)
+
+    def _choice(self, index: int, text: str, infos=None, finish_reason=None, delta=None):
+        """One choice of a chunk: ``text`` (chat: the delta's content, unless ``delta`` is
+        given), the logprobs of ``infos``, and the finish reason at the end."""
+        if self.chat:
+            return B.ChatChunkChoice(
+                index=index,
+                delta=delta if delta is not None else B.ChatDelta(content=text),
+                logprobs=chat_logprobs(infos),
+                finish_reason=finish_reason,
             )
         offset = self._offsets.get(index, 0)
         self._offsets[index] = offset + sum(len(t.text) for t in infos or ())
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "text": text,
-                    "logprobs": completion_logprobs(infos, offset),
-                    "finish_reason": None,
-                }
-            ]
+        return B.CompletionChunkChoice(
+            index=index,
+            text=text,
+            logprobs=completion_logprobs(infos, offset),
+            finish_reason=finish_reason,
         )
+
+    def role(self, index: int) -> dict:
+        first = B.ChatDelta(role="assistant", content="")
+        return self._chunk([self._choice(index, "", delta=first)])
+
+    def delta(self, index: int, text: str, infos: list[TokenInfo]) -> dict:
+        return self._chunk([self._choice(index, text, infos if self.logprobs else None)])
 
     def finish(self, index: int, finish_reason: str) -> dict:
-        key = "delta" if self.chat else "text"
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    key: {} if self.chat else "",
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ]
-        )
+        return self._chunk([self._choice(index, "", None, finish_reason, delta=B.ChatDelta())])
 
     def usage(self, choices: list[Choice], predicted: bool) -> dict:
-        return {**self._chunk([]), "usage": usage(choices, predicted)}
+        return self._chunk([], usage=usage(choices, predicted))
 
 
 def completion_body(
     meta: dict, chat: bool, choices: list[Choice], fingerprint: str, predicted: bool
 ) -> dict:
-    items = []
-    for c in choices:
-        if chat:
-            items.append(
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.result.text, "refusal": None},
-                    "logprobs": chat_logprobs(c.logprobs),
-                    "finish_reason": c.result.finish_reason,
-                }
-            )
-        else:
-            items.append(
-                {
-                    "index": c.index,
-                    "text": c.result.text,
-                    "logprobs": completion_logprobs(c.logprobs),
-                    "finish_reason": c.result.finish_reason,
-                }
-            )
-    return {
-        **meta,
-        "object": "chat.completion" if chat else "text_completion",
-        "system_fingerprint": fingerprint,
-        "choices": items,
-        "usage": usage(choices, predicted),
-    }
+    common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, predicted)}
+    if chat:
+        body = B.ChatCompletion(
+            **common,
+            object="chat.completion",
+            choices=[
+                B.ChatChoice(
+                    index=c.index,
+                    message=B.AssistantMessage(
+                        role="assistant", content=c.result.text, refusal=None
+                    ),
+                    logprobs=chat_logprobs(c.logprobs),
+                    finish_reason=c.result.finish_reason,
+                )
+                for c in choices
+            ],
+        )
+    else:
+        body = B.Completion(
+            **common,
+            object="text_completion",
+            choices=[
+                B.CompletionChoice(
+                    index=c.index,
+                    text=c.result.text,
+                    logprobs=completion_logprobs(c.logprobs),
+                    finish_reason=c.result.finish_reason,
+                )
+                for c in choices
+            ],
+        )
+    return B.dump(body)
 
 
-def usage(choices: list[Choice], predicted: bool) -> dict:
+def usage(choices: list[Choice], predicted: bool) -> B.Usage:
     """OpenAI's token counts over all choices (the prompt counted once), OpenAI's
     ``completion_tokens_details`` for predicted outputs, and ``speculative`` statistics."""
     results = [c.result for c in choices]
@@ -175,23 +173,23 @@ def usage(choices: list[Choice], predicted: bool) -> dict:
     accepted = sum(r.stats.accepted_tokens for r in results)
     details = None
     if predicted:
-        details = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": drafted - accepted,
-            "reasoning_tokens": 0,
-            "audio_tokens": 0,
-        }
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "completion_tokens_details": details,
-        "speculative": {
-            "forward_passes": passes,
-            "drafted_tokens": drafted,
-            "accepted_tokens": accepted,
-            "tokens_per_forward": round(completion / passes, 3) if passes else 0.0,
-            "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
-            "seconds": round(sum(r.stats.seconds for r in results), 6),
-        },
-    }
+        details = B.CompletionTokensDetails(
+            accepted_prediction_tokens=accepted,
+            rejected_prediction_tokens=drafted - accepted,
+            reasoning_tokens=0,
+            audio_tokens=0,
+        )
+    return B.Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        completion_tokens_details=details,
+        speculative=B.Speculative(
+            forward_passes=passes,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            tokens_per_forward=round(completion / passes, 3) if passes else 0.0,
+            acceptance_rate=round(accepted / drafted, 3) if drafted else 0.0,
+            seconds=round(sum(r.stats.seconds for r in results), 6),
+        ),
+    )

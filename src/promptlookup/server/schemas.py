@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
+from .bodies import ErrorDetail, ErrorResponse, dump
 
 #: Most stop strings per request (OpenAI's limit), and the most characters in one.
 MAX_STOP_STRINGS = 4
@@ -63,14 +64,8 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return dump(ErrorResponse(error=detail))
 
 
 class _Forbid(BaseModel):

@@ -16,6 +16,7 @@ from ..drafters import TenantIndexes
 from ..errors import PromptLookupError
 from ..generation import LanguageModel
 from .batch_worker import BatchWorker
+from .bodies import ModelCard
 from .protocol import http_protocol
 from .schemas import APIError
 from .settings import ServerSettings
@@ -126,8 +127,8 @@ class ServerState:
             headers={"Retry-After": "5"} if self.status == "loading" else None,
         )
 
-    def model_card(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "promptlookup"}
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.model_id, object="model", created=0, owned_by="promptlookup")
 
 
 #: The most characters one token is assumed to stand for when the vocabulary cannot be read.
