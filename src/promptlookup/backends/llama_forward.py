@@ -71,7 +71,7 @@ def supports(model: torch.nn.Module) -> bool:
     if len(base.layers) != config.num_hidden_layers:
         return False
     _, layer_class, attention_class, mlp_class = classes
-    dtype = base.embed_tokens.weight.dtype  # the activations'
+    dtype = activation_dtype(model)
     return all(
         type(layer).__name__ == layer_class
         and type(layer.self_attn).__name__ == attention_class
@@ -81,6 +81,12 @@ def supports(model: torch.nn.Module) -> bool:
         and _is_rms_norm(layer.post_attention_layernorm, dtype)
         for layer in base.layers
     )
+
+
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of a model's activations: its embedding's (float32 over quantized weights)."""
+    weight = getattr(model.model.embed_tokens, "weight", None)
+    return torch.float32 if weight is None else weight.dtype
 
 
 def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
@@ -113,7 +119,7 @@ class LlamaForward:
             model.config.num_attention_heads,
             model.config.num_key_value_heads,
             attention.head_dim,
-            base.embed_tokens.weight.dtype,
+            activation_dtype(model),
         )
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head

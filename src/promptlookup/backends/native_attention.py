@@ -22,93 +22,26 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 
-from ..cache_files import cache_root
+from .native_build import compiled
 
 SOURCE = Path(__file__).with_name("row_attention.c")
-FLAGS = (
-    "-O3",
-    "-march=native",
-    "-fopenmp",
-    "-ffp-contract=off",
-    "-fno-fast-math",
-    "-std=gnu11",
-    "-shared",
-    "-fPIC",
-)
 #: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
 ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
 
 _POINTER = ctypes.c_void_p
 
 
-def _cpu_features() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def _library_path(compiler: str) -> Path:
-    key = hashlib.sha256()
-    for part in (
-        SOURCE.read_bytes(),
-        " ".join(FLAGS).encode(),
-        compiler.encode(),
-        _cpu_features().encode(),
-        sys.platform.encode(),
-    ):
-        key.update(part)
-    return cache_root() / "native" / f"row_attention-{key.hexdigest()[:16]}.so"
-
-
-def _compile(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
-        built = Path(folder) / target.name
-        subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        built.replace(target)  # atomic: another process may be building the same file
-
-
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built here (see the module doc)."""
-    if os.environ.get(ENVIRONMENT, "1") == "0":
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler or not SOURCE.exists():
-        return None
-    target = _library_path(compiler)
-    try:
-        if not target.exists():
-            _compile(compiler, target)
-        library = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as error:
-        warnings.warn(
-            f"row-invariant attention kernel not built ({error}); using the slower BLAS path",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    library = compiled(
+        SOURCE, ENVIRONMENT, "row-invariant attention kernel; using the slower BLAS path"
+    )
+    if library is None:
         return None
     function = library.row_attention
     function.restype = ctypes.c_int

@@ -71,6 +71,16 @@ class TransformersTarget:
         self.attention.use_cache_file(cost_file.with_name(f"{cost_file.stem}-attention.json"))
 
     @property
+    def weights_format(self) -> str:
+        """How the weights are held: ``"Q4_1+Q8_0 GGUF, float32 activations"`` for a GGUF's
+        quantized weights (:mod:`~promptlookup.backends.quantized_model`), else the dtype."""
+        formats = getattr(self.model.config, "gguf_formats", None) or {}
+        packed = [kind for kind in formats if not kind.startswith(("F", "BF"))]
+        if packed:
+            return f"{'+'.join(packed)} GGUF, float32 activations"
+        return f"{str(self.dtype).removeprefix('torch.')} weights and activations"
+
+    @property
     def row_invariant(self) -> bool:
         """Whether every pass computes each row as a one-token pass would (see the module
         doc): the written-out pass, over row-invariant kernels."""

@@ -1,0 +1,155 @@
+"""Linear layers and embeddings over a GGUF file's quantized weights, kept quantized.
+
+:class:`QuantizedLinear` holds a weight matrix as ``quantized_matmul.c`` reads it (panels of 16
+outputs, the file's integers and scales, see :mod:`~promptlookup.backends.gguf_blocks`) and
+multiplies float32 rows by it in one C call. Each output of each row is one fixed chain of
+``fmaf`` over the inputs, so a row's result never depends on the rows beside it: products are
+row-invariant by construction, at every row count and thread count
+(``tests/test_quantized.py`` checks it). :class:`QuantizedEmbedding` reads rows of the same
+layout (a tied embedding and language-model head share one copy).
+
+The kernel is compiled on first use like the attention kernel
+(:mod:`~promptlookup.backends.native_build`); there is no fallback: without a C compiler a
+quantized model cannot run here (:func:`available`), and loading asks for float32 instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .gguf_blocks import Blocks, pack
+from .native_build import compiled
+
+SOURCE = Path(__file__).with_name("quantized_matmul.c")
+ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED"  #: set to 0 to refuse quantized weights
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built here."""
+    library = compiled(SOURCE, ENVIRONMENT, "quantized matrix-product kernel")
+    if library is None:
+        return None
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    library.quantized_matmul.restype = i32
+    library.quantized_matmul.argtypes = [p, i64, i64, i32, i32, i32, p, i64, p, p, i32]
+    library.quantized_rows.restype = None
+    library.quantized_rows.argtypes = [p, i64, i64, i32, i32, i32, p, i64, p]
+    return library
+
+
+def available() -> bool:
+    """Whether quantized weights can run here (the kernel compiles)."""
+    return kernel() is not None
+
+
+class QuantizedWeight:
+    """A weight matrix (``n`` outputs x ``k`` inputs) in panels; ``kind`` is the GGUF type it
+    came from."""
+
+    def __init__(self, blocks: Blocks, kind: str, chunk_rows: int = 4096) -> None:
+        n, k = blocks.q.shape
+        self.n, self.k, self.kind = n, k, kind
+        self.block, self.bits, self.has_offset = blocks.block, blocks.bits, blocks.m is not None
+        # Packed a few thousand outputs at a time, bounding the temporary copies.
+        parts = [
+            pack(_rows(blocks, first, first + chunk_rows)) for first in range(0, n, chunk_rows)
+        ]
+        self.panels = torch.from_numpy(np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.numel()
+
+    def _layout(self) -> tuple:
+        return (self.panels.data_ptr(), self.n, self.k, self.block, self.bits, self.has_offset)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` (..., k) float32 times the weight's transpose, plus ``bias``: (..., n)."""
+        rows = x.reshape(-1, self.k)
+        if not rows.is_contiguous():
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.n, dtype=torch.float32)
+        status = kernel().quantized_matmul(
+            *self._layout(),
+            rows.data_ptr(),
+            rows.shape[0],
+            out.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise ValueError(f"quantized kernel refused a {self.kind} layout ({self.k} inputs)")
+        return out.reshape(*x.shape[:-1], self.n)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (any shape, int64) of the weight, dequantized: (*ids.shape, k)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.numel(), self.k, dtype=torch.float32)
+        kernel().quantized_rows(*self._layout(), flat.data_ptr(), flat.numel(), out.data_ptr())
+        return out.reshape(*ids.shape, self.k)
+
+
+def _rows(blocks: Blocks, first: int, end: int) -> Blocks:
+    m = None if blocks.m is None else blocks.m[first:end]
+    return Blocks(blocks.q[first:end], blocks.s[first:end], m, blocks.block, blocks.bits)
+
+
+class QuantizedLinear(torch.nn.Module):
+    """``nn.Linear``'s forward over a :class:`QuantizedWeight` (float32 activations)."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.quantized = weight
+        self.in_features, self.out_features = weight.k, weight.n
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.detach()
+        return self.quantized.matmul(x.to(torch.float32), bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.quantized.kind}"
+
+
+class QuantizedEmbedding(torch.nn.Module):
+    """``nn.Embedding``'s forward over a :class:`QuantizedWeight` (rows are tokens)."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        super().__init__()
+        self.quantized = weight
+        self.num_embeddings, self.embedding_dim = weight.n, weight.k
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.quantized.rows(input_ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings} x {self.embedding_dim}, {self.quantized.kind}"
+
+
+def fused(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
+    """One weight whose outputs are ``weights``' outputs in order (one kernel call for the
+    query, key and value projections, say), or None when they cannot share a layout (whole
+    panels each, one format). Every output is computed as before: fusing changes no bits."""
+    first = weights[0]
+    if any(
+        (w.k, w.block, w.bits, w.has_offset) != (first.k, first.block, first.bits, first.has_offset)
+        or w.n % 16
+        for w in weights
+    ):
+        return None
+    joined = QuantizedWeight.__new__(QuantizedWeight)
+    joined.__dict__.update(first.__dict__)
+    joined.n = sum(w.n for w in weights)
+    joined.kind = "+".join(dict.fromkeys(w.kind for w in weights))
+    joined.panels = torch.cat([w.panels for w in weights])
+    first_panel = 0  # the parts become views of the joined copy: no second copy is kept
+    for w in weights:
+        w.panels = joined.panels[first_panel : first_panel + w.n // 16]
+        first_panel += w.n // 16
+    return joined

@@ -1,0 +1,293 @@
+/* Matrix products over quantized weights whose every output is computed by one fixed formula.
+ *
+ * A weight matrix W (N outputs x K inputs) is stored in panels of LANES outputs. Within a
+ * panel, each block of B inputs (B = 16 or 32) has a header, the LANES outputs' scales s (and,
+ * where the format has one, their offsets m: float32 each), then the block's integers q, input
+ * by input, one lane per output:
+ *   4 bits: B/2 lines of LANES bytes, byte (j, l) = q[2j][l] | q[2j + 1][l] << 4  (q in 0..15)
+ *   8 bits: B lines of LANES signed bytes                                         (q in -128..127)
+ * The weight is w[k][n] = fmaf(q, s, m) (m = 0 without offsets): the GGUF file's integers and
+ * scales, with no other rounding than that one.
+ *
+ * For one row x of the input and one output n:
+ *   y[n] = fmaf chain over k = 0..K-1 of w[k][n] * x[k], from 0, then + bias[n]
+ * computed lane by lane: each lane holds one output, so how many rows or panels share a call,
+ * which thread computes them, and whether the lanes are AVX-512 registers or plain C floats
+ * change nothing (every operation is an exact IEEE one: built without -ffast-math and with
+ * -ffp-contract=off, fmaf written out). Rows go through the same panel together (ROWS_MAX at a
+ * time, the integers converted once for all of them), each with its own accumulators.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16     /* outputs per panel */
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+typedef __m512 vf;
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+/* LANES bytes of two 4-bit integers each: the low nibbles and the high nibbles, as floats. */
+static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
+    *low = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    *high = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+}
+static inline vf i8_line(const uint8_t *bytes) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)bytes)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+typedef struct { __m256 a, b; } vf;  /* lanes 0-7, 8-15 */
+static inline vf vzero(void) { vf r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
+static inline vf vset1(float x) { vf r = {_mm256_set1_ps(x), _mm256_set1_ps(x)}; return r; }
+static inline vf vload(const float *p) { vf r = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return r; }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v.a); _mm256_storeu_ps(p + 8, v.b); }
+static inline vf vfma(vf a, vf b, vf c) {
+    vf r = {_mm256_fmadd_ps(a.a, b.a, c.a), _mm256_fmadd_ps(a.b, b.b, c.b)};
+    return r;
+}
+static inline vf vadd(vf a, vf b) { vf r = {_mm256_add_ps(a.a, b.a), _mm256_add_ps(a.b, b.b)}; return r; }
+static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
+    const __m256i mask = _mm256_set1_epi32(15);
+    __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
+    __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + 8)));
+    low->a = _mm256_cvtepi32_ps(_mm256_and_si256(v0, mask));
+    low->b = _mm256_cvtepi32_ps(_mm256_and_si256(v1, mask));
+    high->a = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
+    high->b = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
+}
+static inline vf i8_line(const uint8_t *bytes) {
+    vf r = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)bytes))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(bytes + 8))))};
+    return r;
+}
+#else
+typedef struct { float l[LANES]; } vf;
+static inline vf vzero(void) { vf r; for (int i = 0; i < LANES; i++) r.l[i] = 0.0f; return r; }
+static inline vf vset1(float x) { vf r; for (int i = 0; i < LANES; i++) r.l[i] = x; return r; }
+static inline vf vload(const float *p) { vf r; memcpy(r.l, p, sizeof r.l); return r; }
+static inline void vstore(float *p, vf v) { memcpy(p, v.l, sizeof v.l); }
+static inline vf vfma(vf a, vf b, vf c) {
+    vf r;
+    for (int i = 0; i < LANES; i++) r.l[i] = fmaf(a.l[i], b.l[i], c.l[i]);
+    return r;
+}
+static inline vf vadd(vf a, vf b) {
+    vf r;
+    for (int i = 0; i < LANES; i++) r.l[i] = a.l[i] + b.l[i];
+    return r;
+}
+static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
+    for (int i = 0; i < LANES; i++) {
+        low->l[i] = (float)(bytes[i] & 15);
+        high->l[i] = (float)(bytes[i] >> 4);
+    }
+}
+static inline vf i8_line(const uint8_t *bytes) {
+    vf r;
+    for (int i = 0; i < LANES; i++) r.l[i] = (float)(int8_t)bytes[i];
+    return r;
+}
+#endif
+
+/* Input rows carried through the same panels together, and how many panels a tile of `rows`
+ * rows takes: as many accumulators as the registers hold (32 vector registers with AVX-512,
+ * 16 of half the width with AVX2). Neither changes a bit of the results. */
+#if defined(__AVX512F__)
+#define ROWS_MAX 8
+static inline int panels_for(int rows) { return rows <= 4 ? 4 : 2; }
+#else
+#define ROWS_MAX 4
+static inline int panels_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+#endif
+
+/* One weight matrix in panels (see the header). */
+struct weights {
+    const uint8_t *panels;
+    int64_t n, k;        /* outputs, inputs */
+    int block;           /* inputs per block: 16 or 32 */
+    int bits;            /* 4 or 8 */
+    int has_offset;      /* whether blocks carry m */
+};
+
+static inline int64_t header_bytes(const struct weights *w) {
+    return (int64_t)LANES * 4 * (w->has_offset ? 2 : 1);
+}
+static inline int64_t block_bytes(const struct weights *w) {
+    return header_bytes(w) + (int64_t)w->block * LANES * w->bits / 8;
+}
+static inline int64_t panel_bytes(const struct weights *w) {
+    return block_bytes(w) * (w->k / w->block);
+}
+
+/* Rows [0, ROWS) of x (row stride ldx) times PANELS panels from `panel`, into y (stride ldy).
+ * Inlined into each (ROWS, PANELS, BITS) instance below, so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void tile(
+    const struct weights *w, int64_t panel, const float *x, int64_t ldx, float *y, int64_t ldy,
+    const float *bias, const int ROWS, const int PANELS, const int BITS) {
+    vf acc[ROWS_MAX][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int p = 0; p < PANELS; p++) acc[r][p] = vzero();
+    const int64_t blocks = w->k / w->block, stride = panel_bytes(w), bb = block_bytes(w);
+    const uint8_t *base = w->panels + panel * stride;
+    for (int64_t b = 0; b < blocks; b++) {
+        vf s[4], m[4];
+        const uint8_t *data[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < PANELS; p++) {
+            const uint8_t *blk = base + p * stride + b * bb;
+            s[p] = vload((const float *)blk);
+            m[p] = w->has_offset ? vload((const float *)blk + LANES) : vzero();
+            data[p] = blk + header_bytes(w);
+        }
+        const float *xb = x + b * w->block;
+        if (BITS == 4) {
+            for (int j = 0; j < w->block; j += 2) {
+                vf lo[4], hi[4];
+#pragma GCC unroll 4
+                for (int p = 0; p < PANELS; p++) {
+                    u4_pair(data[p] + (j / 2) * LANES, &lo[p], &hi[p]);
+                    lo[p] = vfma(lo[p], s[p], m[p]);
+                    hi[p] = vfma(hi[p], s[p], m[p]);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    vf x0 = vset1(xb[r * ldx + j]), x1 = vset1(xb[r * ldx + j + 1]);
+#pragma GCC unroll 4
+                    for (int p = 0; p < PANELS; p++) acc[r][p] = vfma(lo[p], x0, acc[r][p]);
+#pragma GCC unroll 4
+                    for (int p = 0; p < PANELS; p++) acc[r][p] = vfma(hi[p], x1, acc[r][p]);
+                }
+            }
+        } else {
+            for (int j = 0; j < w->block; j++) {
+                vf q[4];
+#pragma GCC unroll 4
+                for (int p = 0; p < PANELS; p++)
+                    q[p] = vfma(i8_line(data[p] + j * LANES), s[p], m[p]);
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++) {
+                    vf xj = vset1(xb[r * ldx + j]);
+#pragma GCC unroll 4
+                    for (int p = 0; p < PANELS; p++) acc[r][p] = vfma(q[p], xj, acc[r][p]);
+                }
+            }
+        }
+    }
+    /* Store, the bias added; the last panel may hold fewer than LANES outputs. */
+    for (int p = 0; p < PANELS; p++) {
+        int64_t first = (panel + p) * LANES;
+        int valid = (int)(w->n - first < LANES ? w->n - first : LANES);
+        vf add = vzero();
+        if (bias) {
+            float lanes[LANES] = {0};
+            memcpy(lanes, bias + first, (size_t)valid * sizeof(float));
+            add = vload(lanes);
+        }
+        for (int r = 0; r < ROWS; r++) {
+            vf out = bias ? vadd(acc[r][p], add) : acc[r][p];
+            if (valid == LANES) {
+                vstore(y + r * ldy + first, out);
+            } else {
+                float lanes[LANES];
+                vstore(lanes, out);
+                memcpy(y + r * ldy + first, lanes, (size_t)valid * sizeof(float));
+            }
+        }
+    }
+}
+
+typedef void (*tile_fn)(const struct weights *, int64_t, const float *, int64_t, float *, int64_t,
+                        const float *);
+#define INSTANCE(R, P, BITS)                                                                    \
+    static void tile_##R##_##P##_##BITS(const struct weights *w, int64_t panel, const float *x, \
+                                        int64_t ldx, float *y, int64_t ldy, const float *bias) {\
+        tile(w, panel, x, ldx, y, ldy, bias, R, P, BITS);                                       \
+    }
+/* Per bit width: the tiles of 1..ROWS_MAX rows over panels_for(rows) panels, and over one. */
+#if defined(__AVX512F__)
+#define INSTANCES(BITS)                                                                         \
+    INSTANCE(1, 4, BITS) INSTANCE(2, 4, BITS) INSTANCE(3, 4, BITS) INSTANCE(4, 4, BITS)         \
+    INSTANCE(5, 2, BITS) INSTANCE(6, 2, BITS) INSTANCE(7, 2, BITS) INSTANCE(8, 2, BITS)         \
+    INSTANCE(1, 1, BITS) INSTANCE(2, 1, BITS) INSTANCE(3, 1, BITS) INSTANCE(4, 1, BITS)         \
+    INSTANCE(5, 1, BITS) INSTANCE(6, 1, BITS) INSTANCE(7, 1, BITS) INSTANCE(8, 1, BITS)
+#define TABLE(BITS)                                                                             \
+    {{tile_1_4_##BITS, tile_2_4_##BITS, tile_3_4_##BITS, tile_4_4_##BITS, tile_5_2_##BITS,      \
+      tile_6_2_##BITS, tile_7_2_##BITS, tile_8_2_##BITS},                                       \
+     {tile_1_1_##BITS, tile_2_1_##BITS, tile_3_1_##BITS, tile_4_1_##BITS, tile_5_1_##BITS,      \
+      tile_6_1_##BITS, tile_7_1_##BITS, tile_8_1_##BITS}}
+#else
+#define INSTANCES(BITS)                                                                         \
+    INSTANCE(1, 4, BITS) INSTANCE(2, 2, BITS) INSTANCE(1, 1, BITS) INSTANCE(2, 1, BITS)         \
+    INSTANCE(3, 1, BITS) INSTANCE(4, 1, BITS)
+#define TABLE(BITS)                                                                             \
+    {{tile_1_4_##BITS, tile_2_2_##BITS, tile_3_1_##BITS, tile_4_1_##BITS},                      \
+     {tile_1_1_##BITS, tile_2_1_##BITS, tile_3_1_##BITS, tile_4_1_##BITS}}
+#endif
+INSTANCES(4)
+INSTANCES(8)
+static const tile_fn TILES4[2][ROWS_MAX] = TABLE(4);
+static const tile_fn TILES8[2][ROWS_MAX] = TABLE(8);
+
+/* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
+ * floats, or NULL). Returns 0, or -1 for a layout it does not know. */
+int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
+                     int has_offset, const float *x, int64_t rows, float *y, const float *bias,
+                     int threads) {
+    if ((block != 16 && block != 32) || (bits != 4 && bits != 8) || k % block != 0) return -1;
+    struct weights w = {panels, n, k, block, bits, has_offset};
+    const int64_t panels_total = (n + LANES - 1) / LANES;
+    const int64_t row_tiles = (rows + ROWS_MAX - 1) / ROWS_MAX;
+    /* Tasks: (row tile, group of panels); a group's width follows its tile's row count. */
+    const int wide = panels_for(rows < ROWS_MAX ? (int)rows : ROWS_MAX);
+    const int64_t groups = (panels_total + wide - 1) / wide;
+    const tile_fn(*table)[ROWS_MAX] = bits == 4 ? TILES4 : TILES8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (row_tiles * groups > 1)
+    for (int64_t task = 0; task < row_tiles * groups; task++) {
+        const int64_t tile_index = task / groups, group = task % groups;
+        const int64_t first_row = tile_index * ROWS_MAX;
+        const int tile_rows = (int)(rows - first_row < ROWS_MAX ? rows - first_row : ROWS_MAX);
+        const int group_panels = panels_for(tile_rows);
+        /* The group's panels in runs the tile's width allows, then one at a time. */
+        int64_t panel = group * wide, end = panel + wide < panels_total ? panel + wide : panels_total;
+        for (; panel + group_panels <= end; panel += group_panels)
+            table[0][tile_rows - 1](&w, panel, x + first_row * k, k, y + first_row * n, n, bias);
+        for (; panel < end; panel++)
+            table[1][tile_rows - 1](&w, panel, x + first_row * k, k, y + first_row * n, n, bias);
+    }
+    return 0;
+}
+
+/* Rows `ids` of the weight matrix (the embedding's table), dequantized: out (count x k). */
+void quantized_rows(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
+                    int has_offset, const int64_t *ids, int64_t count, float *out) {
+    struct weights w = {panels, n, k, block, bits, has_offset};
+    const int64_t stride = panel_bytes(&w), bb = block_bytes(&w), hb = header_bytes(&w);
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t id = ids[i], lane = id % LANES;
+        const uint8_t *base = panels + (id / LANES) * stride;
+        for (int64_t kk = 0; kk < k; kk++) {
+            const uint8_t *blk = base + (kk / block) * bb;
+            const int j = (int)(kk % block);
+            const float s = ((const float *)blk)[lane];
+            const float m = has_offset ? ((const float *)blk)[LANES + lane] : 0.0f;
+            float q;
+            if (bits == 4) {
+                const uint8_t byte = blk[hb + (j / 2) * LANES + lane];
+                q = (float)(j % 2 ? byte >> 4 : byte & 15);
+            } else {
+                q = (float)(int8_t)blk[hb + j * LANES + lane];
+            }
+            out[i * k + kk] = fmaf(q, s, m);
+        }
+    }
+}

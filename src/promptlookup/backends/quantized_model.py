@@ -1,0 +1,157 @@
+"""A ``transformers`` causal LM whose weights are a GGUF file's, kept in the file's quantization.
+
+:func:`load_quantized` builds the model's modules without memory (on the ``meta`` device), then
+gives each one its tensor from the file: matrices of a packed format
+(:data:`~promptlookup.backends.gguf_blocks.DECODED`) become
+:class:`~promptlookup.backends.quantized.QuantizedLinear` and
+:class:`~promptlookup.backends.quantized.QuantizedEmbedding` (a tied head shares the
+embedding's copy), float tensors (norms, biases, float matrices) float32 parameters. The file
+is read through a memory map, one tensor at a time, so loading never holds a float copy of the
+model. The architectures are those :class:`~promptlookup.backends.llama_forward.LlamaForward`
+runs (Llama, Mistral, Qwen2); others raise :class:`~promptlookup.errors.UnsupportedModelError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError, UnsupportedModelError
+from .gguf_blocks import DECODED, decode
+from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
+
+#: GGUF tensor names -> module paths in the ``transformers`` model (``{i}``: the layer).
+NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+FLOAT_KINDS = ("F32", "F16", "BF16")
+
+
+def module_path(tensor_name: str) -> tuple[str, str]:
+    """``blk.3.attn_q.weight`` -> (``model.layers.3.self_attn.q_proj``, ``weight``)."""
+    stem, _, leaf = tensor_name.rpartition(".")
+    layer = re.match(r"blk\.(\d+)\.", stem)
+    key = stem if layer is None else stem.replace(layer.group(0), "blk.{i}.", 1)
+    if key not in NAMES:
+        raise UnsupportedModelError(f"GGUF tensor {tensor_name} has no place in the model")
+    return NAMES[key].format(i=layer.group(1) if layer else ""), leaf
+
+
+def gguf_config(path: Path, cache_file: Path | None):
+    """The model's ``transformers`` config from the GGUF's metadata (kept in ``cache_file``:
+    reading it takes transformers tens of seconds)."""
+    from transformers import AutoConfig
+
+    if cache_file is not None and cache_file.is_file():
+        values = json.loads(cache_file.read_text())
+    else:
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        values = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        if cache_file is not None:
+            from ..cache_files import save_cache_json
+
+            save_cache_json(cache_file, values)
+    values = dict(values)
+    model_type = values.pop("model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path.name}: architecture {model_type!r} cannot run quantized "
+            f"(supported: {', '.join(ARCHITECTURES)}); load it with dtype='float32'"
+        )
+    values.pop("_model_name_or_path", None)
+    return AutoConfig.for_model(model_type, **values)
+
+
+def _unpermute(rows: int, heads: int) -> np.ndarray:
+    """The row order undoing llama.cpp's rotary permutation of a query or key matrix (as
+    ``transformers``' GGUF loader undoes it), for ``heads`` heads."""
+    return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(2, 1).reshape(-1)
+
+
+def load_quantized(path: str | Path, config_cache: Path | None = None):
+    """The model in ``path`` (a GGUF file) with quantized weights; see the module doc.
+    Returns ``(model, formats)``: ``formats`` counts the file's tensor types by module kind."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    config = gguf_config(path, config_cache)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # truncated or not a GGUF file
+        raise ModelLoadError(f"{path}: cannot read GGUF ({type(exc).__name__})") from exc
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    permuted = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+    formats: dict[str, int] = {}
+    quantized: dict[str, QuantizedWeight] = {}
+    for tensor in reader.tensors:
+        where, leaf = module_path(tensor.name)
+        kind = tensor.tensor_type.name
+        formats[kind] = formats.get(kind, 0) + 1
+        data = tensor.data
+        heads = permuted.get(where.rpartition(".")[2]) if config.model_type == "llama" else None
+        if heads and data.ndim == 2:
+            data = data[_unpermute(data.shape[0], heads)]  # whole rows: exact in any format
+        if kind in DECODED and leaf == "weight":
+            k = int(tensor.shape[0])  # GGUF shapes list the inputs first
+            quantized[where] = QuantizedWeight(decode(kind, np.asarray(data), k), kind)
+        elif kind in FLOAT_KINDS:
+            values = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
+            _set_parameter(model, where, leaf, values.reshape(*reversed(tensor.shape.tolist())))
+        else:
+            raise UnsupportedModelError(f"{path.name}: tensor {tensor.name} is {kind}, not packed")
+    for where, weight in quantized.items():
+        module = model.get_submodule(where)
+        if isinstance(module, torch.nn.Embedding):
+            _replace(model, where, QuantizedEmbedding(weight))
+        else:
+            bias = None if module.bias is None or module.bias.is_meta else module.bias.data
+            _replace(model, where, QuantizedLinear(weight, bias))
+    _tie_head(model, quantized)
+    base = model.model
+    base.rotary_emb = type(base.rotary_emb)(config=config)  # its buffers, computed on the cpu
+    missing = [name for name, value in model.state_dict().items() if value.is_meta]
+    if missing:
+        raise ModelLoadError(f"{path.name}: the file has no tensor for {', '.join(missing[:3])}")
+    return model.eval(), formats
+
+
+def _tie_head(model, quantized: dict[str, QuantizedWeight]) -> None:
+    """A model without an ``output`` tensor computes logits with its embedding's weights."""
+    if "lm_head" in quantized:
+        return
+    embedding = model.model.embed_tokens
+    if isinstance(embedding, QuantizedEmbedding):
+        model.lm_head = QuantizedLinear(embedding.quantized)
+    else:
+        model.lm_head.weight = embedding.weight
+
+
+def _replace(model, where: str, module: torch.nn.Module) -> None:
+    parent, _, name = where.rpartition(".")
+    setattr(model.get_submodule(parent), name, module)
+
+
+def _set_parameter(model, where: str, leaf: str, values: torch.Tensor) -> None:
+    module = model.get_submodule(where)
+    setattr(module, leaf, torch.nn.Parameter(values, requires_grad=False))
