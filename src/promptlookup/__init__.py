@@ -1,8 +1,8 @@
 """promptlookup: faster generation for language models, with exactly the same output.
 
 >>> import promptlookup                                         # doctest: +SKIP
->>> lm = promptlookup.load_model()          # SmolLM2-135M-Instruct from PyPI, offline
->>> print(lm.generate("Rewrite: ...", chat=True).text)
+>>> lm = promptlookup.load_model()  # SmolLM2-135M-Instruct from PyPI, offline  # doctest: +SKIP
+>>> print(lm.generate("Rewrite: ...", chat=True).text)                  # doctest: +SKIP
 
 Importing this package loads no model and touches no file: this module only re-exports the
 API from the modules that define it.

@@ -1,24 +1,143 @@
-"""``make demo``: a code-editing request about one of promptlookup's own source files, answered by
-the default model with prompt lookup (streamed), then by plain decoding, with both speeds."""
+"""``make demo``: a code-editing request about one of promptlookup's own functions, answered by
+the default model with prompt lookup (streamed), checked, then answered by plain decoding, with
+both speeds and whether the two outputs are identical.
+
+The request renames one parameter. The check reads the answer's first Python code block: it
+must parse (:mod:`ast`), name the new identifier and no longer the old one, and define the same
+function; the demo prints what it found. The request was chosen because the default model
+(SmolLM2-135M-Instruct, greedy) answers it right; a small model does not answer every edit
+right, and the check says so when it does not.
+"""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import sys
+import textwrap
+from dataclasses import dataclass
 
 import promptlookup
-from promptlookup import text as text_module
+from promptlookup.bench import methods as bench_methods
 from promptlookup.bench.agreed import agreed_length
 
 MAX_NEW_TOKENS = 200
+CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
 
-def build_request() -> str:
-    source = inspect.getsource(text_module.IncrementalDetokenizer)
-    return (
-        "Here is a Python class from my project:\n\n```python\n" + source + "```\n\n"
-        "Rename the attribute `_read_offset` to `_emitted_offset` everywhere. Reply with the "
-        "complete updated class in a Python code block."
+@dataclass(frozen=True)
+class Rename:
+    """Rename identifier ``old`` to ``new`` in ``source``, the source of function ``name``."""
+
+    name: str
+    source: str
+    old: str
+    new: str
+
+    @property
+    def request(self) -> str:
+        return (
+            "Here is a Python function from my project:\n\n```python\n" + self.source + "```\n\n"
+            f"Rename the parameter `{self.old}` to `{self.new}` everywhere in the function. "
+            "Reply with the complete updated function in a Python code block."
+        )
+
+
+REQUEST = Rename(
+    "cut_after_eos", inspect.getsource(bench_methods.cut_after_eos), "eos_token_ids", "stop_ids"
+)
+
+
+def identifiers(tree: ast.AST) -> list[str]:
+    """Every identifier a tree names: variables, attributes, parameters, keywords, definitions.
+
+    >>> sorted(set(identifiers(ast.parse("def f(a, *, b=1):\\n    return g(a).c + b"))))
+    ['a', 'b', 'c', 'f', 'g']
+    """
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, ast.arg):
+            names.append(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.append(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.append(node.name)
+    return names
+
+
+class _Renamer(ast.NodeTransformer):
+    """Renames identifier ``old`` to ``new`` wherever a tree names it."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def visit_Name(self, node):
+        node.id = self.new if node.id == self.old else node.id
+        return node
+
+    def visit_arg(self, node):
+        node.arg = self.new if node.arg == self.old else node.arg
+        return self.generic_visit(node)
+
+    def visit_Attribute(self, node):
+        node.attr = self.new if node.attr == self.old else node.attr
+        return self.generic_visit(node)
+
+    def visit_keyword(self, node):
+        node.arg = self.new if node.arg == self.old else node.arg
+        return self.generic_visit(node)
+
+
+def _shape(function: ast.FunctionDef, rename: tuple[str, str] | None = None) -> str:
+    """The function's syntax tree without its docstring, identifiers renamed by ``rename``."""
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        function.body = body[1:] or [ast.Pass()]
+    if rename:
+        function = _Renamer(*rename).visit(function)
+    return ast.dump(function)
+
+
+def check_answer(text: str, rename: Rename = REQUEST) -> tuple[bool, str]:
+    """``(right, what was found)`` for an answer to ``rename``'s request: its first Python code
+    block must parse, define the function, name the new identifier and not the old one, and
+    be the original function but for the name (docstrings aside: they may say the new name).
+
+    >>> edit = Rename("double", "def double(old):\\n    return old * 2\\n", "old", "new")
+    >>> check_answer("```python\\ndef double(new):\\n    return new * 2\\n```", edit)[0]
+    True
+    >>> check_answer("```python\\ndef double(new):\\n    return new + new\\n```", edit)[1]
+    'the code parses and names `new` 3 times and `old` nowhere, but changes more than the name'
+    """
+    match = CODE_BLOCK.search(text)
+    if match is None:
+        return False, "the answer has no complete Python code block"
+    try:
+        tree = ast.parse(match.group(1))
+    except SyntaxError as exc:
+        return False, f"the answer's code does not parse (line {exc.lineno}: {exc.msg})"
+    expected = rename.name
+    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    mine = next((n for n in defined if n.name == expected), None)
+    if mine is None:
+        names = ", ".join(n.name for n in defined) or "no function"
+        return False, f"the code parses but defines {names}, not {expected}"
+    names = identifiers(mine)
+    found = f"names `{rename.new}` {names.count(rename.new)} times and `{rename.old}` " + (
+        f"{names.count(rename.old)} times" if rename.old in names else "nowhere"
+    )
+    if rename.new not in names or rename.old in names:
+        return False, f"the code parses and defines {expected}, but {found}"
+    original = ast.parse(textwrap.dedent(rename.source)).body[0]
+    if _shape(mine, (rename.new, rename.old)) != _shape(original):
+        return False, f"the code parses and {found}, but changes more than the name"
+    return True, (
+        f"the code parses, defines {expected}, {found}, and is the original but for the name"
     )
 
 
@@ -34,13 +153,15 @@ def main() -> None:
         file=sys.stderr,
     )
     lm.warm_up()
-    request = build_request()
+    request = REQUEST.request
     print(f"\n### Request\n{request}\n\n### Answer (streamed, prompt lookup)\n", flush=True)
     stream = lm.stream(request, chat=True, max_new_tokens=MAX_NEW_TOKENS)
     for piece in stream:
         print(piece, end="", flush=True)
     fast = stream.result
-    print("\n\n### Plain decoding of the same request (not shown)...", flush=True)
+    right, found = check_answer(fast.text)
+    print(f"\n\ncheck: {'right' if right else 'WRONG'}: {found}")
+    print("\n### Plain decoding of the same request (not shown)...", flush=True)
     plain = lm.generate(request, chat=True, max_new_tokens=MAX_NEW_TOKENS, drafter="none")
     fs, ps = fast.stats, plain.stats
     print(

@@ -35,6 +35,10 @@ def register_drafter_method(backend: str, item: str) -> str:
 
 
 from ..machine import default_threads as _default_threads  # noqa: E402 (one definition)
+from .suite import DEFAULT_PER_TASK  # noqa: E402
+
+DEFAULT_TOKENS = 128
+QUICK_TOKENS = 64
 
 
 @click.command()
@@ -43,15 +47,29 @@ from ..machine import default_threads as _default_threads  # noqa: E402 (one def
     "data_files",
     multiple=True,
     metavar="FILE.jsonl",
-    help="Prompts, one JSON object per line with id, task, messages (repeatable).",
+    help="Prompts, one JSON object per line with id, task, messages (repeatable). Without "
+    "it: the built-in suite, five tasks generated from this Python's standard library.",
 )
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
     default=None,
-    help="Use the first N rows of each file [all].",
+    help="Use the first N rows of each file, or N prompts per task of the built-in suite "
+    f"[all rows; {DEFAULT_PER_TASK} per task].",
 )
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A first look: one prompt per task (--limit 1) and {QUICK_TOKENS} new tokens "
+    "unless given.",
+)
+@click.option(
+    "--max-new-tokens",
+    "-n",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"[{DEFAULT_TOKENS}; {QUICK_TOKENS} with --quick]",
+)
 @click.option(
     "--methods",
     default="plain,hf-pld,promptlookup",
@@ -66,6 +84,15 @@ from ..machine import default_threads as _default_threads  # noqa: E402 (one def
     metavar="NAME=SPEC",
     help="Add a method NAME running promptlookup with drafter SPEC (repeatable), e.g. "
     "'chain=prompt-lookup,draft-model:default' or 'ref=reference:old.py'.",
+)
+@click.option(
+    "--against",
+    "against",
+    multiple=True,
+    metavar="NAME=URL",
+    help="Also race the OpenAI-compatible server at URL (llama-server, vLLM, promptlookup "
+    "serve) as method NAME, interleaved with the others (repeatable), e.g. "
+    "llamacpp=http://127.0.0.1:8080.",
 )
 @click.option(
     "--sweep",
@@ -133,9 +160,11 @@ from ..machine import default_threads as _default_threads  # noqa: E402 (one def
 def bench(
     data_files,
     limit,
+    quick,
     max_new_tokens,
     methods,
     drafter_methods,
+    against,
     sweep,
     repeat,
     sampling,
@@ -177,7 +206,16 @@ def bench(
     each method's speed on the tokens that every method wrote first.
 
     \b
-    Example:
+    Prompts: the files of --data, or else the built-in suite: code_edit,
+    summarization, qa, chat and open_ended requests generated at run time from
+    the installed Python standard library's sources and docstrings (the same
+    prompts for the same Python version; meta.json names them by a fingerprint).
+
+    \b
+    Examples:
+      promptlookup bench --quick --out first-look
+      promptlookup bench --limit 12 --max-new-tokens 256 --out bench-out
+      promptlookup bench --limit 4 --against llamacpp=http://127.0.0.1:8080 --out race
       promptlookup bench --data code_edit.jsonl --data chat.jsonl --limit 20 \\
           --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
     """
@@ -192,16 +230,19 @@ def bench(
         click.echo(console_tables(records, summary))
         click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
         return
-    if not data_files:
-        raise click.UsageError("give at least one --data FILE.jsonl (or --report-only)")
     if sampling and temperature <= 0:
         raise click.UsageError("--sampling needs --temperature > 0")
     if not 0 < top_p <= 1:
         raise click.UsageError("--top-p must be in (0, 1]")
-    from .data import load_all
     from .methods import parse_method_spec
+    from .servers import ServerMethod, parse_against
 
-    rows = load_all(data_files, limit)
+    if quick:
+        limit = limit or 1
+        max_new_tokens = max_new_tokens or QUICK_TOKENS
+    max_new_tokens = max_new_tokens or DEFAULT_TOKENS
+    rows, data = prompts(data_files, limit)
+    servers = [parse_against(item) for item in against]
     specs = split_methods(methods)
     if sweep:
         specs += [s for s in sweep_specs() if s not in specs]
@@ -229,13 +270,22 @@ def bench(
 
     torch.set_num_threads(threads)
     loader = get_backend(backend).load
+    # Servers answer (or fail with one line) before the slow model load.
+    names = {parse_method_spec(spec)[0] for spec in specs}
+    for name, _ in servers:
+        if name in names or name == "plain":
+            raise InvalidParameterError(f"--against {name}: a method of that name already runs")
+        names.add(name)
+    racing = [ServerMethod(name, url) for name, url in servers]
     lm = loader(model, dtype, device, threads)
+    for server in racing:
+        server.lm = lm  # its tokenizer re-encodes the servers' texts
     from .runner import run_bench
 
     result = run_bench(
         lm,
         rows,
-        specs,
+        specs + racing,
         settings,
         backend=backend,
         out_dir=out_dir,
@@ -248,7 +298,26 @@ def bench(
             "model": getattr(lm, "name", model),
             "dtype": dtype,
             "device": device,
+            "data": data,
+            "against": {s.name: {"url": s.url, "model": s.model_id, "pid": s.pid} for s in racing},
         },
     )
     click.echo(console_tables(result.records, result.summary))
     click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
+
+
+def prompts(data_files, limit: int | None):
+    """The rows to run and how to name them in the report: the files', or the built-in
+    suite's (its Python version and fingerprint)."""
+    import platform
+
+    from .data import load_all
+    from .suite import suite_fingerprint, suite_rows
+
+    if data_files:
+        return load_all(data_files, limit), "files " + ", ".join(data_files)
+    rows = suite_rows(limit)
+    return rows, (
+        f"the built-in suite ({len(rows)} prompts from the Python {platform.python_version()} "
+        f"standard library; fingerprint {suite_fingerprint(rows)})"
+    )

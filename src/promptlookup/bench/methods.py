@@ -71,7 +71,9 @@ class MethodOutput:
     """One generation. ``token_ids``: the new tokens (ending with EOS if one was produced);
     ``seconds``: wall time of the generation call alone; ``token_seconds[i]``: time from the
     call's start until new token ``i`` was available (None when unknown); counters are None
-    when unknown."""
+    when unknown. A method that gets text rather than tokens (a server) also sets ``text``,
+    which the identity checks then compare, and ``new_tokens`` (its own count); the runner
+    fills ``peak_rss_mib``, the peak resident memory during the call."""
 
     token_ids: list[int]
     seconds: float
@@ -79,6 +81,9 @@ class MethodOutput:
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
     token_seconds: list[float] | None = None
+    text: str | None = None
+    new_tokens: int | None = None
+    peak_rss_mib: float | None = None
 
 
 class Method(Protocol):

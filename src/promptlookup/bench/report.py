@@ -43,6 +43,7 @@ TABLE_HEADERS = (
     "identical to -none",
     "first token s",
     "decode speed-up",
+    "peak RSS MiB",
 )
 #: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
 AGREED_KEYS = (
@@ -67,9 +68,20 @@ AGREED_HEADERS = (
 )
 
 
+def _known_columns(rows: Sequence[dict], keys: Sequence[str], headers: Sequence[str]):
+    """The columns to show: all but a peak-RSS column that no row measured (older runs)."""
+    shown = [
+        (k, h)
+        for k, h in zip(keys, headers)
+        if k != "peak_rss_mib" or any(row.get(k) is not None for row in rows)
+    ]
+    return [k for k, _ in shown], [h for _, h in shown]
+
+
 def markdown_table(
     rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
 ) -> str:
+    keys, headers = _known_columns(rows, keys, headers)
     lines = [
         "| " + " | ".join(headers) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|",
@@ -82,6 +94,7 @@ def text_table(
     rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
 ) -> str:
     """Summary rows as aligned plain text (printed at the end of a run)."""
+    keys, headers = _known_columns(rows, keys, headers)
     cells = [list(headers)] + [[_cell(row[k]) for k in keys] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
@@ -115,29 +128,41 @@ def _meta_lines(meta: dict, records: Sequence[dict] = ()) -> list[str]:
         else "greedy"
     )
     version = f"promptlookup {machine['promptlookup']}, " if machine.get("promptlookup") else ""
-    return [
-        f"- Command: `{meta.get('command', '?')}`",
-        f"- Date: {meta.get('date', '?')}",
-        f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
-        f"{machine.get('torch_threads', '?')}, load average {machine.get('load_average_1m', '?')} "
-        f"at start ({version}torch {machine.get('torch', '?')}, transformers "
-        f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
-        f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
-        f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}",
-        f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}"
-        + (
-            f"; each method's fastest of {meta['repeat']} runs per prompt"
-            if meta.get("repeat", 1) > 1
-            else ""
-        ),
-    ] + (
+    return (
         [
-            f"- Noise: the slowest run of one method on one prompt took {spread[0]:.2f}x as long "
-            f"as its fastest (median over rows; {spread[1]:.2f}x at the 90th percentile), for "
-            "the same work; differences between methods within that are not resolved by one run"
+            f"- Command: `{meta.get('command', '?')}`",
+            f"- Date: {meta.get('date', '?')}",
+            f"- Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, torch threads "
+            f"{machine.get('torch_threads', '?')}, load average {machine.get('load_average_1m', '?')} "
+            f"at start ({version}torch {machine.get('torch', '?')}, transformers "
+            f"{machine.get('transformers', '?')}, Python {machine.get('python', '?')})",
+            f"- Backend: {meta.get('backend', '?')}; model: {meta.get('model', '?')}; dtype: "
+            f"{meta.get('dtype', '?')}; device: {meta.get('device', '?')}"
+            + (f"; weights: {meta['weights']}" if meta.get("weights") else ""),
         ]
-        if (spread := repeat_spread(records))
-        else []
+        + [
+            f"- Server `{name}`: {server.get('url')}, model `{server.get('model')}`"
+            + (f", process {server['pid']}" if server.get("pid") else ", process not found")
+            for name, server in (meta.get("against") or {}).items()
+        ]
+        + [
+            *([f"- Prompts: {meta['data']}"] if meta.get("data") else []),
+            f"- Decoding: {mode}; max new tokens: {settings.get('max_new_tokens', '?')}"
+            + (
+                f"; each method's fastest of {meta['repeat']} runs per prompt"
+                if meta.get("repeat", 1) > 1
+                else ""
+            ),
+        ]
+        + (
+            [
+                f"- Noise: the slowest run of one method on one prompt took {spread[0]:.2f}x as long "
+                f"as its fastest (median over rows; {spread[1]:.2f}x at the 90th percentile), for "
+                "the same work; differences between methods within that are not resolved by one run"
+            ]
+            if (spread := repeat_spread(records))
+            else []
+        )
     )
 
 
@@ -208,7 +233,13 @@ def render_markdown(
         "share identical to `promptlookup-none`'s; first token s: median "
         "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
         "speed-up after each request's first forward pass that produced tokens (prefill "
-        "left out).",
+        "left out)."
+        + (
+            " Peak RSS MiB: the process's highest resident memory during the method's "
+            "generations (local methods share one process and its model; a server, its own)."
+            if any(row.get("peak_rss_mib") is not None for row in summary)
+            else ""
+        ),
     ]
     parts += best_lines(summary, records)
     parts += agreed_lines(records)

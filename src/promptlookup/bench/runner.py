@@ -24,7 +24,10 @@ Fairness policies:
 
 Each row also keeps the new token ids and ``token_seconds``, the time from the call's start at
 which each arrived, from which the report times every method on the tokens all of them wrote
-(:mod:`promptlookup.bench.agreed`).
+(:mod:`promptlookup.bench.agreed`), and ``peak_rss_mib``, the peak resident memory of the
+process that generated, during its generations (:mod:`promptlookup.bench.memory`). Methods with
+a ``run_chat(messages, settings)`` (servers, :mod:`promptlookup.bench.servers`) get the row's
+messages instead of its token ids, and their identity is checked on text.
 
 ``results.jsonl`` is written and flushed prompt by prompt, so an interrupted run keeps what it
 measured; ``resume=True`` keeps the prompts already complete in it and runs the rest.
@@ -43,6 +46,7 @@ from pathlib import Path
 
 from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
 from .data import BenchRow
+from .memory import PeakMeter, weights_format
 from .methods import BASELINE, Method, MethodOutput, Settings, make_method
 
 RESULT_KEYS = (
@@ -60,6 +64,7 @@ RESULT_KEYS = (
     "text",
     "token_ids",
     "token_seconds",
+    "peak_rss_mib",
 )
 #: promptlookup's own plain decoding: every drafting method must write its text, sampling too.
 OWN_PLAIN = "promptlookup-none"
@@ -171,9 +176,36 @@ def _completed(path: Path, method_names: list[str]) -> list[dict]:
     return kept
 
 
+def _new_tokens(output: MethodOutput) -> int:
+    return output.new_tokens if output.new_tokens is not None else len(output.token_ids)
+
+
 def _fastest(outputs: Sequence[MethodOutput]) -> MethodOutput:
-    """The run with the most new tokens per second (the first of equals)."""
-    return max(outputs, key=lambda out: len(out.token_ids) / max(out.seconds, 1e-9))
+    """The run with the most new tokens per second (the first of equals), with the highest
+    peak RSS of all the runs."""
+    best = max(outputs, key=lambda out: _new_tokens(out) / max(out.seconds, 1e-9))
+    peaks = [out.peak_rss_mib for out in outputs if out.peak_rss_mib is not None]
+    return replace(best, peak_rss_mib=max(peaks) if peaks else None)
+
+
+def generate(method, prompt_ids: Sequence[int], row: BenchRow, settings: Settings):
+    """One timed generation of ``method`` on a row, with its process's peak RSS."""
+    meter = PeakMeter(getattr(method, "pid", None))
+    meter.start()
+    if hasattr(method, "run_chat"):
+        output = method.run_chat(row.messages, settings)
+    else:
+        output = method.run(prompt_ids, settings)
+    output.peak_rss_mib = meter.stop()
+    return output
+
+
+def same_output(model, one: MethodOutput, other: MethodOutput) -> bool:
+    """Token for token; on text where either method reported text (a server)."""
+    if one.text is None and other.text is None:
+        return one.token_ids == other.token_ids
+    texts = [o.text if o.text is not None else _decode(model, o.token_ids) for o in (one, other)]
+    return texts[0] == texts[1]
 
 
 def method_order(count: int, index: int) -> list[int]:
@@ -232,6 +264,7 @@ def run_bench(
         "machine": machine_info(),
         "backend": backend,
         "model": (meta or {}).get("model") or getattr(model, "name", None),
+        "weights": weights_format(model),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "settings": settings.__dict__,
         "methods": [m.name for m in method_objs],
@@ -253,7 +286,7 @@ def run_bench(
         if warmup and prompts:
             warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
             for method in method_objs:
-                method.run(prompts[0], warm)
+                generate(method, prompts[0], rows[0], warm)
         todo = [
             (i, row, ids)
             for i, (row, ids) in enumerate(zip(rows, prompts))
@@ -279,16 +312,16 @@ def run_bench(
                     for i in method_order(len(method_objs), index * repeat + round_):
                         method = method_objs[i]
                         bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
-                        runs[method.name].append(method.run(prompt_ids, prompt_settings))
+                        runs[method.name].append(generate(method, prompt_ids, row, prompt_settings))
                         bar.update(1)
                 outputs = {name: _fastest(outs) for name, outs in runs.items()}
-                baseline_tokens = outputs[BASELINE].token_ids
+                baseline = outputs[BASELINE]
                 own_plain = outputs.get(OWN_PLAIN)
                 for method in method_objs:
                     output = outputs[method.name]
-                    identical = None if settings.sampling else output.token_ids == baseline_tokens
+                    identical = None if settings.sampling else same_output(model, output, baseline)
                     same_as_none = (
-                        None if own_plain is None else output.token_ids == own_plain.token_ids
+                        None if own_plain is None else same_output(model, output, own_plain)
                     )
                     record = dict(
                         zip(
@@ -298,16 +331,19 @@ def run_bench(
                                 row.id,
                                 method.name,
                                 len(prompt_ids),
-                                len(output.token_ids),
+                                _new_tokens(output),
                                 round(output.seconds, 6),
                                 output.forward_passes,
                                 output.drafted_tokens,
                                 output.accepted_tokens,
                                 identical,
                                 same_as_none,
-                                _decode(model, output.token_ids),
+                                output.text
+                                if output.text is not None
+                                else _decode(model, output.token_ids),
                                 list(output.token_ids),
                                 _rounded(output.token_seconds),
+                                output.peak_rss_mib,
                             ),
                         )
                     )

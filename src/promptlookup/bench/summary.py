@@ -15,6 +15,8 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``decode_speedup``: the speed-up after the first forward pass that produced tokens (tokens
   after it / time after it, ratio of totals against ``plain``'s; see :func:`after_first_pass`):
   how much faster the decoding itself is, without the prefill's share and its noise.
+- ``peak_rss_mib``: the highest peak resident memory (MiB) of the process that generated,
+  over the method's rows (null when unknown; local methods share one process and its model).
 
 When greedy outputs differ from ``plain``'s (bfloat16), ``agreed_summary.json`` and the report
 also give the speeds on *agreed prefixes*, the tokens every method produced (see
@@ -45,6 +47,7 @@ SUMMARY_KEYS = (
     "identical_to_none_fraction",
     "first_token_seconds",
     "decode_speedup",
+    "peak_rss_mib",
 )
 
 
@@ -138,6 +141,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
+    peaks = [r["peak_rss_mib"] for r in mine if r.get("peak_rss_mib") is not None]
     return dict(
         zip(
             SUMMARY_KEYS,
@@ -160,6 +164,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
                 _round(_ratio(decode, plain_decode))
                 if decode is not None and plain_decode
                 else None,
+                max(peaks) if peaks else None,
             ),
         )
     )

@@ -1,0 +1,36 @@
+"""Requests with nothing to copy from the prompt (where prompt lookup has least to offer): the
+built-in suite's ``open_ended`` task, the same prompts as ``benchmarks/data/open_ended.jsonl``
+(written for this project)."""
+
+OPEN_ENDED = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Invent five names for a new breakfast cereal and explain each one.",
+    "Describe a walk through a forest in autumn.",
+    "What are some good habits for staying healthy? Give advice in your own words.",
+    "Write a poem about the sea at night.",
+    "Explain why the sky looks blue to a ten-year-old.",
+    "Give me ideas for a birthday party for a seven-year-old who loves dinosaurs.",
+    "Write a letter to a friend you have not seen in years.",
+    "Describe your ideal weekend.",
+    "What would happen if people could breathe underwater? Speculate freely.",
+    "Write a recipe for a vegetable soup.",
+    "Tell me a fairy tale about a clever fox and a proud crow.",
+    "Suggest a plan for learning to play the guitar in three months.",
+    "Write a product description for a pair of running shoes.",
+    "Describe a busy market in a city you imagine.",
+    "What are the pros and cons of working from home?",
+    "Write a speech for the opening of a new public library.",
+    "Invent a board game and explain its rules.",
+    "Write a diary entry of an astronaut on the first day on Mars.",
+    "Give tips for taking better photographs with a phone.",
+    "Write a dialogue between a teacher and a student about homework.",
+    "Describe how a bicycle works.",
+    "Write a short mystery story set on a train.",
+    "What makes a good friend? Answer in a few paragraphs.",
+    "Plan a three-day trip to the mountains.",
+    "Write a song about rain.",
+    "Explain how to care for a houseplant.",
+    "Describe the life of a bee in one day.",
+    "Write an advertisement for a small bakery.",
+    "Imagine a city in the year 2200 and describe it.",
+)
