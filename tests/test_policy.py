@@ -10,7 +10,8 @@ from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup as pl
 from promptlookup.cost_model import CostModel
-from promptlookup.policy import AcceptanceModel, SpeculationPolicy, context_bucket, match_bucket
+from promptlookup.cost_store import context_bucket
+from promptlookup.policy import AcceptanceModel, SequenceDraft, SpeculationPolicy, match_bucket
 
 
 def policy_with_costs(costs: dict[int, float], exploration: float = 0.0) -> SpeculationPolicy:
@@ -216,8 +217,37 @@ def test_greedy_and_sampling_keep_separate_statistics():
     for _ in range(50):
         policy.record_acceptance(8, num_drafted=16, num_accepted=0)
     assert policy.draft_length([5] * 16, match_length=8) == 0
-    policy.sampling, policy.request = False, AcceptanceModel()
+    policy.sampling, policy.request_acceptance = False, AcceptanceModel()
     assert policy.draft_length([5] * 16, match_length=8) > 0
+
+
+def test_one_rule_sizes_drafts_alone_in_a_batch_and_for_draft_models():
+    """draft_length and worth_drafting are joint_draft_lengths for one sequence, and that is
+    the argmax over k of (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
+    rng = random.Random(3)
+    for _ in range(30):
+        costs = {1: 1.0, 2: 1 + rng.random(), 8: 2 + 4 * rng.random(), 64: 10 + 40 * rng.random()}
+        policy = policy_with_costs(costs, exploration=rng.choice([0.0, 0.5]))
+        match, draft_seconds = rng.choice([None, 1, 4, 20]), rng.choice([0.0, 0.1])
+        for _ in range(rng.randint(0, 30)):
+            drafted = rng.randint(1, 16)
+            policy.record_acceptance(match, drafted, rng.randint(0, drafted))
+        length = rng.randint(1, 20)
+
+        def rate(k, policy=policy, match=match, draft_seconds=draft_seconds):
+            expected = survive = 1.0
+            for position in range(1, k + 1):
+                survive *= policy.acceptance(match_bucket(match), position)
+                expected += survive
+            return expected / (policy.costs.cost(k + 1) + k * draft_seconds)
+
+        best = max(range(length + 1), key=lambda k: (rate(k), -k))  # the shortest of ties
+        alone = SequenceDraft(length, match, policy.request_acceptance, False)
+        assert policy.joint_draft_lengths([alone], draft_seconds=draft_seconds) == [best]
+        if draft_seconds == 0:
+            assert policy.draft_length([5] * length, match) == best
+        if match is None:
+            assert policy.worth_drafting(draft_seconds, limit=length) == best
 
 
 def test_explores_while_evidence_is_thin_then_follows_the_evidence():

@@ -33,22 +33,20 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cost_model import CostModel
-from .cost_store import LAST_CONTEXT_BUCKET, CostStore, context_bucket
+from .cost_store import CostStore
 from .errors import InvalidParameterError
 
 __all__ = [
-    "LAST_CONTEXT_BUCKET",
     "MAX_DRAFT",
     "AcceptanceModel",
     "SequenceDraft",
     "SpeculationPolicy",
     "check_speculation",
-    "context_bucket",
     "match_bucket",
     "position_bucket",
     "prior_acceptance",
@@ -116,13 +114,13 @@ def prior_acceptance(bucket: int | tuple[str, int]) -> float:
 
 @dataclass(frozen=True)
 class SequenceDraft:
-    """One sequence's part in a joint decision: its draft's length, match length and source
-    (see :meth:`SpeculationPolicy.draft_length`), its own acceptance statistics and whether it
-    samples."""
+    """One sequence's part in a decision (:meth:`SpeculationPolicy.joint_draft_lengths`): its
+    draft's length, match length and source (see :meth:`SpeculationPolicy.draft_length`), its
+    own acceptance statistics and whether it samples."""
 
     length: int
     match_length: int | None
-    request: AcceptanceModel
+    acceptance: AcceptanceModel
     sampling: bool
     source: str | None = None
 
@@ -154,7 +152,8 @@ class SpeculationPolicy:
         #: The measured cost curves, one per context length (kept in ``cost_file``).
         self.store = CostStore(cost_file)
         self.history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
-        self.request: AcceptanceModel = AcceptanceModel()
+        #: The current request's own acceptance statistics (:meth:`start`), whether it samples.
+        self.request_acceptance = AcceptanceModel()
         self.sampling = False
         self.global_weight = global_weight
         self.prior_weight = prior_weight
@@ -165,7 +164,7 @@ class SpeculationPolicy:
         """Begin a request (after the prompt's prefill): its own acceptance statistics, and the
         cost curve of its context length (see :meth:`CostStore.begin`, which may time forward
         passes of ``probe_token`` on ``target``)."""
-        self.request = AcceptanceModel()
+        self.request_acceptance = AcceptanceModel()
         self.sampling = sampling
         self.store.begin(target, probe_token)
 
@@ -176,7 +175,7 @@ class SpeculationPolicy:
 
     @property
     def cost_models(self) -> dict[int, CostModel]:
-        """The measured cost curves by context bucket (:func:`context_bucket`)."""
+        """The measured cost curves by context bucket (:func:`~promptlookup.cost_store.context_bucket`)."""
         return self.store.curves
 
     @property
@@ -197,31 +196,34 @@ class SpeculationPolicy:
         self,
         bucket: int,
         position: int,
-        request: AcceptanceModel | None = None,
+        statistics: AcceptanceModel | None = None,
         sampling: bool | None = None,
     ) -> float:
         """Estimated probability that draft token ``position`` is accepted given the ones
         before were, plus an exploration bonus that shrinks as evidence accumulates (so a
         pessimistic start cannot keep the policy from ever trying, and learning).
-        ``request``/``sampling``: whose statistics (default: the current request's)."""
-        request = self.request if request is None else request
+        ``statistics``/``sampling``: whose (default: the current request's)."""
+        own = self.request_acceptance if statistics is None else statistics
         sampling = self.sampling if sampling is None else sampling
         prior = prior_acceptance(bucket)
         history = self.history[sampling]
         rate = history.rate(bucket, position, prior, self.prior_weight)
-        rate = request.rate(bucket, position, rate, self.global_weight)
-        evidence = history.evidence(bucket, position) + request.evidence(bucket, position)
+        rate = own.rate(bucket, position, rate, self.global_weight)
+        evidence = history.evidence(bucket, position) + own.evidence(bucket, position)
         bonus = self.exploration * math.sqrt(rate * (1 - rate) / (evidence + 1))
         return min(rate + bonus, 0.999)
 
     def draft_length(self, draft: Sequence[int], match_length: int | None) -> int:
-        """How many leading tokens of ``draft`` to verify (0 = a plain step), by the
-        statistics of its match length and of its ``source`` (a
-        :class:`~promptlookup.drafters.base.Draft`'s; a plain list: the request's own)."""
+        """How many leading tokens of ``draft`` to verify (0 = a plain step): the rule of
+        :meth:`joint_draft_lengths` for the current request alone, by the statistics of its
+        match length and of its ``source`` (a :class:`~promptlookup.drafters.base.Draft`'s; a
+        plain list: the request's own),
+
+            k* = argmax_k (1 + E[accepted | k]) / cost(k + 1)."""
         if not draft:
             return 0
-        bucket = match_bucket(match_length, getattr(draft, "source", None))
-        return self._best_length(bucket, min(len(draft), MAX_DRAFT))
+        entry = self._current(len(draft), match_length, getattr(draft, "source", None))
+        return self.joint_draft_lengths([entry])[0]
 
     def expected_accepted(
         self, length: int, match_length: int | None, source: str | None = None
@@ -229,47 +231,45 @@ class SpeculationPolicy:
         """``E[accepted | k]`` for a draft of ``length`` tokens found by a match of
         ``match_length`` in ``source`` (the current request's statistics): how a drafter with
         several sources compares their drafts."""
-        bucket, survive, expected = match_bucket(match_length, source), 1.0, 0.0
-        for position in range(1, min(length, MAX_DRAFT) + 1):
-            survive *= self.acceptance(bucket, position)
-            expected += survive
-            if survive < 1e-3:
-                break
-        return expected
+        return sum(self._gains(self._current(length, match_length, source)))
 
     def worth_drafting(self, seconds_per_draft_token: float, limit: int = MAX_DRAFT) -> int:
         """How many tokens a drafter that pays for each (a draft model: one forward pass of
-        its own per token) should produce, for drafts without match information:
+        its own per token) should produce, for drafts without match information: the rule of
+        :meth:`joint_draft_lengths` with each draft token's price added,
 
             argmax_k (1 + E[accepted | k]) / (cost(k + 1) + k * seconds_per_draft_token)
 
         0 when even one draft token does not pay for itself and its verification."""
-        return self._best_length(match_bucket(None), min(limit, MAX_DRAFT), seconds_per_draft_token)
+        entry = self._current(limit, None, None)
+        return self.joint_draft_lengths([entry], draft_seconds=seconds_per_draft_token)[0]
 
-    def _best_length(self, bucket: int, max_k: int, draft_seconds: float = 0.0) -> int:
-        """argmax over k in 0..max_k of expected tokens per second of a step verifying k."""
-        best_k, best_rate = 0, 1.0 / self.costs.cost(1)
-        expected, survive = 1.0, 1.0
-        for k in range(1, max_k + 1):
-            survive *= self.acceptance(bucket, k)
-            expected += survive
-            rate = expected / (self.costs.cost(k + 1) + k * draft_seconds)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
+    def _current(self, length: int, match_length: int | None, source: str | None) -> SequenceDraft:
+        """A draft of the current request (:meth:`start`), as the rule takes it."""
+        return SequenceDraft(length, match_length, self.request_acceptance, self.sampling, source)
+
+    def _gains(self, entry: SequenceDraft) -> Iterator[float]:
+        """What each of the draft's tokens adds to the expected accepted tokens, in order:
+        ``prod_{l<=j} a(l)`` for token j, until it falls under 1e-3."""
+        bucket, survive = match_bucket(entry.match_length, entry.source), 1.0
+        for position in range(1, min(entry.length, MAX_DRAFT) + 1):
+            survive *= self.acceptance(bucket, position, entry.acceptance, entry.sampling)
             if survive < 1e-3:
-                break
-        return best_k
+                return
+            yield survive
 
     def joint_draft_lengths(
-        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0
+        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0, draft_seconds: float = 0.0
     ) -> list[int]:
-        """How many leading tokens of each sequence's draft to verify in one forward pass over
-        all of them, which also carries ``fixed_tokens`` rows nobody decides (prompt chunks,
-        whole drafts of ``speculation="fixed"`` sequences):
+        """The decision rule: how many leading tokens of each sequence's draft to verify in one
+        forward pass over all of them, which also carries ``fixed_tokens`` rows nobody decides
+        (prompt chunks, whole drafts of ``speculation="fixed"`` sequences):
 
-            argmax over (k_1 .. k_B) of (B + sum_i E_i[accepted | k_i]) / cost(fixed + B + sum_i k_i)
+            argmax over (k_1 .. k_B) of (B + sum_i E_i[accepted | k_i])
+                / (cost(fixed + B + sum_i k_i) + draft_seconds * sum_i k_i)
 
-        with ``cost`` the curve of passes over ``B`` sequences (:meth:`batch_costs`). Draft
+        with ``cost`` the curve of passes over ``B`` sequences (:meth:`batch_costs`) and
+        ``draft_seconds`` the price of producing a draft token (0 but for a draft model). Draft
         token j of sequence i adds ``prod_{l<=j} a_i(l)`` expected tokens, which falls with
         j, so for every total the best choice takes the largest of these gains over all
         sequences: the gains are merged, largest first, and the best prefix is kept.
@@ -279,20 +279,13 @@ class SpeculationPolicy:
         draft tokens and the second none if ``cost(2 + 4)`` outweighs 0.2 more tokens.
         """
         costs = self.batch_costs(len(drafts))
-        gains: list[tuple[float, int]] = []  # (expected tokens it adds, sequence)
-        for index, entry in enumerate(drafts):
-            bucket, survive = match_bucket(entry.match_length, entry.source), 1.0
-            for position in range(1, min(entry.length, MAX_DRAFT) + 1):
-                survive *= self.acceptance(bucket, position, entry.request, entry.sampling)
-                if survive < 1e-3:
-                    break
-                gains.append((survive, index))
+        gains = [(gain, index) for index, entry in enumerate(drafts) for gain in self._gains(entry)]
         gains.sort(key=lambda gain: -gain[0])  # stable: a sequence's own gains stay in order
         base = fixed_tokens + len(drafts)
         expected, best_count, best_rate = float(len(drafts)), 0, len(drafts) / costs.cost(base)
         for count, (gain, _) in enumerate(gains, start=1):
             expected += gain
-            rate = expected / costs.cost(base + count)
+            rate = expected / (costs.cost(base + count) + draft_seconds * count)
             if rate > best_rate:
                 best_count, best_rate = count, rate
         lengths = [0] * len(drafts)
@@ -321,12 +314,15 @@ class SpeculationPolicy:
         match_length: int | None,
         num_drafted: int,
         num_accepted: int,
-        request: AcceptanceModel | None = None,
+        statistics: AcceptanceModel | None = None,
         sampling: bool | None = None,
         source: str | None = None,
     ) -> None:
+        """Note how a draft fared, in ``statistics`` (default: the current request's) and in
+        the history of requests that sample, or not, as ``sampling`` (default: the current)."""
         bucket = match_bucket(match_length, source)
-        (self.request if request is None else request).record(bucket, num_drafted, num_accepted)
+        own = self.request_acceptance if statistics is None else statistics
+        own.record(bucket, num_drafted, num_accepted)
         sampling = self.sampling if sampling is None else sampling
         self.history[sampling].record(bucket, num_drafted, num_accepted)
 
