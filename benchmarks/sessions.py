@@ -117,6 +117,7 @@ def main(argv=None) -> int:
             "identical": run.identical,
             "mismatches": run.mismatches,
             "index_tokens": run.index_tokens,
+            "records": run.records,
             "tallies": [
                 {"kind": kind, "mode": mode, **asdict(tally)}
                 for (kind, mode), tally in run.tallies.items()

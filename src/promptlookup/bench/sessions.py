@@ -251,6 +251,8 @@ class SessionRun:
     identical: bool
     mismatches: list[str]
     index_tokens: dict[str, int]
+    #: One record per session, step and mode: its counts, seconds and (index off) text.
+    records: list[dict] = field(default_factory=list)
 
 
 def run_sessions(
@@ -271,6 +273,7 @@ def run_sessions(
     per_key = {session.name: CrossRequestIndex(max_tokens) for session in sessions}
     shared = CrossRequestIndex(max_tokens)
     mismatches: list[str] = []
+    records: list[dict] = []
 
     def index_of(mode: str, session: Session) -> CrossRequestIndex | None:
         return {"off": None, "per-key": per_key[session.name], "global": shared}[mode]
@@ -297,6 +300,19 @@ def run_sessions(
                     if outputs[mode][position].token_ids != expected:
                         mismatches.append(f"{session.name} step {step} mode {mode}")
                 session.answers.append(outputs["off"][position].text)
+                for mode in modes:
+                    stats = outputs[mode][position].stats
+                    records.append(
+                        {
+                            "session": session.name,
+                            "step": step,
+                            "mode": mode,
+                            "new_tokens": stats.new_tokens,
+                            "forward_passes": stats.forward_passes,
+                            "seconds": round(spent[mode] / len(group), 3),
+                            "text": outputs[mode][position].text if mode == "off" else None,
+                        }
+                    )
             log(
                 f"{', '.join(s.name for s in group)} step {step + 1}/{requests}: "
                 + ", ".join(
@@ -307,7 +323,7 @@ def run_sessions(
                 )
             )
     sizes = {"global": len(shared), "per-key": sum(map(len, per_key.values()))}
-    return SessionRun(tallies, not mismatches, mismatches, sizes)
+    return SessionRun(tallies, not mismatches, mismatches, sizes, records)
 
 
 @dataclass
