@@ -26,7 +26,8 @@ def test_a_right_answer_passes_the_check():
     renamed = REQUEST.source.replace(REQUEST.old, REQUEST.new)
     right, found = check_answer(answer(renamed))
     assert right, found
-    assert found.startswith(f"the code parses, defines {REQUEST.name} and names")
+    assert found.startswith(f"the code parses, defines {REQUEST.name}, names")
+    assert found.endswith("and is the original but for the name")
     assert f"`{REQUEST.old}` nowhere" in found
 
 

@@ -1,14 +1,16 @@
 """Benchmarks: speed of promptlookup against plain decoding and transformers' prompt lookup.
 
->>> from promptlookup.bench import run_bench, load_all, Settings          # doctest: +SKIP
->>> result = run_bench(lm, load_all(["code_edit.jsonl"], limit=5),
+>>> from promptlookup.bench import run_bench, suite_rows, Settings        # doctest: +SKIP
+>>> result = run_bench(lm, suite_rows(limit=2),            # or load_all(["code_edit.jsonl"])
 ...                    ["plain", "hf-pld", "promptlookup"], Settings(max_new_tokens=128),
 ...                    out_dir="bench-out")                                  # doctest: +SKIP
 >>> result.summary                                                           # doctest: +SKIP
 
-Layout: :mod:`.data` reads prompts, :mod:`.methods` is the method registry (and how a backend
-adds methods), :mod:`.transformers_methods` the transformers backend's methods, :mod:`.runner`
-runs and records, :mod:`.report` summarizes and draws, :mod:`.command` is the CLI.
+Layout: :mod:`.data` reads prompt files, :mod:`.suite` generates the built-in suite,
+:mod:`.methods` is the method registry (and how a backend adds methods),
+:mod:`.transformers_methods` the transformers backend's methods, :mod:`.servers` races
+OpenAI-compatible servers, :mod:`.runner` runs and records (:mod:`.memory`: peak RSS),
+:mod:`.report` summarizes and draws, :mod:`.command` is the CLI.
 Importing this package loads no model.
 """
 
@@ -25,6 +27,7 @@ from .methods import (
 )
 from .report import read_results, report_from_dir, summarize
 from .runner import BenchResult, run_bench
+from .suite import suite_rows
 
 __all__ = [
     "BenchDataError",
@@ -41,5 +44,6 @@ __all__ = [
     "register_method",
     "report_from_dir",
     "run_bench",
+    "suite_rows",
     "summarize",
 ]
