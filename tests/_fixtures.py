@@ -24,10 +24,10 @@ def cached_default_model(monkeypatch, default_lm):
     session's already loaded model: a real load takes seconds."""
     real_load = promptlookup.load_model
 
-    def load_model(model=None, *, dtype="float32", device="cpu", **kwargs):
+    def load_model(model=None, *, dtype="auto", device="cpu", **kwargs):
         if (
             model is None
-            and dtype == "float32"
+            and dtype == "auto"
             and device == "cpu"
             and kwargs.get("backend", "transformers") == "transformers"
         ):

@@ -83,7 +83,7 @@ def tiny_lm(tiny_model):
 
 @pytest.fixture(scope="session")
 def default_lm():
-    """The real default model (SmolLM2-135M-Instruct, float32)."""
+    """The real default model (SmolLM2-135M-Instruct, its GGUF's Q4_1/Q8_0 weights: dtype auto)."""
     import promptlookup
     from promptlookup.errors import ModelNotFoundError
 

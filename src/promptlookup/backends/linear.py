@@ -92,6 +92,19 @@ def one_row_at_a_time(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callab
     return by_rows
 
 
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN reorders weights of ``dtype`` on this CPU (bfloat16 needs AVX-512 or
+    AVX-NE-CONVERT; elsewhere the products stay with ``nn.Linear``, checked the same way)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
@@ -118,7 +131,8 @@ class LinearKernels:
                 self.groups[self._key(module)].append(module)
         #: Whether every row of a product is computed as the product of that row alone.
         self.row_invariant = row_invariant
-        packing = (
+        dtypes = {key[2] for key in self.groups}
+        packing = all(map(packs, dtypes)) and (
             torch.backends.mkldnn.is_available()
             if row_invariant
             else _packing_possible(self.groups)

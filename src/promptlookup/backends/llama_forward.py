@@ -205,6 +205,29 @@ class _LayerModules:
         self.act_fn = _silu_in_place if type(mlp.act_fn).__name__ in SILU_CLASSES else mlp.act_fn
         self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
+        # Over quantized weights, the query/key/value and the gate/up products are one kernel
+        # call each (fewer calls, work for every thread); each output is computed as before.
+        self.qkv = fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        self.gate_up = fused_linear([self.gate_proj, self.up_proj])
+
+    def project(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The query, key and value projections of ``normed`` (1, total, hidden_size)."""
+        if self.qkv is None:
+            return (
+                self.q_proj.forward(normed),
+                self.k_proj.forward(normed),
+                self.v_proj.forward(normed),
+            )
+        sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
+        return self.qkv.forward(normed).split(sizes, dim=-1)
+
+    def mlp(self, normed: torch.Tensor) -> torch.Tensor:
+        """The MLP of ``normed`` (1, total, hidden_size)."""
+        if self.gate_up is None:
+            gate, up = self.gate_proj.forward(normed), self.up_proj.forward(normed)
+        else:
+            gate, up = self.gate_up.forward(normed).split(self.up_proj.out_features, dim=-1)
+        return self.down_proj.forward(self.act_fn(gate).mul_(up))  # (1, total, hidden_size)
 
     def forward(
         self,
@@ -224,9 +247,10 @@ class _LayerModules:
         total, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
         # (1, total, heads * head_dim) -> (1, heads, total, head_dim), and likewise for keys and values
-        query = self.q_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
-        key = self.k_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
-        value = self.v_proj.forward(normed).view(1, total, -1, head_dim).transpose(1, 2)
+        query, key, value = (
+            projected.view(1, total, -1, head_dim).transpose(1, 2)
+            for projected in self.project(normed)
+        )
         query, key = rotary(query, cos, sin), rotary(key, cos, sin)
         if pass_rows is not None:  # every sequence in one call, each row over its own cache
             first = 0
@@ -260,8 +284,26 @@ class _LayerModules:
             )  # (1, n, heads, head_dim)
         hidden.add_(self.o_proj.forward(attended.reshape(1, total, -1)))
         normed = rms_norm(self.post_attention_layernorm, hidden)
-        gate = self.act_fn(self.gate_proj.forward(normed))  # (1, total, intermediate_size)
-        return hidden.add_(self.down_proj.forward(gate.mul_(self.up_proj.forward(normed))))
+        return hidden.add_(self.mlp(normed))
+
+
+def fused_linear(modules: list[torch.nn.Module]):
+    """One :class:`~promptlookup.backends.quantized.QuantizedLinear` computing ``modules``'
+    outputs side by side, where all are quantized in one layout; else None."""
+    from .quantized import QuantizedLinear, fused
+
+    if not all(type(module) is QuantizedLinear for module in modules):
+        return None
+    weight = fused([module.quantized for module in modules])
+    if weight is None:
+        return None
+    biases = [module.bias for module in modules]
+    if all(bias is None for bias in biases):
+        return QuantizedLinear(weight)
+    parts = [
+        torch.zeros(m.out_features) if b is None else b.detach() for m, b in zip(modules, biases)
+    ]
+    return QuantizedLinear(weight, torch.cat(parts))
 
 
 def _silu_in_place(gate: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,8 @@ class QuantizedWeight:
             None if bias is None else bias.data_ptr(),
             torch.get_num_threads(),
         )
+        if status == -2:
+            raise MemoryError("quantized kernel: no memory for a panel's buffer")
         if status != 0:
             raise ValueError(f"quantized kernel refused a {self.kind} layout ({self.k} inputs)")
         return out.reshape(*x.shape[:-1], self.n)

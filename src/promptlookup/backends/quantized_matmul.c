@@ -238,13 +238,110 @@ INSTANCES(8)
 static const tile_fn TILES4[2][ROWS_MAX] = TABLE(4);
 static const tile_fn TILES8[2][ROWS_MAX] = TABLE(8);
 
+/* The same products for many rows: a panel's weights are dequantized once, as fmaf(q, s, m),
+ * into `buffer` (k x LANES floats), and every row goes through them in order of k, GEMM_ROWS
+ * rows at a time: each output is the same fmaf chain as tile()'s, bit for bit. */
+#if defined(__AVX512F__)
+#define GEMM_ROWS 12
+#else
+#define GEMM_ROWS 6
+#endif
+#define GEMM_FROM 16  /* rows from which a call takes this path */
+
+static void dequantize_panel(const struct weights *w, int64_t panel, float *buffer) {
+    const int64_t blocks = w->k / w->block, bb = block_bytes(w);
+    const uint8_t *base = w->panels + panel * panel_bytes(w);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk = base + b * bb, *data = blk + header_bytes(w);
+        const vf s = vload((const float *)blk);
+        const vf m = w->has_offset ? vload((const float *)blk + LANES) : vzero();
+        float *out = buffer + b * w->block * LANES;
+        if (w->bits == 4) {
+            for (int j = 0; j < w->block; j += 2) {
+                vf lo, hi;
+                u4_pair(data + (j / 2) * LANES, &lo, &hi);
+                vstore(out + j * LANES, vfma(lo, s, m));
+                vstore(out + (j + 1) * LANES, vfma(hi, s, m));
+            }
+        } else {
+            for (int j = 0; j < w->block; j++)
+                vstore(out + j * LANES, vfma(i8_line(data + j * LANES), s, m));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void gemm_tile(
+    const float *buffer, int64_t k, const float *x, int64_t ldx, float *out, const int ROWS) {
+    vf acc[GEMM_ROWS];
+#pragma GCC unroll 12
+    for (int r = 0; r < ROWS; r++) acc[r] = vzero();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const vf wk = vload(buffer + kk * LANES);
+#pragma GCC unroll 12
+        for (int r = 0; r < ROWS; r++) acc[r] = vfma(wk, vset1(x[r * ldx + kk]), acc[r]);
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < ROWS; r++) vstore(out + r * LANES, acc[r]);
+}
+
+typedef void (*gemm_fn)(const float *, int64_t, const float *, int64_t, float *);
+#define GEMM_INSTANCE(R)                                                                        \
+    static void gemm_##R(const float *b, int64_t k, const float *x, int64_t ldx, float *out) {  \
+        gemm_tile(b, k, x, ldx, out, R);                                                        \
+    }
+GEMM_INSTANCE(1) GEMM_INSTANCE(2) GEMM_INSTANCE(3) GEMM_INSTANCE(4) GEMM_INSTANCE(5)
+GEMM_INSTANCE(6)
+#if defined(__AVX512F__)
+GEMM_INSTANCE(7) GEMM_INSTANCE(8) GEMM_INSTANCE(9) GEMM_INSTANCE(10) GEMM_INSTANCE(11)
+GEMM_INSTANCE(12)
+static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4,  gemm_5,  gemm_6,
+                                         gemm_7, gemm_8, gemm_9, gemm_10, gemm_11, gemm_12};
+#else
+static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6};
+#endif
+
+static int gemm(const struct weights *w, const float *x, int64_t rows, float *y, const float *bias,
+                int threads) {
+    const int64_t panels_total = (w->n + LANES - 1) / LANES;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *buffer = aligned_alloc(64, (size_t)w->k * LANES * sizeof(float));
+        float tile_out[GEMM_ROWS * LANES];
+        if (!buffer) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t panel = 0; panel < panels_total; panel++) {
+            if (!buffer) continue;
+            dequantize_panel(w, panel, buffer);
+            const int64_t first = panel * LANES;
+            const int valid = (int)(w->n - first < LANES ? w->n - first : LANES);
+            for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
+                const int count = (int)(rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS);
+                GEMMS[count - 1](buffer, w->k, x + r0 * w->k, w->k, tile_out);
+                for (int r = 0; r < count; r++) {
+                    float *dst = y + (r0 + r) * w->n + first;
+                    for (int l = 0; l < valid; l++)  /* the bias added as tile() adds it */
+                        dst[l] = bias ? tile_out[r * LANES + l] + bias[first + l]
+                                      : tile_out[r * LANES + l];
+                }
+            }
+        }
+        free(buffer);
+    }
+    return failed ? -2 : 0;
+}
+
 /* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
- * floats, or NULL). Returns 0, or -1 for a layout it does not know. */
+ * floats, or NULL). Returns 0, -1 for a layout it does not know, -2 out of memory. */
 int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
                      int has_offset, const float *x, int64_t rows, float *y, const float *bias,
                      int threads) {
     if ((block != 16 && block != 32) || (bits != 4 && bits != 8) || k % block != 0) return -1;
     struct weights w = {panels, n, k, block, bits, has_offset};
+    if (rows >= GEMM_FROM) return gemm(&w, x, rows, y, bias, threads);
     const int64_t panels_total = (n + LANES - 1) / LANES;
     const int64_t row_tiles = (rows + ROWS_MAX - 1) / ROWS_MAX;
     /* Tasks: (row tile, group of panels); a group's width follows its tile's row count. */

@@ -64,7 +64,13 @@ def gguf_config(path: Path, cache_file: Path | None):
     else:
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-        values = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        try:
+            values = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        except Exception as exc:  # truncated, corrupt or not a GGUF file
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            raise ModelLoadError(
+                f"{path}: cannot load GGUF ({type(exc).__name__}: {reason})"
+            ) from exc
         if cache_file is not None:
             from ..cache_files import save_cache_json
 
@@ -130,10 +136,24 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     _tie_head(model, quantized)
     base = model.model
     base.rotary_emb = type(base.rotary_emb)(config=config)  # its buffers, computed on the cpu
+    _release_freed_memory()
     missing = [name for name, value in model.state_dict().items() if value.is_meta]
     if missing:
         raise ModelLoadError(f"{path.name}: the file has no tensor for {', '.join(missing[:3])}")
     return model.eval(), formats
+
+
+def _release_freed_memory() -> None:
+    """Give the packing's freed temporaries back to the system (glibc keeps freed heap
+    memory, about the model's size again, unless asked)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to ask
+        pass
 
 
 def _tie_head(model, quantized: dict[str, QuantizedWeight]) -> None:
