@@ -280,6 +280,8 @@ def run_sessions(
 
     turn = 0
     groups = [sessions[i : i + concurrency] for i in range(0, len(sessions), concurrency)]
+    # A warm-up, not recorded: the first passes of a batch size learn its cost curve.
+    _generate(lm, [session.messages(0) for session in groups[0]], [None] * len(groups[0]), 8)
     for group in groups:
         for step in range(requests):
             prompts = [session.messages(step) for session in group]
