@@ -227,6 +227,33 @@ def test_generate_batch_equals_generate_prompt_by_prompt():
         assert "".join(piece for i, piece in deltas if i == index) == results[index].text
 
 
+def test_a_stop_string_inside_a_step_leaves_the_steps_later_tokens_out_of_the_counts():
+    """Alone (the loop's generator is closed at the stop) and in a batch (the sequence forgets
+    them), the tokens a step accepted after a stop string are not counted: one step,
+    loop.DecodingSequence, with the same counters either way."""
+    lm = promptlookup.from_transformers(tiny_llama(seed=5), TinyTokenizer(32), name="tiny")
+    prompts = ["abcabcabcabd" * k for k in (2, 5)]  # greedy: "jkkkk...", drafts accepted
+    options = dict(max_new_tokens=24, speculation="fixed", logprobs=1)
+    whole = [lm.generate(prompt, **options) for prompt in prompts]
+    alone = [lm.generate(prompt, stop=["kkk"], **options) for prompt in prompts]
+    batch = lm.generate_batch(prompts, stop=["kkk"], **options)
+    for w, a, b in zip(whole, alone, batch):
+        assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason)
+        assert a.finish_reason == "stop" and a.token_ids == w.token_ids[: len(a.token_ids)]
+        for stats in (a.stats, b.stats):
+            counted = (stats.new_tokens, len(stats.logprobs), len(stats.token_seconds))
+            assert counted == (len(a.token_ids),) * 3
+            assert stats.accepted_tokens < w.stats.accepted_tokens
+            # One bonus token per pass, but the last pass's may come after the stop.
+            bonus = stats.new_tokens - stats.accepted_tokens
+            assert bonus in (stats.forward_passes, stats.forward_passes - 1)
+        assert (a.stats.accepted_tokens, a.stats.drafted_tokens, a.stats.forward_passes) == (
+            b.stats.accepted_tokens,
+            b.stats.drafted_tokens,
+            b.stats.forward_passes,
+        )
+
+
 def test_generate_batch_checks_every_prompt_before_generating():
     lm = promptlookup.from_transformers(tiny_llama(), TinyTokenizer(32), name="tiny")
     with pytest.raises(promptlookup.errors.EmptyPromptError):

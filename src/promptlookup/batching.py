@@ -11,7 +11,8 @@ Each :meth:`BatchDecoder.step`:
 4. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
    prompt, or a running sequence's last token and its draft.
 5. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
-   chooser, and ends at EOS, its token budget or its ``should_stop``.
+   chooser, and ends at EOS, its token budget or its ``should_stop`` (the step of a single
+   stream: :meth:`~promptlookup.loop.DecodingSequence.accept`).
 6. *Crop* each cache back to its accepted tokens; finished sequences leave.
 
 Exactness: a :class:`~promptlookup.backends.base.BatchTarget` with ``row_invariant`` computes
@@ -37,16 +38,15 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .backends.base import BatchTarget
 from .backends.transformers_backend import PREFILL_CHUNK
-from .drafters.base import Draft, Drafter, NoDrafter
+from .drafters.base import Draft
 from .errors import InvalidParameterError
-from .loop import GenerationStats, kept_tokens
+from .loop import DecodingSequence
 from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
-from .sampling import TokenChooser
 
 
 def default_max_batch(target: BatchTarget) -> int:
@@ -67,35 +67,22 @@ PREFILL_TOKENS = 512
 
 
 @dataclass(eq=False)
-class BatchSequence:
-    """One sequence of a batch: its inputs (as :func:`~promptlookup.loop.speculative_generate`
-    takes them) and its state. ``adaptive``: whether the policy trims its drafts (else they
-    are verified whole). ``finish_reason`` is set when it leaves: ``"stop"`` (EOS),
-    ``"length"`` or ``"cancelled"`` (``should_stop`` or :meth:`cancel`)."""
+class BatchSequence(DecodingSequence):
+    """One sequence of a batch: a :class:`~promptlookup.loop.DecodingSequence` (its inputs, as
+    :func:`~promptlookup.loop.speculative_generate` takes them, its state and its step) with
+    its own acceptance statistics, and its KV cache once it joins. ``adaptive``: whether the
+    policy trims its drafts (else they are verified whole). ``should_stop()``, asked before
+    every step, cancels it when true (as :meth:`cancel` does)."""
 
-    prompt_ids: Sequence[int]
-    max_new_tokens: int
-    drafter: Drafter = field(default_factory=NoDrafter)
-    chooser: TokenChooser = field(default_factory=lambda: TokenChooser(None, do_sample=False))
-    eos_token_ids: Sequence[int] = ()
+    acceptance: AcceptanceModel | None = field(default_factory=AcceptanceModel)
     adaptive: bool = True
     should_stop: Callable[[], bool] | None = None
-    logprobs: int | None = None
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    finish_reason: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise InvalidParameterError("a batch sequence needs a non-empty prompt")
-        self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
-        self.stats.prompt_tokens = len(self.tokens)
-        self.acceptance = AcceptanceModel()  # this sequence's own statistics
+        super().__post_init__()
         self.cache = None  # its KV cache, from the target when it joins
-        self.started = time.perf_counter()
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
 
     @property
     def prefilling(self) -> bool:
@@ -106,26 +93,16 @@ class BatchSequence:
         """End the sequence before its next step."""
         self.finish("cancelled")
 
-    def finish(self, reason: str, keep: int = 0) -> None:
-        """End the sequence before its next step with ``reason`` (a caller's stop string:
-        ``"stop"``), forgetting its last step's final ``keep`` tokens, which came after it."""
-        if keep:
-            del self.tokens[-keep:], self.stats.token_seconds[-keep:]
-            del self.stats.logprobs[len(self.stats.logprobs) - keep :]
-            self.stats.new_tokens -= keep
-        if self.finish_reason in (None, "length"):
-            self.finish_reason = reason
-
 
 @dataclass(eq=False)
 class _Entry:
     """What a sequence feeds into this step's pass, and how many rows of logits it wants
-    back: none for a prompt chunk, its last token's and its draft's otherwise."""
+    back (``rows``): none for a prompt chunk, its last token's and its draft's otherwise."""
 
     sequence: BatchSequence
     token_ids: list[int]
     draft: Draft
-    keep: int
+    rows: int
 
 
 class BatchDecoder:
@@ -196,14 +173,14 @@ class BatchDecoder:
         # 2-3. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
         entries = self._entries()
         # 4. One forward pass over every sequence's new tokens.
-        decoding = [entry for entry in entries if entry.keep]
+        decoding = [entry for entry in entries if entry.rows]
         total = sum(len(entry.token_ids) for entry in entries)
         self.target.prepare([total])
         forward_start = time.perf_counter()
-        target_logits = self.target.forward_batch(  # (keep_i, vocab) each
+        target_logits = self.target.forward_batch(  # (rows_i, vocab) each
             [entry.sequence.cache for entry in entries],
             [entry.token_ids for entry in entries],
-            [entry.keep for entry in entries],
+            [entry.rows for entry in entries],
         )
         seconds = time.perf_counter() - forward_start
         if (
@@ -214,8 +191,12 @@ class BatchDecoder:
             self.policy.record_forward(total, seconds, batch_size=len(entries))
         # 5-6. Each sequence verifies its own draft, then its cache is cropped back.
         for entry, logits in zip(entries, target_logits):
-            if entry.keep:
-                events.append((entry.sequence, self._verify(entry, logits)))
+            if entry.rows:
+                sequence = entry.sequence
+                new_tokens = sequence.accept(entry.draft, logits, self.policy)
+                # Crop the cache back to the accepted tokens (the bonus token is fed next step).
+                sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
+                events.append((sequence, new_tokens))
         self.running = [sequence for sequence in self.running if not sequence.done]
         return events
 
@@ -235,17 +216,12 @@ class BatchDecoder:
             missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached
             if len(missing) > budget:  # a chunk of the prompt only (if any room is left)
                 if budget:
-                    entries.append(_Entry(sequence, missing[:budget], Draft(), keep=0))
+                    entries.append(_Entry(sequence, missing[:budget], Draft(), rows=0))
                 budget = 0
                 continue
             budget -= len(missing)
-            room = sequence.max_new_tokens - sequence.stats.new_tokens - 1
-            draft = (
-                Draft.of(sequence.drafter.propose(sequence.tokens, room)).cut(room)
-                if room > 0
-                else Draft()
-            )
-            entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, keep=1))
+            draft = sequence.propose()
+            entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
             if draft and sequence.adaptive and self.policy is not None:
                 decided.append(entries[-1])
         if decided:  # every row but the decided drafts' is fixed
@@ -269,42 +245,6 @@ class BatchDecoder:
             for entry, length in zip(decided, lengths):
                 entry.draft = entry.draft.cut(length)
         for entry in entries:
-            if entry.keep:
-                entry.token_ids, entry.keep = [*entry.token_ids, *entry.draft], len(entry.draft) + 1
-                entry.sequence.stats.drafted_tokens += len(entry.draft)
+            if entry.rows:
+                entry.token_ids, entry.rows = [*entry.token_ids, *entry.draft], len(entry.draft) + 1
         return entries
-
-    def _verify(self, entry: _Entry, target_logits) -> list[int]:
-        """Step 5 for one sequence: its accepted tokens and bonus token, in order."""
-        sequence, draft, stats = entry.sequence, entry.draft, entry.sequence.stats
-        stats.forward_passes += 1
-        new_tokens, accepted_before = [], stats.accepted_tokens
-        for token in kept_tokens(
-            sequence.chooser,
-            sequence.tokens,
-            draft,
-            target_logits,
-            stats,
-            sequence.started,
-            sequence.logprobs,
-        ):
-            new_tokens.append(token)
-            if token in sequence.eos_token_ids:
-                sequence.finish_reason = "stop"
-                break
-        num_accepted = stats.accepted_tokens - accepted_before
-        if sequence.finish_reason is None and stats.new_tokens >= sequence.max_new_tokens:
-            sequence.finish_reason = "length"
-        # Crop the cache back to the accepted tokens (the bonus token is fed next step).
-        sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
-        sequence.drafter.update(draft, num_accepted)
-        if self.policy is not None and draft:
-            self.policy.record_acceptance(
-                draft.match_length,
-                len(draft),
-                num_accepted,
-                sequence.acceptance,
-                sequence.chooser.do_sample,
-                source=draft.source,
-            )
-        return new_tokens

@@ -108,6 +108,20 @@ class TextAssembler:
         self.pieces.append(piece)
         return piece
 
+    def add_step(
+        self, sequence: BatchSequence, new_tokens: Sequence[int]
+    ) -> Iterator[tuple[int, str]]:
+        """Take one step's ``new_tokens`` of ``sequence``: each token with the text it lets
+        show, in order, up to a stop string. There the sequence finishes (``"stop"``) and
+        forgets the step's later tokens, which never happened (before the pair is yielded)."""
+        for position, token in enumerate(new_tokens):
+            piece = self.add(token)
+            if self.stopped:
+                sequence.finish("stop", drop=len(new_tokens) - position - 1)
+            yield token, piece
+            if self.stopped:
+                return
+
     def flush(self) -> str:
         """The text held back at the end (an incomplete character, a possible stop string)."""
         tail = self.stops.feed(self.detokenizer.flush()) + self.stops.flush()
@@ -409,12 +423,9 @@ class LanguageModel:
         results[:] = [None] * len(sequences)
         for sequence, new_tokens in decoder.run():
             index, text = texts[sequence]
-            for position, token in enumerate(new_tokens):
-                if piece := text.add(token):
+            for _, piece in text.add_step(sequence, new_tokens):  # up to a stop string
+                if piece:
                     emit(index, piece)
-                if text.stopped:  # a stop string: the step's later tokens never happened
-                    sequence.finish("stop", keep=len(new_tokens) - position - 1)
-                    break
             if sequence.done:
                 if tail := text.flush():
                     emit(index, tail)

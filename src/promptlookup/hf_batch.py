@@ -72,7 +72,7 @@ def decode_batch(
             rows[i][: pads[i]], sequence, len(new_tokens), stopping_criteria, input_ids.device
         )
         if stops[i] is not None and pad_rows:
-            sequence.finish("stop", keep=sequence.stats.new_tokens - stops[i])
+            sequence.finish("stop", drop=sequence.stats.new_tokens - stops[i])
         elif stops[i] is not None and None not in stops:
             _settle(sequences, max(stops))  # every row runs to the longest stop
     longest = max(stops)
@@ -122,7 +122,7 @@ def _settle(sequences, stop: int) -> None:
     """Every row ends with ``stop`` new tokens: cut the ones past it, extend the others."""
     for sequence in sequences:
         if sequence.stats.new_tokens >= stop:
-            sequence.finish("stop", keep=sequence.stats.new_tokens - stop)
+            sequence.finish("stop", drop=sequence.stats.new_tokens - stop)
         else:
             sequence.max_new_tokens = stop
 

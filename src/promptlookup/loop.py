@@ -27,7 +27,7 @@ import torch
 from .backends.base import Target
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
-from .policy import SpeculationPolicy
+from .policy import AcceptanceModel, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
 
 
@@ -35,7 +35,8 @@ from .sampling import TokenChooser, TokenLogprob, token_logprob
 class GenerationStats:
     """Counters of one generation. ``forward_passes`` counts the target passes that produced
     tokens (plain decoding: one per new token); the prompt's prefill is not counted.
-    ``token_seconds[i]``: seconds from the start (prefill included) to new token ``i``'s yield."""
+    ``token_seconds[i]``: seconds from the start (prefill included) to new token ``i``'s
+    acceptance."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -72,6 +73,109 @@ class GenerationStats:
         }
 
 
+@dataclass(eq=False)
+class DecodingSequence:
+    """One sequence being decoded: its inputs (as :func:`speculative_generate` takes them), its
+    state, and its step, which the single-stream loop and the batch decoder
+    (:mod:`promptlookup.batching`) both run: :meth:`propose` a draft, then, after a forward
+    pass over the last token and (part of) it, :meth:`accept` what the target agrees with.
+
+    ``acceptance``: the sequence's own acceptance statistics for the policy (None: the
+    policy's current request's, :meth:`~promptlookup.policy.SpeculationPolicy.start`).
+    ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
+    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+    drafter: Drafter = field(default_factory=NoDrafter)
+    chooser: TokenChooser = field(default_factory=lambda: TokenChooser(None, do_sample=False))
+    eos_token_ids: Sequence[int] = ()
+    logprobs: int | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    finish_reason: str | None = None
+    acceptance: AcceptanceModel | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
+        self.stats.prompt_tokens = len(self.tokens)
+        self.started = time.perf_counter()
+        self._eos = frozenset(self.eos_token_ids)
+        self._accepted: list[bool] = []  # per new token: whether it was an accepted draft token
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def propose(self) -> Draft:
+        """Step 2: the drafter's draft, leaving room for the bonus token so that a step never
+        overshoots the token budget."""
+        room = self.max_new_tokens - self.stats.new_tokens - 1
+        return Draft.of(self.drafter.propose(self.tokens, room)).cut(room) if room > 0 else Draft()
+
+    def accept(
+        self, draft: Draft, target_logits: torch.Tensor, policy: SpeculationPolicy | None = None
+    ) -> list[int]:
+        """Steps 4 and 5 after a forward pass over the last token and ``draft``
+        (``target_logits`` (len(draft) + 1, vocab)): the target's own choice at each position,
+        the draft tokens kept while they agree, then the bonus token. Each is appended to
+        ``tokens`` and counted in ``stats`` (its logprob with ``logprobs=N``, its time since
+        the start); an EOS token ends the sequence (``"stop"``), as does the token budget
+        (``"length"``). The drafter and ``policy`` are told how the draft fared. Returns the
+        new tokens; the caller crops its cache to ``len(tokens) - 1`` (the bonus token is fed
+        next step)."""
+        stats = self.stats
+        stats.forward_passes += 1
+        stats.drafted_tokens += len(draft)
+        new_tokens: list[int] = []
+        probs = draft.draft_probs if draft else None
+        for i, token in enumerate(
+            verified_tokens(self.chooser, self.tokens, draft, target_logits, probs)
+        ):
+            if self.logprobs is not None:
+                logprob = token_logprob(
+                    self.chooser, self.tokens, target_logits[i], token, self.logprobs
+                )
+                stats.logprobs.append(logprob)
+            accepted = i < len(draft) and token == draft[i]
+            self.tokens.append(token)
+            self._accepted.append(accepted)
+            new_tokens.append(token)
+            stats.new_tokens += 1
+            stats.accepted_tokens += accepted
+            stats.seconds = time.perf_counter() - self.started
+            stats.token_seconds.append(stats.seconds)
+            if token in self._eos:
+                self.finish_reason = "stop"
+                break
+        if self.finish_reason is None and stats.new_tokens >= self.max_new_tokens:
+            self.finish_reason = "length"
+        num_accepted = sum(self._accepted[len(self._accepted) - len(new_tokens) :])
+        self.drafter.update(draft, num_accepted)
+        if policy is not None and draft:
+            own = () if self.acceptance is None else (self.acceptance, self.chooser.do_sample)
+            source = {} if draft.source is None else {"source": draft.source}
+            policy.record_acceptance(draft.match_length, len(draft), num_accepted, *own, **source)
+        return new_tokens
+
+    def forget(self, count: int) -> None:
+        """Forget the last ``count`` new tokens, which came after a caller's stop (a stop
+        string or a stopping criterion) within their step: they never happened."""
+        if count <= 0:
+            return
+        stats = self.stats
+        stats.accepted_tokens -= sum(self._accepted[-count:])
+        stats.new_tokens -= count
+        del self.tokens[-count:], self._accepted[-count:], stats.token_seconds[-count:]
+        del stats.logprobs[max(0, len(stats.logprobs) - count) :]
+
+    def finish(self, reason: str, drop: int = 0) -> None:
+        """End the sequence before its next step with ``reason`` (a caller's stop string:
+        ``"stop"``), forgetting its last ``drop`` new tokens (:meth:`forget`)."""
+        self.forget(drop)
+        if self.finish_reason in (None, "length"):
+            self.finish_reason = reason
+
+
 def speculative_generate(
     target: Target,
     prompt_ids: Sequence[int],
@@ -86,7 +190,8 @@ def speculative_generate(
     logprobs: int | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
-    stopping after an EOS token. Closing the generator early (a stop string) is fine.
+    stopping after an EOS token. Closing the generator early (a stop string) is fine: the
+    tokens not yet yielded are then left out of ``stats``.
 
     ``drafter.propose`` returns a :class:`~promptlookup.drafters.base.Draft` (or a plain list):
     its tokens, and optionally the distributions they were sampled from and the match length
@@ -100,20 +205,23 @@ def speculative_generate(
     yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
     token gets exactly the value plain decoding computes from the same row."""
-    drafter = drafter or NoDrafter()
-    chooser = chooser or TokenChooser(None, do_sample=False)
-    stats = stats if stats is not None else GenerationStats()
-    eos = frozenset(eos_token_ids)
-    tokens = list(prompt_ids)  # the prompt plus every accepted token; grows in place
-    stats.prompt_tokens = len(tokens)
+    sequence = DecodingSequence(
+        prompt_ids,
+        max_new_tokens,
+        drafter or NoDrafter(),
+        chooser or TokenChooser(None, do_sample=False),
+        eos_token_ids,
+        logprobs,
+        stats if stats is not None else GenerationStats(),
+    )
+    tokens, stats = sequence.tokens, sequence.stats  # tokens: the prompt and every accepted one
     if not tokens or max_new_tokens < 1:
         return
-    if not target.can_crop and not isinstance(drafter, NoDrafter):
+    if not target.can_crop and not isinstance(sequence.drafter, NoDrafter):
         raise UnsupportedModelError(
             "this model's KV cache cannot be cropped after a rejected "
             "draft; use drafter='none' (plain decoding)"
         )
-    start = time.perf_counter()
     if should_stop is not None and should_stop():
         return
     # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
@@ -121,64 +229,32 @@ def speculative_generate(
     target.reset()
     target.prefill(tokens[:-1])
     if policy is not None:
-        policy.start(target, probe_token=tokens[-1], sampling=chooser.do_sample)
-    while stats.new_tokens < max_new_tokens:
+        policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
+    while not sequence.done:
         if should_stop is not None and should_stop():
             break
-        # 2. Draft: leave room for the bonus token so a step never overshoots the budget.
-        room = max_new_tokens - stats.new_tokens - 1
-        draft = Draft.of(drafter.propose(tokens, room)).cut(room) if room > 0 else Draft()
-        if policy is not None:  # keep only the part of the draft worth its verification cost
+        # 2. Draft, and keep only the part of it worth its verification cost.
+        draft = sequence.propose()
+        if policy is not None:
             draft = draft.cut(policy.draft_length(draft, draft.match_length))
-        stats.drafted_tokens += len(draft)
         # 3. One target forward pass over the last token and the draft (the target's one-off
         #    set-up for a new pass size comes first, so the policy times the pass alone).
         target.prepare([len(draft) + 1])
         forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
-        stats.forward_passes += 1
-        if policy is not None and stats.forward_passes > 1:  # the first also ends the prompt
+        if policy is not None and stats.forward_passes:  # the first also ends the prompt
             policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
-        # 4. Verify: the target's own choice at each position; keep drafts while they agree.
-        accepted_before = stats.accepted_tokens
-        for token in kept_tokens(chooser, tokens, draft, target_logits, stats, start, logprobs):
-            yield token
-            if token in eos:
-                return
-        num_accepted = stats.accepted_tokens - accepted_before
-        # 5. Crop the cache back to the accepted tokens (the bonus token is fed next step),
-        #    and tell the drafter and the policy how the draft fared.
+        # 4-5. Verify and learn (DecodingSequence.accept); crop the cache back to the accepted
+        #      tokens (the bonus token is fed next step).
+        new_tokens = sequence.accept(draft, target_logits, policy)
         target.crop(len(tokens) - 1)
-        drafter.update(draft, num_accepted)
-        if policy is not None and draft:
-            source = {} if draft.source is None else {"source": draft.source}
-            policy.record_acceptance(draft.match_length, len(draft), num_accepted, **source)
-    stats.seconds = time.perf_counter() - start
-
-
-def kept_tokens(
-    chooser: TokenChooser,
-    tokens: list[int],
-    draft: Draft,
-    target_logits: torch.Tensor,
-    stats: GenerationStats,
-    start: float,
-    logprobs: int | None = None,
-) -> Iterator[int]:
-    """Step 4 for one sequence: each token it keeps from a forward pass (accepted draft tokens,
-    then the bonus token), appended to ``tokens`` and counted in ``stats`` (its logprob with
-    ``logprobs=N``, its time since ``start``) before it is yielded."""
-    for i, token in enumerate(
-        verified_tokens(chooser, tokens, draft, target_logits, draft.draft_probs if draft else None)
-    ):
-        if logprobs is not None:
-            stats.logprobs.append(token_logprob(chooser, tokens, target_logits[i], token, logprobs))
-        tokens.append(token)
-        stats.new_tokens += 1
-        stats.accepted_tokens += i < len(draft) and token == draft[i]
-        stats.seconds = time.perf_counter() - start
-        stats.token_seconds.append(stats.seconds)
-        yield token
+        for position, token in enumerate(new_tokens):
+            try:
+                yield token
+            except GeneratorExit:  # the caller stopped here: the later tokens never happened
+                sequence.forget(len(new_tokens) - position - 1)
+                raise
+    stats.seconds = time.perf_counter() - sequence.started
 
 
 def verified_tokens(

@@ -135,15 +135,10 @@ class BatchWorker(GenerationWorker):
         shown = running.shown.setdefault(
             index, ShownTokens(self.lm.tokenizer, self.lm.eos_token_ids)
         )
-        for position, token in enumerate(new_tokens):
-            piece = text.add(token)
-            if text.stopped:  # a stop string: the step's later tokens never happened
-                sequence.finish("stop", keep=len(new_tokens) - position - 1)
+        for token, piece in text.add_step(sequence, new_tokens):  # up to a stop string
             if job.wants_deltas and job.logprobs is not None:  # else counted at the end
                 shown.add([token], piece)
             self._send(running, index, piece, sequence, shown.shown)
-            if text.stopped:
-                break
         if not sequence.done:
             return
         del self.jobs[sequence]
