@@ -192,3 +192,10 @@ def test_a_gguf_file_loads_quantized_with_llamas_rotary_rows_restored(tmp_path):
     ids = torch.tensor([[3, 9, 27, 5, 60, 1]])
     with torch.inference_mode():
         assert torch.allclose(model(ids).logits, reference(ids).logits, atol=1e-4)
+
+
+def test_a_file_tensor_packed_in_chunks_is_packed_whole():
+    raw = random_tensor("Q4_K", 100, 256)
+    whole = QuantizedWeight(gguf_blocks.decode("Q4_K", raw, 256), "Q4_K")
+    chunked = QuantizedWeight.from_file("Q4_K", raw, 256, chunk=32)
+    assert chunked.n == 100 and torch.equal(chunked.panels, whole.panels)

@@ -9,6 +9,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+#: Prompt tokens a target takes in one forward pass at most (bounding activation memory): a
+#: longer prompt is fed in chunks of this many.
+PREFILL_CHUNK = 2048
+
 
 @runtime_checkable
 class Target(Protocol):

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .gguf_blocks import Blocks, pack
+from .gguf_blocks import Blocks, decode, pack
 from .native_build import compiled
 
 SOURCE = Path(__file__).with_name("quantized_matmul.c")
@@ -52,15 +52,23 @@ class QuantizedWeight:
     """A weight matrix (``n`` outputs x ``k`` inputs) in panels; ``kind`` is the GGUF type it
     came from."""
 
-    def __init__(self, blocks: Blocks, kind: str, chunk_rows: int = 4096) -> None:
+    def __init__(self, blocks: Blocks, kind: str) -> None:
         n, k = blocks.q.shape
         self.n, self.k, self.kind = n, k, kind
         self.block, self.bits, self.has_offset = blocks.block, blocks.bits, blocks.m is not None
-        # Packed a few thousand outputs at a time, bounding the temporary copies.
-        parts = [
-            pack(_rows(blocks, first, first + chunk_rows)) for first in range(0, n, chunk_rows)
-        ]
-        self.panels = torch.from_numpy(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        self.panels = torch.from_numpy(pack(blocks))
+
+    @classmethod
+    def from_file(cls, kind: str, raw: np.ndarray, k: int, chunk: int = 2048) -> QuantizedWeight:
+        """The tensor of GGUF type ``kind`` in ``raw`` (its bytes, one row of ``k`` inputs per
+        row), decoded and packed ``chunk`` rows at a time (bounding the temporary copies)."""
+        parts = [cls(decode(kind, np.asarray(raw[first : first + chunk]), k), kind)
+                 for first in range(0, raw.shape[0], chunk)]  # fmt: skip
+        joined = parts[0]
+        joined.n = raw.shape[0]
+        if len(parts) > 1:
+            joined.panels = torch.cat([part.panels for part in parts])
+        return joined
 
     @property
     def nbytes(self) -> int:
@@ -95,11 +103,6 @@ class QuantizedWeight:
         out = torch.empty(flat.numel(), self.k, dtype=torch.float32)
         kernel().quantized_rows(*self._layout(), flat.data_ptr(), flat.numel(), out.data_ptr())
         return out.reshape(*ids.shape, self.k)
-
-
-def _rows(blocks: Blocks, first: int, end: int) -> Blocks:
-    m = None if blocks.m is None else blocks.m[first:end]
-    return Blocks(blocks.q[first:end], blocks.s[first:end], m, blocks.block, blocks.bits)
 
 
 class QuantizedLinear(torch.nn.Module):

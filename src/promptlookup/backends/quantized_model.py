@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError, UnsupportedModelError
-from .gguf_blocks import DECODED, decode
+from .gguf_blocks import DECODED
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
 #: GGUF tensor names -> module paths in the ``transformers`` model (``{i}``: the layer).
@@ -120,7 +120,7 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
             data = data[_unpermute(data.shape[0], heads)]  # whole rows: exact in any format
         if kind in DECODED and leaf == "weight":
             k = int(tensor.shape[0])  # GGUF shapes list the inputs first
-            quantized[where] = QuantizedWeight(decode(kind, np.asarray(data), k), kind)
+            quantized[where] = QuantizedWeight.from_file(kind, data, k)
         elif kind in FLOAT_KINDS:
             values = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
             _set_parameter(model, where, leaf, values.reshape(*reversed(tensor.shape.tolist())))
@@ -133,6 +133,7 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
         else:
             bias = None if module.bias is None or module.bias.is_meta else module.bias.data
             _replace(model, where, QuantizedLinear(weight, bias))
+    del reader, tensor, data  # the file's memory map goes with them
     _tie_head(model, quantized)
     base = model.model
     base.rotary_emb = type(base.rotary_emb)(config=config)  # its buffers, computed on the cpu

@@ -1,0 +1,157 @@
+"""Resident memory and pass costs of quantized weights at real model sizes.
+
+Writes random-weight GGUF files of Llama-3.2-1B's and Llama-3.1-8B's shapes in llama.cpp's
+Q4_0 and Q4_K_M tensor mixes (random blocks with finite scales, written with the ``gguf``
+package: memory and speed do not depend on the values), loads each with promptlookup's
+quantized weights in a fresh process, and reports the peak and resident memory after loading
+and after passes of 1/2/4/8/16 tokens at the given contexts (median of a few).
+
+    python benchmarks/studies/quantized_shapes.py --shapes 1b,8b --formats Q4_0,Q4_K_M \\
+        --contexts 512,2048 --folder /tmp/shapes --out benchmarks/runs/quantized-shapes.md
+
+The files are large (8B: about 4.5 GB each); ``--folder`` should have room for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab, tied
+    "1b": (2048, 8192, 16, 32, 8, 128256, True),
+    "8b": (4096, 14336, 32, 32, 8, 128256, False),
+}
+
+
+def kind_of(tensor: str, layer: int, layers: int, mix: str) -> str:
+    """The type llama-quantize gives a tensor in ``mix`` (Q4_K_M: Q6_K for the head and, in
+    the layers its rule picks, the value and down projections)."""
+    if tensor == "output":
+        return "Q6_K"
+    if mix == "Q4_0":
+        return "Q4_0"
+    more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    return "Q6_K" if tensor in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+
+
+def write_gguf(path: Path, shape: str, mix: str) -> dict:
+    import gguf
+    from gguf import GGMLQuantizationType as T
+
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
+    head_dim = hidden // heads
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(layers)
+    tensors = [("token_embd", -1, vocab, hidden), ("output_norm", -1, hidden, 0)]
+    if not tied:
+        tensors.append(("output", -1, vocab, hidden))
+    for i in range(layers):
+        tensors += [
+            ("attn_norm", i, hidden, 0), ("ffn_norm", i, hidden, 0),
+            ("attn_q", i, hidden, hidden), ("attn_k", i, kv * head_dim, hidden),
+            ("attn_v", i, kv * head_dim, hidden), ("attn_output", i, hidden, hidden),
+            ("ffn_gate", i, inter, hidden), ("ffn_up", i, inter, hidden),
+            ("ffn_down", i, hidden, inter),
+        ]  # fmt: skip
+    for name, layer, n, k in tensors:
+        full = name if layer < 0 else f"blk.{layer}.{name}"
+        if k == 0:
+            writer.add_tensor(full + ".weight", np.ones(n, dtype=np.float32))
+            continue
+        kind = T[kind_of(name, layer, layers, mix)]
+        size, nbytes = gguf.GGML_QUANT_SIZES[kind]
+        raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
+        halves = [208] if kind == T.Q6_K else [0] if kind == T.Q4_0 else [0, 2]
+        for offset in halves:
+            raw[..., offset : offset + 2] = np.array([0.002], dtype=np.float16).view(np.uint8)
+        writer.add_tensor(full + ".weight", raw.reshape(n, -1), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": tied, "rope_theta": 500000.0,
+    }  # fmt: skip
+
+
+MEASURE = r"""
+import json, resource, statistics, sys, time
+import psutil, torch
+from promptlookup.backends.quantized_model import load_quantized
+from promptlookup.backends.transformers_backend import TransformersTarget
+path, config, contexts, threads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(threads)
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+start = time.perf_counter()
+model, formats = load_quantized(path, __import__("pathlib").Path(config))
+loaded = {"load_s": time.perf_counter() - start, "rss_loaded_mib": rss(),
+          "peak_loading_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+target = TransformersTarget(model)
+passes = {}
+for context in contexts:
+    target.reset()
+    target.extend(list(range(5, 5 + context)))  # one prefill per context; passes cropped back
+    for tokens in (1, 2, 4, 8, 16):
+        seconds = []
+        for repeat in range(3):
+            begin = time.perf_counter()
+            target.forward(list(range(7, 7 + tokens)))
+            seconds.append(time.perf_counter() - begin)
+            target.crop(context)
+        passes[f"{context}x{tokens}"] = 1000 * statistics.median(seconds)
+print(json.dumps({**loaded, "formats": formats, "pass_ms": passes, "rss_after_mib": rss(),
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="1b,8b")
+    parser.add_argument("--formats", default="Q4_0,Q4_K_M")
+    parser.add_argument("--contexts", default="512,2048")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/quantized-shapes"))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    args.folder.mkdir(parents=True, exist_ok=True)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    lines = [
+        "| shape | mix | file MiB | load s | peak loading MiB | resident after passes MiB |"
+        + "".join(f" {c}x{t} ms |" for c in contexts for t in (1, 2, 4, 8, 16)),
+        "|---|---|---:|---:|---:|---:|" + "---:|" * (5 * len(contexts)),
+    ]
+    for shape in args.shapes.split(","):
+        for mix in args.formats.split(","):
+            path = args.folder / f"random-{shape}-{mix}.gguf"
+            config = path.with_suffix(".json")
+            if not path.exists():
+                config.write_text(json.dumps(write_gguf(path, shape, mix)))
+            out = subprocess.run(
+                [sys.executable, "-c", MEASURE, str(path), str(config), json.dumps(contexts),
+                 str(args.threads)], capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            cells = "".join(f" {row['pass_ms'][f'{c}x{t}']:.0f} |" for c in contexts
+                            for t in (1, 2, 4, 8, 16))  # fmt: skip
+            lines.append(
+                f"| {shape} | {mix} | {path.stat().st_size / 2**20:.0f} | {row['load_s']:.0f} "
+                f"| {row['peak_mib']:.0f} | {row['rss_after_mib']:.0f} |{cells}"
+            )
+            print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
