@@ -28,18 +28,20 @@ CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S)
 
 @dataclass(frozen=True)
 class Rename:
-    """Rename identifier ``old`` to ``new`` in ``source``, the source of function ``name``."""
+    """Rename identifier ``old`` (a ``what``: parameter, variable, or the function itself) to
+    ``new`` in ``source``, the source of function ``name``."""
 
     name: str
     source: str
     old: str
     new: str
+    what: str = "parameter"
 
     @property
     def request(self) -> str:
         return (
             "Here is a Python function from my project:\n\n```python\n" + self.source + "```\n\n"
-            f"Rename the parameter `{self.old}` to `{self.new}` everywhere in the function. "
+            f"Rename the {self.what} `{self.old}` to `{self.new}`, changing nothing else. "
             "Reply with the complete updated function in a Python code block."
         )
 
@@ -121,7 +123,7 @@ def check_answer(text: str, rename: Rename = REQUEST) -> tuple[bool, str]:
         tree = ast.parse(match.group(1))
     except SyntaxError as exc:
         return False, f"the answer's code does not parse (line {exc.lineno}: {exc.msg})"
-    expected = rename.name
+    expected = rename.new if rename.old == rename.name else rename.name
     defined = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     mine = next((n for n in defined if n.name == expected), None)
     if mine is None:
