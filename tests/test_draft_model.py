@@ -242,11 +242,11 @@ def test_chain_forwards_the_draft_probabilities_of_its_author(other_model):
     chooser = TokenChooser.from_params(SamplingParams(temperature=1.0, seed=0))
     model_drafter = DraftModelDrafter(other_model, chooser=chooser, confidence_threshold=0)
     chain = ChainDrafter([PromptLookupDrafter(), model_drafter])
-    assert chain.propose([5, 6, 7, 8], 4)  # no earlier occurrence: the draft model drafts
-    assert chain.last_draft_probs is model_drafter.last_draft_probs is not None
+    draft = chain.propose([5, 6, 7, 8], 4)  # no earlier occurrence: the draft model drafts
+    assert draft and draft.draft_probs is model_drafter.last_draft_probs is not None
     tokens = [5, 6, 7, 5, 6]
-    assert chain.propose(tokens, 4) == PromptLookupDrafter().propose(tokens, 4)  # lookup drafts
-    assert chain.last_draft_probs is None
+    draft = chain.propose(tokens, 4)
+    assert draft == PromptLookupDrafter().propose(tokens, 4) and draft.draft_probs is None
 
 
 def test_generate_samples_drafts_with_the_generation_settings(tiny_model):

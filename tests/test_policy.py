@@ -366,7 +366,7 @@ def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():
 
 
 def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back():
-    from promptlookup.drafters.base import bind_policy
+    from promptlookup.drafters.base import bind_generation
 
     class Paying(pl.NoDrafter):
         policy = None
@@ -374,9 +374,9 @@ def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back()
     paying = Paying()
     chain = pl.ChainDrafter([pl.PromptLookupDrafter(), paying])
     policy = SpeculationPolicy()
-    bind_policy(chain, policy)
+    bind_generation(chain, policy=policy)
     assert paying.policy is policy and not hasattr(chain.drafters[0], "policy")
-    bind_policy(chain, None)  # e.g. speculation="fixed" with the same drafter object
+    bind_generation(chain, policy=None)  # e.g. speculation="fixed", the same drafter object
     assert paying.policy is None
 
 

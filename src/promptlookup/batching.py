@@ -26,7 +26,7 @@ a long prompt delays each running sequence's next step by about one pass over th
 tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; more lifts
 throughput, since every step also carries the running sequences' drafts); with nobody
 decoding, prompts go in whole chunks of
-:data:`~promptlookup.backends.transformers_backend.PREFILL_CHUNK` tokens. A prompt's last
+:data:`~promptlookup.backends.base.PREFILL_CHUNK` tokens. A prompt's last
 chunk goes into the same pass as its first draft, which yields its first token.
 
 Memory: each sequence holds its own KV cache, ``2 * layers * kv_heads * head_dim`` values per
@@ -41,8 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .backends.base import BatchTarget
-from .backends.transformers_backend import PREFILL_CHUNK
+from .backends.base import PREFILL_CHUNK, BatchTarget
 from .drafters.base import Draft
 from .errors import InvalidParameterError
 from .loop import DecodingSequence

@@ -156,7 +156,6 @@ class ChainDrafter:
         self.drafters = list(drafters)
         self.min_tokens = min_tokens
         self._author: Drafter | None = None
-        self._last = Draft()
 
     def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
         best = Draft()
@@ -167,14 +166,7 @@ class ChainDrafter:
                 best, self._author = draft, drafter
             if len(best) >= min(self.min_tokens, max_tokens):
                 break
-        self._last = best
         return best  # its author's Draft: draft probabilities and match length included
-
-    @property
-    def last_draft_probs(self):
-        """The draft distributions of the last draft, if its author sampled it (see
-        :mod:`promptlookup.rejection`); None otherwise."""
-        return self._last.draft_probs
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         for drafter in self.drafters:
@@ -207,8 +199,3 @@ def bind_generation(drafter: Drafter, *, chooser=None, policy=None) -> None:
             member.chooser = chooser
         if hasattr(member, "policy"):
             member.policy = policy
-
-
-def bind_policy(drafter: Drafter, policy) -> None:
-    """Hand ``policy`` (or None) to the members that declare a ``policy`` attribute."""
-    bind_generation(drafter, policy=policy)
