@@ -126,6 +126,7 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
             _set_parameter(model, where, leaf, values.reshape(*reversed(tensor.shape.tolist())))
         else:
             raise UnsupportedModelError(f"{path.name}: tensor {tensor.name} is {kind}, not packed")
+        _forget_pages(reader, tensor)
     for where, weight in quantized.items():
         module = model.get_submodule(where)
         if isinstance(module, torch.nn.Embedding):
@@ -142,6 +143,21 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     if missing:
         raise ModelLoadError(f"{path.name}: the file has no tensor for {', '.join(missing[:3])}")
     return model.eval(), formats
+
+
+def _forget_pages(reader, tensor) -> None:
+    """Drop the file's pages of a tensor already packed from this process's memory (the page
+    cache keeps them; they would otherwise count as resident until the map is closed)."""
+    import mmap
+
+    file_map = getattr(reader.data, "_mmap", None)
+    if file_map is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+    try:
+        file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
+    except (OSError, ValueError):  # a platform without it: only the resident count is higher
+        pass
 
 
 def _release_freed_memory() -> None:
