@@ -10,7 +10,8 @@ import pytest
 from promptlookup.bench import BenchRow, MethodOutput, Settings, read_results, run_bench
 from promptlookup.bench.agreed import agreed_length, agreed_records
 from promptlookup.bench.methods import make_method
-from promptlookup.bench.report import console_tables, summarize
+from promptlookup.bench.report import console_tables
+from promptlookup.bench.summary import summarize
 
 TEXTS = ["abcabcabd abcabcabd abcab", "xyzxyz qxyz xyzx"]
 

@@ -20,16 +20,16 @@ from promptlookup.bench.methods import (
     split_methods,
     sweep_specs,
 )
-from promptlookup.bench.report import (
+from promptlookup.bench.report import render_markdown
+from promptlookup.bench.runner import RESULT_KEYS, method_order
+from promptlookup.bench.summary import (
     SUMMARY_KEYS,
+    after_first_pass,
     best_promptlookup,
     held_out_ratio,
-    render_markdown,
     repeat_spread,
     summarize,
 )
-from promptlookup.bench.runner import RESULT_KEYS, method_order
-from promptlookup.bench.summary import after_first_pass
 from promptlookup.bench.transformers_methods import ForwardTrace
 from promptlookup.cli import main
 from promptlookup.errors import InvalidParameterError, PromptLookupError

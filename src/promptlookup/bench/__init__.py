@@ -25,9 +25,10 @@ from .methods import (
     register_backend,
     register_method,
 )
-from .report import read_results, report_from_dir, summarize
+from .report import report_from_dir
 from .runner import BenchResult, run_bench
 from .suite import suite_rows
+from .summary import read_results, summarize
 
 __all__ = [
     "BenchDataError",

@@ -220,7 +220,8 @@ def bench(
           --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
     """
     from .methods import Settings, get_backend, split_methods, sweep_specs
-    from .report import console_tables, read_results, report_from_dir
+    from .report import console_tables, report_from_dir
+    from .summary import read_results
 
     if report_only:
         summary = report_from_dir(out_dir)

@@ -9,9 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .figures import bar_figure, headline_methods, sweep_figure
-
-# Re-exported: callers read results and summaries through the report as well.
-from .summary import (  # noqa: F401
+from .summary import (
     SUMMARY_KEYS,
     agreed_summary,
     best_promptlookup,

@@ -164,7 +164,7 @@ def _completed(path: Path, method_names: list[str]) -> list[dict]:
     """Rows of prompts that every method finished in an earlier run (for resume)."""
     if not path.is_file():
         return []
-    from .report import read_results
+    from .summary import read_results
 
     by_prompt: dict[tuple, list[dict]] = {}
     for record in read_results(path, tolerate_partial_last_line=True):
@@ -247,7 +247,8 @@ def run_bench(
     transformers backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
     meta.json and figures there. ``repeat``: runs per method and prompt, the fastest kept.
     Returns the records and the summary."""
-    from .report import summarize, write_outputs
+    from .report import write_outputs
+    from .summary import summarize
 
     if threads is not None:
         import torch
