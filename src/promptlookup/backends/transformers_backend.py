@@ -16,12 +16,10 @@ from transformers import DynamicCache
 
 from ..errors import UnsupportedModelError
 from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
+from .base import PREFILL_CHUNK
 from .cache import GrowingLayer, growing_cache
 from .linear import TIMED_ROWS, LinearKernels
 from .llama_forward import LlamaForward, supports
-
-#: Prompts are fed in chunks of this many tokens, bounding activation memory.
-PREFILL_CHUNK = 2048
 
 
 class TransformersTarget:
