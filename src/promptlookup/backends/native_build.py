@@ -48,10 +48,22 @@ def cpu_features() -> str:
     return platform.processor() or platform.machine()
 
 
+def sources(source: Path) -> list[Path]:
+    """``source`` and the files it includes with ``#include "NAME"`` (beside it), recursively."""
+    found = [source]
+    for line in source.read_text().splitlines():
+        if line.startswith('#include "'):
+            found += [path for path in sources(source.with_name(line.split('"')[1]))
+                      if path not in found]  # fmt: skip
+    return found
+
+
 def library_path(source: Path, compiler: str, flags: tuple[str, ...] = FLAGS) -> Path:
-    """Where ``source`` compiled by ``compiler`` with ``flags`` for this CPU is cached."""
+    """Where ``source`` (with what it includes) compiled by ``compiler`` with ``flags`` for
+    this CPU is cached."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(flags), compiler, cpu_features(), sys.platform):
+    texts = [path.read_bytes() for path in sources(source)]
+    for part in (*texts, " ".join(flags), compiler, cpu_features(), sys.platform):
         key.update(part if isinstance(part, bytes) else part.encode())
     return cache_root() / "native" / f"{source.stem}-{key.hexdigest()[:16]}.so"
 

@@ -108,6 +108,14 @@ static inline int panels_for(int rows) { return rows <= 4 ? 4 : 2; }
 static inline int panels_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 #endif
 
+/* Blocks ahead of the one being multiplied that each panel's stream asks memory for. */
+#ifndef PREFETCH
+#define PREFETCH 4
+#endif
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 3
+#endif
+
 /* One weight matrix in panels (see the header). */
 struct weights {
     const uint8_t *panels;
@@ -145,6 +153,10 @@ static inline __attribute__((always_inline)) void tile(
 #pragma GCC unroll 4
         for (int p = 0; p < PANELS; p++) {
             const uint8_t *blk = base + p * stride + b * bb;
+            /* The block PREFETCH blocks ahead in this panel, asked for now (a hint only). */
+            if (b + PREFETCH < blocks)
+                for (int64_t line = 0; line < bb; line += 64)
+                    __builtin_prefetch(blk + PREFETCH * bb + line, 0, PREFETCH_LOCALITY);
             s[p] = vload((const float *)blk);
             m[p] = w->has_offset ? vload((const float *)blk + LANES) : vzero();
             data[p] = blk + header_bytes(w);
@@ -300,8 +312,8 @@ static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4,  gemm_5
 static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6};
 #endif
 
-static int gemm(const struct weights *w, const float *x, int64_t rows, float *y, const float *bias,
-                int threads) {
+static int gemm(const struct weights *w, const float *x, int64_t rows, float *y, int64_t ldy,
+                const float *bias, int threads) {
     const int64_t panels_total = (w->n + LANES - 1) / LANES;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -322,7 +334,7 @@ static int gemm(const struct weights *w, const float *x, int64_t rows, float *y,
                 const int count = (int)(rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS);
                 GEMMS[count - 1](buffer, w->k, x + r0 * w->k, w->k, tile_out);
                 for (int r = 0; r < count; r++) {
-                    float *dst = y + (r0 + r) * w->n + first;
+                    float *dst = y + (r0 + r) * ldy + first;
                     for (int l = 0; l < valid; l++)  /* the bias added as tile() adds it */
                         dst[l] = bias ? tile_out[r * LANES + l] + bias[first + l]
                                       : tile_out[r * LANES + l];
@@ -334,20 +346,18 @@ static int gemm(const struct weights *w, const float *x, int64_t rows, float *y,
     return failed ? -2 : 0;
 }
 
-/* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
- * floats, or NULL). Returns 0, -1 for a layout it does not know, -2 out of memory. */
-int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
-                     int has_offset, const float *x, int64_t rows, float *y, const float *bias,
-                     int threads) {
-    if ((block != 16 && block != 32) || (bits != 4 && bits != 8) || k % block != 0) return -1;
-    struct weights w = {panels, n, k, block, bits, has_offset};
-    if (rows >= GEMM_FROM) return gemm(&w, x, rows, y, bias, threads);
+/* y (rows x n, row stride ldy) = x (rows x k) times w's transpose, plus bias (n floats, or
+ * NULL). Returns 0, or -2 out of memory. */
+static int matmul(const struct weights *w, const float *x, int64_t rows, float *y, int64_t ldy,
+                  const float *bias, int threads) {
+    const int64_t n = w->n, k = w->k;
+    if (rows >= GEMM_FROM) return gemm(w, x, rows, y, ldy, bias, threads);
     const int64_t panels_total = (n + LANES - 1) / LANES;
     const int64_t row_tiles = (rows + ROWS_MAX - 1) / ROWS_MAX;
     /* Tasks: (row tile, group of panels); a group's width follows its tile's row count. */
     const int wide = panels_for(rows < ROWS_MAX ? (int)rows : ROWS_MAX);
     const int64_t groups = (panels_total + wide - 1) / wide;
-    const tile_fn(*table)[ROWS_MAX] = bits == 4 ? TILES4 : TILES8;
+    const tile_fn(*table)[ROWS_MAX] = w->bits == 4 ? TILES4 : TILES8;
 #pragma omp parallel for schedule(static) num_threads(threads) if (row_tiles * groups > 1)
     for (int64_t task = 0; task < row_tiles * groups; task++) {
         const int64_t tile_index = task / groups, group = task % groups;
@@ -357,11 +367,25 @@ int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int
         /* The group's panels in runs the tile's width allows, then one at a time. */
         int64_t panel = group * wide, end = panel + wide < panels_total ? panel + wide : panels_total;
         for (; panel + group_panels <= end; panel += group_panels)
-            table[0][tile_rows - 1](&w, panel, x + first_row * k, k, y + first_row * n, n, bias);
+            table[0][tile_rows - 1](w, panel, x + first_row * k, k, y + first_row * ldy, ldy, bias);
         for (; panel < end; panel++)
-            table[1][tile_rows - 1](&w, panel, x + first_row * k, k, y + first_row * n, n, bias);
+            table[1][tile_rows - 1](w, panel, x + first_row * k, k, y + first_row * ldy, ldy, bias);
     }
     return 0;
+}
+
+static int known_layout(int block, int bits, int64_t k) {
+    return (block == 16 || block == 32) && (bits == 4 || bits == 8) && k % block == 0;
+}
+
+/* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
+ * floats, or NULL). Returns 0, -1 for a layout it does not know, -2 out of memory. */
+int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
+                     int has_offset, const float *x, int64_t rows, float *y, const float *bias,
+                     int threads) {
+    if (!known_layout(block, bits, k)) return -1;
+    struct weights w = {panels, n, k, block, bits, has_offset};
+    return matmul(&w, x, rows, y, n, bias, threads);
 }
 
 /* Rows `ids` of the weight matrix (the embedding's table), dequantized: out (count x k). */

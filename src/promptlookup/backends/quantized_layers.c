@@ -1,0 +1,165 @@
+/* A quantized Llama model's decoder layers, every layer of a forward pass in one call.
+ *
+ * The pass of llama_forward.py's _LayerModules, written out in C for quantized weights so that
+ * a one-token pass is not thirty layers of Python and tensor calls around small products. Per
+ * layer and row, with H the hidden size, D the head size:
+ *
+ *   normed = rms_norm(hidden, attn_norm)          sum of squares in 16 lanes (fmaf, element i
+ *                                                 into lane i % 16), a fixed tree, / H, + eps,
+ *                                                 1 / sqrtf; then (x * scale) * weight
+ *   q, k, v = normed @ Wq/Wk/Wv (+ bias)          quantized_matmul.c's products
+ *   q, k  = x * cos + rotate_half(x) * sin        per head, as transformers rounds it
+ *   k, v  -> the row's sequence's cache at the row's position (keys transposed)
+ *   att   = row_attention(q, cache)               row_attention.c, over the cache up to the row
+ *   hidden += att @ Wo
+ *   normed = rms_norm(hidden, ffn_norm)
+ *   act    = silu(normed @ Wgate) * (normed @ Wup) silu(x) = (x >= 0 ? x : x * e) / (1 + e),
+ *                                                 e = exp(-|x|) (row_attention.c's exp_approx)
+ *   hidden += act @ Wdown
+ *
+ * Every step computes a row from that row alone (its sequence's cache aside) by a fixed
+ * formula, built without -ffast-math and with -ffp-contract=off: a row's bits never depend on
+ * the rows, sequences or threads beside it, so the pass is row-invariant by construction, as
+ * its two kernels are.
+ */
+#include "quantized_matmul.c"
+#include "row_attention.c"
+
+/* One linear layer: quantized_matmul.c's weights, and a bias (n floats) or NULL. */
+struct linear {
+    const uint8_t *panels;
+    int64_t n, k;
+    int32_t block, bits, has_offset;
+    const float *bias;
+};
+
+/* One decoder layer. The query/key/value products are 1 or 3 linear parts whose outputs sit
+ * side by side (one fused weight, or three), the gate/up products 1 or 2. */
+struct layer {
+    const float *attn_norm, *ffn_norm;
+    struct linear qkv[3], o, gate_up[2], down;
+    int32_t qkv_parts, gate_up_parts;
+};
+
+struct model {
+    int32_t layers, hidden, heads, kv_heads, head_dim, intermediate;
+    float eps, scale;
+    const struct layer *layer;
+};
+
+/* Rows at which the element-wise steps are shared among the threads. */
+#define PARALLEL_ROWS 16
+
+static void rms_norm(const float *x, const float *weight, float eps, int64_t h, float *out) {
+    float lanes[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= h; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = fmaf(x[i + l], x[i + l], lanes[l]);
+    for (int l = 0; i + l < h; l++) lanes[l] = fmaf(x[i + l], x[i + l], lanes[l]);
+    for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; l++) lanes[l] = lanes[l] + lanes[l + width];
+    const float scale = 1.0f / sqrtf(lanes[0] / (float)h + eps);
+    for (int64_t j = 0; j < h; j++) out[j] = (x[j] * scale) * weight[j];
+}
+
+/* x * cos + rotate_half(x) * sin for one head (rotate_half(x) = (-x[half:], x[:half])). */
+static void rotary(const float *x, const float *cos, const float *sin, int dim, float *out) {
+    const int half = dim / 2;
+    for (int d = 0; d < half; d++) out[d] = -x[d + half] * sin[d] + x[d] * cos[d];
+    for (int d = half; d < dim; d++) out[d] = x[d - half] * sin[d] + x[d] * cos[d];
+}
+
+static inline float silu(float x) {
+    const float e = exp_approx(x >= 0.0f ? -x : x);
+    return (x >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
+/* normed (rows x k) times the parts' weights, side by side into out (row stride ld). */
+static int linear_parts(const struct linear *parts, int count, const float *normed, int64_t rows,
+                        float *out, int64_t ld, int threads) {
+    int64_t first = 0;
+    for (int p = 0; p < count; p++) {
+        const struct linear *l = &parts[p];
+        if (!known_layout(l->block, l->bits, l->k)) return -1;
+        const struct weights w = {l->panels, l->n, l->k, l->block, l->bits, l->has_offset};
+        if (matmul(&w, normed, rows, out + first, ld, l->bias, threads)) return -2;
+        first += l->n;
+    }
+    return 0;
+}
+
+/* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
+ * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
+ * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
+ * float32, room up to the pass's last position). cos, sin: (rows x head_dim). Returns 0, -1
+ * for a shape the kernels do not take, -2 out of memory. */
+int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
+                     const float *sin, const int64_t *row_sequence, const int64_t *row_position,
+                     const int64_t *key_pointers, const int64_t *value_pointers,
+                     const int64_t *capacities, int64_t sequences, int threads) {
+    const int64_t h = m->hidden, dim = m->head_dim, inter = m->intermediate;
+    const int64_t q_width = (int64_t)m->heads * dim, kv_width = (int64_t)m->kv_heads * dim;
+    const int64_t qkv_width = q_width + 2 * kv_width;
+    const int64_t scratch = h + qkv_width + 2 * q_width + h + 3 * inter;
+    float *buffer = malloc(sizeof(float) * (size_t)(rows * scratch));
+    if (!buffer) return -2;
+    float *normed = buffer, *qkv = normed + rows * h, *query = qkv + rows * qkv_width;
+    float *attended = query + rows * q_width, *product = attended + rows * q_width;
+    float *gate_up = product + rows * h, *act = gate_up + rows * 2 * inter;
+    const int parallel = rows >= PARALLEL_ROWS;
+    int status = 0;
+    for (int32_t index = 0; index < m->layers && status == 0; index++) {
+        const struct layer *L = &m->layer[index];
+        const int64_t *keys_at = key_pointers + index * sequences;
+        const int64_t *values_at = value_pointers + index * sequences;
+        const int64_t *capacity_at = capacities + index * sequences;
+#pragma omp parallel for num_threads(threads) if (parallel)
+        for (int64_t r = 0; r < rows; r++)
+            rms_norm(hidden + r * h, L->attn_norm, m->eps, h, normed + r * h);
+        status = linear_parts(L->qkv, L->qkv_parts, normed, rows, qkv, qkv_width, threads);
+        if (status) break;
+        /* Rotate queries and keys; keys and values into the row's sequence's cache. */
+#pragma omp parallel for num_threads(threads) if (parallel)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = qkv + r * qkv_width, *c = cos + r * dim, *s = sin + r * dim;
+            for (int head = 0; head < m->heads; head++)
+                rotary(row + head * dim, c, s, (int)dim, query + r * q_width + head * dim);
+            const int64_t sequence = row_sequence[r], position = row_position[r];
+            float *keys = (float *)keys_at[sequence], *values = (float *)values_at[sequence];
+            const int64_t capacity = capacity_at[sequence];
+            float rotated[MAX_DIM];
+            for (int g = 0; g < m->kv_heads; g++) {
+                rotary(row + q_width + g * dim, c, s, (int)dim, rotated);
+                for (int64_t d = 0; d < dim; d++)
+                    keys[(g * dim + d) * capacity + position] = rotated[d];
+                memcpy(values + (g * capacity + position) * dim, row + q_width + kv_width + g * dim,
+                       sizeof(float) * (size_t)dim);
+            }
+        }
+        if (row_attention(0, query, attended, rows, row_sequence, row_position, keys_at,
+                          values_at, capacity_at, m->heads, m->kv_heads, (int)dim, m->scale,
+                          threads)) {
+            status = -1;
+            break;
+        }
+        status = linear_parts(&L->o, 1, attended, rows, product, h, threads);
+        if (status) break;
+        for (int64_t i = 0; i < rows * h; i++) hidden[i] = hidden[i] + product[i];
+#pragma omp parallel for num_threads(threads) if (parallel)
+        for (int64_t r = 0; r < rows; r++)
+            rms_norm(hidden + r * h, L->ffn_norm, m->eps, h, normed + r * h);
+        status = linear_parts(L->gate_up, L->gate_up_parts, normed, rows, gate_up, 2 * inter,
+                              threads);
+        if (status) break;
+#pragma omp parallel for num_threads(threads) if (parallel)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+            for (int64_t i = 0; i < inter; i++) act[r * inter + i] = silu(gate[i]) * up[i];
+        }
+        status = linear_parts(&L->down, 1, act, rows, product, h, threads);
+        if (status) break;
+        for (int64_t i = 0; i < rows * h; i++) hidden[i] = hidden[i] + product[i];
+    }
+    free(buffer);
+    return status;
+}

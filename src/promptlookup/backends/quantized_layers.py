@@ -1,0 +1,187 @@
+"""A quantized model's decoder layers in one C call per forward pass.
+
+Over quantized weights a one-token pass of a small model is mostly not arithmetic: thirty
+layers of a dozen tensor operations each, around products of a few microseconds.
+``quantized_layers.c`` runs every layer of a pass (norms, products, rotary embedding, the cache
+writes, attention, SiLU, residual sums) in one call, for every sequence of the pass, each row
+by a fixed formula (see its header): row-invariant by construction, like the two kernels it
+is made of. :class:`QuantizedLayers` describes the model to it once (pointers to the packed
+weights, norms and biases, which it keeps alive) and, per pass, where each sequence's cache
+is. :meth:`QuantizedLayers.build` returns None for a model it does not take (a layer that is
+not quantized, a bias where the kernel has none, a non-SiLU MLP), which then runs layer by
+layer in Python.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from . import quantized
+from .native_attention import kernel_takes
+from .native_build import compiled
+
+SOURCE = Path(__file__).with_name("quantized_layers.c")
+#: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
+ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [
+        ("panels", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("block", ctypes.c_int32),
+        ("bits", ctypes.c_int32),
+        ("has_offset", ctypes.c_int32),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("ffn_norm", ctypes.c_void_p),
+        ("qkv", _Linear * 3),
+        ("o", _Linear),
+        ("gate_up", _Linear * 2),
+        ("down", _Linear),
+        ("qkv_parts", ctypes.c_int32),
+        ("gate_up_parts", ctypes.c_int32),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.c_int32),
+        ("hidden", ctypes.c_int32),
+        ("heads", ctypes.c_int32),
+        ("kv_heads", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("intermediate", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("layer", ctypes.POINTER(_Layer)),
+    ]
+
+
+@functools.cache
+def kernel() -> ctypes.CDLL | None:
+    """The compiled layers, or None where they cannot be built here."""
+    library = compiled(SOURCE, ENVIRONMENT, "quantized decoder layers; running them in Python")
+    if library is None:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    library.quantized_layers.restype = ctypes.c_int
+    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, ctypes.c_int]
+    return library
+
+
+def _linear(module, keep: list) -> _Linear | None:
+    """``module`` (a QuantizedLinear) as the kernel's struct, or None if it is not one."""
+    if type(module) is not quantized.QuantizedLinear:
+        return None
+    weight = module.quantized
+    bias = None if module.bias is None else module.bias.detach().float().contiguous()
+    keep += [weight.panels, bias]
+    return _Linear(
+        weight.panels.data_ptr(), weight.n, weight.k, weight.block, weight.bits,
+        int(weight.has_offset), None if bias is None else bias.data_ptr(),
+    )  # fmt: skip
+
+
+def _norm_weight(norm, eps: float, keep: list) -> int | None:
+    """The data pointer of a float32 RMS norm's weight with epsilon ``eps``, else None."""
+    weight = getattr(norm, "weight", None)
+    if weight is None or weight.dtype != torch.float32 or norm.variance_epsilon != eps:
+        return None
+    weight = weight.detach().contiguous()
+    keep.append(weight)
+    return weight.data_ptr()
+
+
+class QuantizedLayers:
+    """Every decoder layer of one quantized model, run by ``quantized_layers.c``."""
+
+    def __init__(self, model: _Model, keep: list) -> None:
+        self._model, self._keep = model, keep  # keep: the tensors the structs point into
+
+    @classmethod
+    def build(cls, layers: list, config) -> QuantizedLayers | None:
+        """For ``layers`` (:class:`~promptlookup.backends.llama_forward._LayerModules` of one
+        model), or None where some layer is not for the kernel (see the module doc)."""
+        from .llama_forward import _silu_in_place
+
+        if kernel() is None or not layers:
+            return None
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim, eps = layers[0].head_dim, layers[0].input_layernorm.variance_epsilon
+        if not kernel_takes(heads, kv_heads, head_dim, torch.float32):
+            return None
+        keep: list = []
+        table = (_Layer * len(layers))()
+        for struct, layer in zip(table, layers):
+            qkv = [layer.qkv] if layer.qkv else [layer.q_proj, layer.k_proj, layer.v_proj]
+            gate_up = [layer.gate_up] if layer.gate_up else [layer.gate_proj, layer.up_proj]
+            parts = [_linear(module, keep) for module in qkv + gate_up]
+            o, down = _linear(layer.o_proj, keep), _linear(layer.down_proj, keep)
+            norms = [
+                _norm_weight(norm, eps, keep)
+                for norm in (layer.input_layernorm, layer.post_attention_layernorm)
+            ]
+            if None in (*parts, o, down, *norms) or layer.act_fn is not _silu_in_place:
+                return None
+            if o.bias or down.bias:
+                return None
+            struct.attn_norm, struct.ffn_norm = norms
+            struct.o, struct.down = o, down
+            struct.qkv_parts, struct.gate_up_parts = len(qkv), len(gate_up)
+            for i, part in enumerate(parts[: len(qkv)]):
+                struct.qkv[i] = part
+            for i, part in enumerate(parts[len(qkv) :]):
+                struct.gate_up[i] = part
+        keep.append(table)
+        intermediate = layers[0].down_proj.in_features
+        model = _Model(
+            len(layers), config.hidden_size, heads, kv_heads, head_dim, intermediate, eps,
+            layers[0].scaling, table,
+        )  # fmt: skip
+        return cls(model, keep)
+
+    def __call__(self, hidden, cos, sin, caches: list, lengths: list[int], pass_rows) -> None:
+        """``hidden`` (1, total, hidden) through every layer, in place: sequence i's
+        ``lengths[i]`` rows appended to ``caches[i]`` (their layers' buffers grown here, their
+        lengths moved after the call). ``cos``, ``sin``: (1, total, head_dim)."""
+        like = torch.empty(1, self._model.kv_heads, 0, self._model.head_dim)
+        keys, values, capacities = [], [], []
+        for index in range(self._model.layers):
+            for cache, length in zip(caches, lengths):
+                layer = cache.layers[index]
+                layer.make_room(length, like)
+                keys.append(layer.key_storage.data_ptr())
+                values.append(layer.value_buffer.data_ptr())
+                capacities.append(layer.value_buffer.shape[-2])
+        cos, sin = cos.contiguous(), sin.contiguous()
+        pointers = torch.tensor([keys, values, capacities], dtype=torch.int64)
+        status = kernel().quantized_layers(
+            ctypes.byref(self._model),
+            hidden.data_ptr(),
+            hidden.shape[1],
+            cos.data_ptr(),
+            sin.data_ptr(),
+            pass_rows.row_sequence.data_ptr(),
+            pass_rows.row_position.data_ptr(),
+            pointers[0].data_ptr(),
+            pointers[1].data_ptr(),
+            pointers[2].data_ptr(),
+            len(caches),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise MemoryError(f"quantized decoder layers failed ({status}): out of memory")
+        for cache, length in zip(caches, lengths):
+            for layer in cache.layers:
+                layer.advance(length)
