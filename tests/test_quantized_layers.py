@@ -66,3 +66,14 @@ def test_sequences_sharing_a_pass_get_their_own_rows():
     batched = target.forward_batch(caches, drafts, [len(d) for d in drafts])
     for expected, got in zip(alone, batched):
         assert torch.equal(got, expected)
+
+
+def test_a_cache_that_grows_between_passes_keeps_its_keys_and_values():
+    """Single steps across the cache's first capacity (256 positions, then doubled and
+    copied) give the rows of one pass over the same tokens, which never grew."""
+    target = tiny_target(3)
+    tokens = [(11 * i + 5) % 64 for i in range(262)]
+    whole = target.forward(tokens)[-8:]
+    target.reset()
+    target.forward(tokens[:-8])
+    assert torch.equal(torch.cat([target.forward([token]) for token in tokens[-8:]]), whole)

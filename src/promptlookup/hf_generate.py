@@ -90,12 +90,16 @@ def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
 def target_for(model: torch.nn.Module) -> TransformersTarget:
     """A fresh target (an empty cache) over ``model`` that reuses the kernel and attention
     choices measured in earlier calls with the same model object (on disk too, beside the cost
-    curve, when the model has a name)."""
+    curve, when the model has a name). Layer by layer in Python even over quantized weights,
+    whose one-call layers round norms and SiLU their own way: what ``model.generate`` computes
+    with the model's modules is the reference here."""
     weight = next(model.parameters())
     kept = _CHOICES.get(model)
     if kept is not None and kept[0] == (weight.dtype, weight.device):
-        return TransformersTarget(model, kernels=kept[1], attention=kept[2])  # sets eval mode
-    target = TransformersTarget(model)  # new, or moved or cast since
+        return TransformersTarget(  # sets eval mode
+            model, kernels=kept[1], attention=kept[2], layers_in_one_call=False
+        )
+    target = TransformersTarget(model, layers_in_one_call=False)  # new, or moved or cast since
     cost_file = transformers_cost_file(model)
     if cost_file is not None:
         target.use_choice_files(cost_file)

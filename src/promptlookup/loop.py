@@ -255,6 +255,8 @@ def speculative_generate(
                 sequence.forget(len(new_tokens) - position - 1)
                 raise
     stats.seconds = time.perf_counter() - sequence.started
+    # 6. Free the KV cache (each generation starts from an empty one).
+    target.reset()
 
 
 def verified_tokens(

@@ -78,9 +78,10 @@ class GrowingLayer(DynamicLayer):
         """Room for ``count`` more positions, for a kernel that writes them itself (``like``:
         an empty tensor of the states' dtype, batch, heads and head size); :meth:`advance`
         then counts them."""
+        values_like = like.new_empty(like.shape)  # _reserve tells keys from values by identity
         if not self.is_initialized:
-            self.lazy_initialization(like, like)
-        self._reserve(self.length + count, like, like)
+            self.lazy_initialization(like, values_like)
+        self._reserve(self.length + count, like, values_like)
 
     def advance(self, count: int) -> None:
         """Count ``count`` positions written into the room :meth:`make_room` made."""

@@ -108,7 +108,9 @@ class LlamaForward:
     way), not through ``nn.Module.__call__``: hooks on them do not run in our passes.
     """
 
-    def __init__(self, model: torch.nn.Module, row_invariant: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, row_invariant: bool = True, layers_in_one_call: bool = True
+    ) -> None:
         base = model.model
         #: Whether attention computes every query row as a one-token pass would.
         self.row_invariant = row_invariant
@@ -128,7 +130,9 @@ class LlamaForward:
         #: Every layer in one C call per pass, for a quantized model that it takes (see
         #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
-            QuantizedLayers.build(self.layers, model.config) if self.native_attention else None
+            QuantizedLayers.build(self.layers, model.config)
+            if self.native_attention and layers_in_one_call
+            else None
         )
 
     @torch.inference_mode()
@@ -213,7 +217,8 @@ class _LayerModules:
         )
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         # SiLU (every supported model's) is applied in place: the same values, no new tensor.
-        self.act_fn = _silu_in_place if type(mlp.act_fn).__name__ in SILU_CLASSES else mlp.act_fn
+        self.silu = type(mlp.act_fn).__name__ in SILU_CLASSES
+        self.act_fn = _silu_in_place if self.silu else mlp.act_fn
         self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
         # Over quantized weights, the query/key/value and the gate/up products are one kernel

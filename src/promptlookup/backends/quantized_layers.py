@@ -113,8 +113,6 @@ class QuantizedLayers:
     def build(cls, layers: list, config) -> QuantizedLayers | None:
         """For ``layers`` (:class:`~promptlookup.backends.llama_forward._LayerModules` of one
         model), or None where some layer is not for the kernel (see the module doc)."""
-        from .llama_forward import _silu_in_place
-
         if kernel() is None or not layers:
             return None
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -132,7 +130,7 @@ class QuantizedLayers:
                 _norm_weight(norm, eps, keep)
                 for norm in (layer.input_layernorm, layer.post_attention_layernorm)
             ]
-            if None in (*parts, o, down, *norms) or layer.act_fn is not _silu_in_place:
+            if None in (*parts, o, down, *norms) or not layer.silu:
                 return None
             if o.bias or down.bias:
                 return None

@@ -42,6 +42,7 @@ NAMES = {
 }
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 FLOAT_KINDS = ("F32", "F16", "BF16")
+M_MMAP_THRESHOLD = -3  #: glibc's mallopt parameter
 
 
 def module_path(tensor_name: str) -> tuple[str, str]:
@@ -162,13 +163,18 @@ def _forget_pages(reader, tensor) -> None:
 
 def _release_freed_memory() -> None:
     """Give the packing's freed temporaries back to the system (glibc keeps freed heap
-    memory, about the model's size again, unless asked)."""
+    memory, about the model's size again, unless asked), and from now on serve blocks of 1 MiB
+    or more (a long prompt's activations, KV caches) from their own maps, so that freeing them
+    returns them too (glibc's default threshold grows up to 32 MiB as such blocks are freed,
+    and the heap then keeps the largest request's memory)."""
     import ctypes
     import gc
 
     gc.collect()
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
     except (OSError, AttributeError):  # not glibc: nothing to ask
         pass
 

@@ -31,10 +31,14 @@ class TransformersTarget:
         kernels: LinearKernels | None = None,
         attention: PromptAttention | None = None,
         row_invariant: bool = True,
+        layers_in_one_call: bool = True,
     ) -> None:
         """``kernels`` and ``attention``: choices already measured for this model (another
         target's), or None to measure them on first use. ``row_invariant=False`` gives up
-        exactness for the fastest kernels by timing (to measure what exactness costs)."""
+        exactness for the fastest kernels by timing (to measure what exactness costs).
+        ``layers_in_one_call=False`` runs a quantized model's layers one by one in Python
+        (:mod:`~promptlookup.backends.quantized_layers`: the same products, torch's rounding
+        of the norms and SiLU)."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
         self.config = config
@@ -51,7 +55,9 @@ class TransformersTarget:
         #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None.
         #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
         #: model's own forward (bit-identical to transformers' plain decoding steps).
-        self.written_out = LlamaForward(model, row_invariant) if supports(model) else None
+        self.written_out = (
+            LlamaForward(model, row_invariant, layers_in_one_call) if supports(model) else None
+        )
         self._row_invariant = row_invariant  # as asked; see the row_invariant property
         self.reset()
         # Sliding-window or recurrent layers forget what a crop would have to restore.
