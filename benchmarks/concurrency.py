@@ -19,8 +19,9 @@ between repeats, to spread drift and noise); each method sends the same requests
 flight at once (N client threads over one list): streaming chat completions, greedy
 (temperature 0), ``max_tokens`` fixed, ``stream_options.include_usage`` on, and
 ``"cache_prompt": false`` for llama-server so that repeated prompts are not answered from its
-cache. The requests mix code edits, extraction questions and open-ended chat turns from the
-benchmark data (``shared/data/*.jsonl``, read with :mod:`promptlookup.bench.data`).
+cache. The requests cycle through the bench's five tasks (code edits, summaries, extraction
+questions, chat rewrites, open-ended), from its built-in suite (generated from the Python
+standard library) or from TASK.jsonl files in ``--data-dir``.
 
 Recorded per request: time to first token, inter-token latency (the time from the first to the
 last content chunk over the completion tokens after the first, tokens counted by the final
@@ -61,10 +62,8 @@ from load_test import free_port, wait_healthy  # noqa: E402  (benchmarks/ is not
 
 METHODS = ("promptlookup", "promptlookup-none", "llama-server", "llama-server-ngram")
 LLAMA_METHODS = {"llama-server", "llama-server-ngram"}
-# Request i takes the next row of TASK_CYCLE[i % 4]: 8 requests are 4 code edits, 2 extraction
-# questions and 2 open-ended chat turns.
-TASK_CYCLE = ("code_edit", "qa", "code_edit", "chat")
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Request i takes the next row of TASK_CYCLE[i % 5]: 10 requests are two of each task.
+TASK_CYCLE = ("code_edit", "summarization", "qa", "chat", "open_ended")
 # llama-server's n-gram speculation, at its defaults (n_match 24, drafts of 48 to 64 tokens).
 NGRAM_ARGS = ("--spec-type", "ngram-mod")
 # ngram-mod's n-gram table is shared by all slots and outlives requests: it learns the previous
@@ -515,7 +514,12 @@ def main(argv=None) -> int:
         help="do not restart llama-server-ngram before each level (its n-gram "
         "table then remembers earlier levels' answers)",
     )
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="read TASK.jsonl files for the tasks from this folder [default: the bench's "
+        "built-in suite, generated from the Python standard library]",
+    )
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--out", type=Path, help="write concurrency.{json,md,png} here")
@@ -541,12 +545,17 @@ def main(argv=None) -> int:
             return 2
 
     from promptlookup.bench.data import load_rows
+    from promptlookup.bench.suite import suite_rows
     from promptlookup.models import default_gguf_path
 
     model = str(Path(args.model).resolve()) if args.model else str(default_gguf_path())
-    rows_by_task = {
-        task: load_rows(args.data_dir / f"{task}.jsonl") for task in dict.fromkeys(TASK_CYCLE)
-    }
+    tasks = tuple(dict.fromkeys(TASK_CYCLE))
+    if args.data_dir is not None:
+        rows_by_task = {task: load_rows(args.data_dir / f"{task}.jsonl") for task in tasks}
+    else:
+        per_task = -(-args.requests // len(TASK_CYCLE))
+        suite = suite_rows(per_task, tasks)
+        rows_by_task = {task: [row for row in suite if row.task == task] for task in tasks}
     requests = pick_requests(rows_by_task, args.requests)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -150,30 +150,21 @@ def test_markdown_table_rows_and_units():
 
 
 def test_pick_requests_cycles_tasks_in_file_order():
+    tasks = ("code_edit", "summarization", "qa", "chat", "open_ended")
     rows = {
         task: [
             SimpleNamespace(
                 task=task, id=f"{task}{i}", messages=[{"role": "user", "content": f"{i}"}]
             )
-            for i in range(5)
+            for i in range(2)
         ]
-        for task in ("code_edit", "qa", "chat")
+        for task in tasks
     }
     picked = bench.pick_requests(rows, 8)
-    assert [r["task"] for r in picked].count("code_edit") == 4
-    assert [r["id"] for r in picked] == [
-        "code_edit0",
-        "qa0",
-        "code_edit1",
-        "chat0",
-        "code_edit2",
-        "qa1",
-        "code_edit3",
-        "chat1",
-    ]
+    assert [r["id"] for r in picked] == [f"{t}0" for t in tasks] + [f"{t}1" for t in tasks[:3]]
     assert [r["index"] for r in picked] == list(range(8))
     with pytest.raises(ValueError, match="code_edit"):
-        bench.pick_requests({**rows, "code_edit": rows["code_edit"][:1]}, 3)
+        bench.pick_requests({**rows, "code_edit": rows["code_edit"][:1]}, 6)
 
 
 def test_server_commands():

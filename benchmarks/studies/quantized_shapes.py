@@ -4,10 +4,13 @@ Writes random-weight GGUF files of Llama-3.2-1B's and Llama-3.1-8B's shapes in l
 Q4_0 and Q4_K_M tensor mixes (random blocks with finite scales, written with the ``gguf``
 package: memory and speed do not depend on the values), loads each with promptlookup's
 quantized weights in a fresh process, and reports the peak and resident memory after loading
-and after passes of 1/2/4/8/16 tokens at the given contexts (median of a few).
+and after passes of 1/2/4/8/16 tokens at the given contexts (median of a few); with
+``--llama-bench``, llama.cpp's times for the same passes of the same files (which carry the
+metadata llama.cpp reads, and no vocabulary).
 
     python benchmarks/studies/quantized_shapes.py --shapes 1b,8b --formats Q4_0,Q4_K_M \\
-        --contexts 512,2048 --folder /tmp/shapes --out benchmarks/runs/quantized-shapes.md
+        --contexts 512,2048 --folder /tmp/shapes --llama-bench /path/to/llama-bench \\
+        --out benchmarks/runs/quantized-shapes.md
 
 The files are large (8B: about 4.5 GB each); ``--folder`` should have room for them.
 """
@@ -47,7 +50,19 @@ def write_gguf(path: Path, shape: str, mix: str) -> dict:
     head_dim = hidden // heads
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), "llama")
+    # The metadata llama.cpp reads, so that llama-bench runs the same file (no vocabulary:
+    # llama-bench feeds token ids).
     writer.add_block_count(layers)
+    writer.add_context_length(8192)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("none")
     tensors = [("token_embd", -1, vocab, hidden), ("output_norm", -1, hidden, 0)]
     if not tied:
         tensors.append(("output", -1, vocab, hidden))
@@ -113,6 +128,20 @@ print(json.dumps({**loaded, "formats": formats, "pass_ms": passes, "rss_after_mi
 """
 
 
+def llama_bench(binary: str, path: Path, contexts: list[int], threads: int) -> dict:
+    """llama-bench's milliseconds per pass of t tokens after c (its prompt-processing test of
+    t tokens at depth c): {(c, t): ms}."""
+    out = subprocess.run(
+        [binary, "-m", str(path), "-t", str(threads), "-p", "1,2,4,8,16", "-n", "0",
+         "-d", ",".join(map(str, contexts)), "-r", "3", "-o", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return {
+        (run["n_depth"], run["n_prompt"]): 1000 * run["n_prompt"] / run["avg_ts"]
+        for run in json.loads(out.stdout)
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="1b,8b")
@@ -121,6 +150,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", type=Path, default=Path("/tmp/quantized-shapes"))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--llama-bench", help="also time the same passes with llama.cpp's llama-bench (its path)"
+    )
     args = parser.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -147,6 +179,11 @@ def main() -> None:
                 f"| {row['peak_mib']:.0f} | {row['rss_after_mib']:.0f} |{cells}"
             )
             print(lines[-1], flush=True)
+            if args.llama_bench:
+                ms = llama_bench(args.llama_bench, path, contexts, args.threads)
+                cells = "".join(f" {ms[(c, t)]:.0f} |" for c in contexts for t in (1, 2, 4, 8, 16))
+                lines.append(f"| {shape} | {mix}, llama-bench | | | | |{cells}")
+                print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)
