@@ -135,7 +135,9 @@ static inline int64_t panel_bytes(const struct weights *w) {
     return block_bytes(w) * (w->k / w->block);
 }
 
-/* Rows [0, ROWS) of x (row stride ldx) times PANELS panels from `panel`, into y (stride ldy).
+/* Rows [0, ROWS) of x times PANELS panels from `panel`, into y (row stride ldy). x is input
+ * by input, its rows side by side: row r's input j is x[j * ldx + r] (ldx >= ROWS), so a tile
+ * reads its inputs in order (rows a power-of-two apart would alias in the L1 cache).
  * Inlined into each (ROWS, PANELS, BITS) instance below, so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void tile(
     const struct weights *w, int64_t panel, const float *x, int64_t ldx, float *y, int64_t ldy,
@@ -161,7 +163,7 @@ static inline __attribute__((always_inline)) void tile(
             m[p] = w->has_offset ? vload((const float *)blk + LANES) : vzero();
             data[p] = blk + header_bytes(w);
         }
-        const float *xb = x + b * w->block;
+        const float *xb = x + b * w->block * ldx;
         if (BITS == 4) {
             for (int j = 0; j < w->block; j += 2) {
                 vf lo[4], hi[4];
@@ -173,7 +175,7 @@ static inline __attribute__((always_inline)) void tile(
                 }
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++) {
-                    vf x0 = vset1(xb[r * ldx + j]), x1 = vset1(xb[r * ldx + j + 1]);
+                    vf x0 = vset1(xb[j * ldx + r]), x1 = vset1(xb[(j + 1) * ldx + r]);
 #pragma GCC unroll 4
                     for (int p = 0; p < PANELS; p++) acc[r][p] = vfma(lo[p], x0, acc[r][p]);
 #pragma GCC unroll 4
@@ -188,7 +190,7 @@ static inline __attribute__((always_inline)) void tile(
                     q[p] = vfma(i8_line(data[p] + j * LANES), s[p], m[p]);
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++) {
-                    vf xj = vset1(xb[r * ldx + j]);
+                    vf xj = vset1(xb[j * ldx + r]);
 #pragma GCC unroll 4
                     for (int p = 0; p < PANELS; p++) acc[r][p] = vfma(q[p], xj, acc[r][p]);
                 }
@@ -258,7 +260,9 @@ static const tile_fn TILES8[2][ROWS_MAX] = TABLE(8);
 #else
 #define GEMM_ROWS 6
 #endif
-#define GEMM_FROM 16  /* rows from which a call takes this path */
+#ifndef GEMM_FROM
+#define GEMM_FROM 128  /* rows from which a call takes this path (measured: on par with tiles) */
+#endif
 
 static void dequantize_panel(const struct weights *w, int64_t panel, float *buffer) {
     const int64_t blocks = w->k / w->block, bb = block_bytes(w);
@@ -290,7 +294,7 @@ static inline __attribute__((always_inline)) void gemm_tile(
     for (int64_t kk = 0; kk < k; kk++) {
         const vf wk = vload(buffer + kk * LANES);
 #pragma GCC unroll 12
-        for (int r = 0; r < ROWS; r++) acc[r] = vfma(wk, vset1(x[r * ldx + kk]), acc[r]);
+        for (int r = 0; r < ROWS; r++) acc[r] = vfma(wk, vset1(x[kk * ldx + r]), acc[r]);
     }
 #pragma GCC unroll 12
     for (int r = 0; r < ROWS; r++) vstore(out + r * LANES, acc[r]);
@@ -312,9 +316,24 @@ static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4,  gemm_5
 static const gemm_fn GEMMS[GEMM_ROWS] = {gemm_1, gemm_2, gemm_3, gemm_4, gemm_5, gemm_6};
 #endif
 
+/* x (rows x k, row by row) in groups of `group` rows, each group input by input with its rows
+ * side by side (the layout tile() and gemm_tile() read): a new buffer, or NULL out of memory. */
+static float *interleaved(const float *x, int64_t rows, int64_t k, int group) {
+    float *out = malloc(sizeof(float) * (size_t)(rows * k));
+    if (!out) return NULL;
+    for (int64_t first = 0; first < rows; first += group) {
+        const int64_t count = rows - first < group ? rows - first : group;
+        for (int64_t r = 0; r < count; r++)
+            for (int64_t j = 0; j < k; j++) out[first * k + j * count + r] = x[(first + r) * k + j];
+    }
+    return out;
+}
+
 static int gemm(const struct weights *w, const float *x, int64_t rows, float *y, int64_t ldy,
                 const float *bias, int threads) {
     const int64_t panels_total = (w->n + LANES - 1) / LANES;
+    float *xt = interleaved(x, rows, w->k, GEMM_ROWS);
+    if (!xt) return -2;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -332,7 +351,7 @@ static int gemm(const struct weights *w, const float *x, int64_t rows, float *y,
             const int valid = (int)(w->n - first < LANES ? w->n - first : LANES);
             for (int64_t r0 = 0; r0 < rows; r0 += GEMM_ROWS) {
                 const int count = (int)(rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS);
-                GEMMS[count - 1](buffer, w->k, x + r0 * w->k, w->k, tile_out);
+                GEMMS[count - 1](buffer, w->k, xt + r0 * w->k, count, tile_out);
                 for (int r = 0; r < count; r++) {
                     float *dst = y + (r0 + r) * ldy + first;
                     for (int l = 0; l < valid; l++)  /* the bias added as tile() adds it */
@@ -343,6 +362,7 @@ static int gemm(const struct weights *w, const float *x, int64_t rows, float *y,
         }
         free(buffer);
     }
+    free(xt);
     return failed ? -2 : 0;
 }
 
@@ -358,6 +378,9 @@ static int matmul(const struct weights *w, const float *x, int64_t rows, float *
     const int wide = panels_for(rows < ROWS_MAX ? (int)rows : ROWS_MAX);
     const int64_t groups = (panels_total + wide - 1) / wide;
     const tile_fn(*table)[ROWS_MAX] = w->bits == 4 ? TILES4 : TILES8;
+    float *xt = rows > 1 ? interleaved(x, rows, k, ROWS_MAX) : NULL;
+    if (rows > 1 && !xt) return -2;
+    const float *xs = rows > 1 ? xt : x;
 #pragma omp parallel for schedule(static) num_threads(threads) if (row_tiles * groups > 1)
     for (int64_t task = 0; task < row_tiles * groups; task++) {
         const int64_t tile_index = task / groups, group = task % groups;
@@ -367,10 +390,13 @@ static int matmul(const struct weights *w, const float *x, int64_t rows, float *
         /* The group's panels in runs the tile's width allows, then one at a time. */
         int64_t panel = group * wide, end = panel + wide < panels_total ? panel + wide : panels_total;
         for (; panel + group_panels <= end; panel += group_panels)
-            table[0][tile_rows - 1](w, panel, x + first_row * k, k, y + first_row * ldy, ldy, bias);
+            table[0][tile_rows - 1](w, panel, xs + first_row * k, tile_rows, y + first_row * ldy,
+                                    ldy, bias);
         for (; panel < end; panel++)
-            table[1][tile_rows - 1](w, panel, x + first_row * k, k, y + first_row * ldy, ldy, bias);
+            table[1][tile_rows - 1](w, panel, xs + first_row * k, tile_rows, y + first_row * ldy,
+                                    ldy, bias);
     }
+    free(xt);
     return 0;
 }
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelLoadError, UnsupportedModelError
+from ..machine import return_freed_memory
 from .gguf_blocks import DECODED
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
@@ -42,7 +43,6 @@ NAMES = {
 }
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 FLOAT_KINDS = ("F32", "F16", "BF16")
-M_MMAP_THRESHOLD = -3  #: glibc's mallopt parameter
 
 
 def module_path(tensor_name: str) -> tuple[str, str]:
@@ -139,7 +139,7 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     _tie_head(model, quantized)
     base = model.model
     base.rotary_emb = type(base.rotary_emb)(config=config)  # its buffers, computed on the cpu
-    _release_freed_memory()
+    return_freed_memory(map_from=1 << 20)  # the packing's temporaries; see there
     missing = [name for name, value in model.state_dict().items() if value.is_meta]
     if missing:
         raise ModelLoadError(f"{path.name}: the file has no tensor for {', '.join(missing[:3])}")
@@ -158,24 +158,6 @@ def _forget_pages(reader, tensor) -> None:
     try:
         file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
     except (OSError, ValueError):  # a platform without it: only the resident count is higher
-        pass
-
-
-def _release_freed_memory() -> None:
-    """Give the packing's freed temporaries back to the system (glibc keeps freed heap
-    memory, about the model's size again, unless asked), and from now on serve blocks of 1 MiB
-    or more (a long prompt's activations, KV caches) from their own maps, so that freeing them
-    returns them too (glibc's default threshold grows up to 32 MiB as such blocks are freed,
-    and the heap then keeps the largest request's memory)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim(0)
-        libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
-    except (OSError, AttributeError):  # not glibc: nothing to ask
         pass
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..batching import PREFILL_TOKENS, BatchDecoder, BatchSequence
 from ..errors import PromptLookupError
 from ..generation import TextAssembler
+from ..machine import return_freed_memory
 from .schemas import APIError
 from .shown import ShownTokens
 from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo
@@ -70,6 +71,8 @@ class BatchWorker(GenerationWorker):
     def _run(self) -> None:
         while True:
             with self._cond:
+                if not self._waiting and not self.jobs and not self._stopping:
+                    return_freed_memory()  # idle: what the last requests held goes back
                 while not self._waiting and not self.jobs and not self._stopping:
                     self._cond.wait()
                 if self._stopping and not self.jobs:
