@@ -199,3 +199,23 @@ def test_a_file_tensor_packed_in_chunks_is_packed_whole():
     whole = QuantizedWeight(gguf_blocks.decode("Q4_K", raw, 256), "Q4_K")
     chunked = QuantizedWeight.from_file("Q4_K", raw, 256, chunk=32)
     assert chunked.n == 100 and torch.equal(chunked.panels, whole.panels)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q5_1"])
+def test_float16_headers_hold_the_same_weights(kind):
+    """Formats with float16 scales pack them in 2 bytes: the products, the embedding rows and
+    every bit are those of the float32 headers."""
+    blocks = gguf_blocks.decode(kind, random_tensor(kind, 70, 256), 256)
+    half, full = QuantizedWeight(blocks, kind), QuantizedWeight(blocks, kind, half=False)
+    assert half.half and not full.half and half.nbytes < full.nbytes
+    x = torch.randn(20, 256)
+    assert torch.equal(half.matmul(x), full.matmul(x))
+    ids = torch.tensor([0, 17, 69])
+    assert torch.equal(half.rows(ids), full.rows(ids))
+
+
+def test_a_scale_beyond_float16_keeps_float32_headers():
+    raw = random_tensor("Q5_0", 40, 256)
+    raw[3, 0:2] = np.array([30000.0], dtype=np.float16).view(np.uint8)  # d; m = -16d overflows
+    assert not QuantizedWeight.from_file("Q5_0", raw, 256, chunk=16).half
+    assert QuantizedWeight.from_file("Q5_0", random_tensor("Q5_0", 40, 256), 256).half

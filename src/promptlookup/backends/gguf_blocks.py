@@ -117,11 +117,27 @@ def decode(kind: str, raw: np.ndarray, k: int) -> Blocks:
 
 
 DECODED = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+#: Formats whose scales (and offsets: -8d, -16d, or the file's m) are float16s: packed with
+#: float16 headers unless some value is out of float16's range (see :func:`half_exact`).
+HALF_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 
 
-def pack(blocks: Blocks) -> np.ndarray:
+def half_exact(blocks: Blocks) -> bool:
+    """Whether every scale and offset of ``blocks`` is a float16 exactly (then the panels may
+    hold them in 2 bytes instead of 4, with the same values)."""
+    with np.errstate(over="ignore"):
+        return all(
+            np.array_equal(part.astype(np.float16).astype(np.float32), part)
+            for part in (blocks.s, blocks.m)
+            if part is not None
+        )
+
+
+def pack(blocks: Blocks, half: bool = False) -> np.ndarray:
     """``blocks`` in panels (uint8, one row of bytes per panel), as ``quantized_matmul.c``
-    reads them; outputs past n (up to a whole panel) are zero."""
+    reads them, scales and offsets in float16 with ``half`` (the caller checks
+    :func:`half_exact`), else float32; outputs past n (up to a whole panel) are zero."""
+    header_type = np.float16 if half else np.float32
     n, k = blocks.q.shape
     panels, per = -(-n // LANES), k // blocks.block
     pad = panels * LANES - n
@@ -130,9 +146,9 @@ def pack(blocks: Blocks) -> np.ndarray:
         a = np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
         return np.ascontiguousarray(np.moveaxis(a.reshape(panels, LANES, *a.shape[1:]), 1, -1))
 
-    header = [lanes_last(blocks.s.astype(np.float32)).view(np.uint8)]  # (panels, per, 64)
+    header = [lanes_last(blocks.s.astype(header_type)).view(np.uint8)]  # (panels, per, 64 or 32)
     if blocks.m is not None:
-        header.append(lanes_last(blocks.m.astype(np.float32)).view(np.uint8))
+        header.append(lanes_last(blocks.m.astype(header_type)).view(np.uint8))
     q = lanes_last(blocks.q.reshape(n, per, blocks.block))  # (panels, per, block, LANES)
     if blocks.bits == 4:
         q = q.astype(np.uint8)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .gguf_blocks import Blocks, decode, pack
+from .gguf_blocks import HALF_KINDS, Blocks, decode, half_exact, pack
 from .native_build import compiled
 
 SOURCE = Path(__file__).with_name("quantized_matmul.c")
@@ -50,20 +50,34 @@ def available() -> bool:
 
 class QuantizedWeight:
     """A weight matrix (``n`` outputs x ``k`` inputs) in panels; ``kind`` is the GGUF type it
-    came from."""
+    came from; ``half``: whether the panels hold scales and offsets in float16 (by default,
+    where they all are float16s exactly)."""
 
-    def __init__(self, blocks: Blocks, kind: str) -> None:
+    def __init__(self, blocks: Blocks, kind: str, half: bool | None = None) -> None:
         n, k = blocks.q.shape
         self.n, self.k, self.kind = n, k, kind
         self.block, self.bits, self.has_offset = blocks.block, blocks.bits, blocks.m is not None
-        self.panels = torch.from_numpy(pack(blocks))
+        exact = half_exact(blocks)
+        if half and not exact:
+            raise ValueError(f"{kind} scales or offsets beyond float16's range")
+        self.half = exact if half is None else half
+        self.panels = torch.from_numpy(pack(blocks, self.half))
 
     @classmethod
     def from_file(cls, kind: str, raw: np.ndarray, k: int, chunk: int = 2048) -> QuantizedWeight:
         """The tensor of GGUF type ``kind`` in ``raw`` (its bytes, one row of ``k`` inputs per
-        row), decoded and packed ``chunk`` rows at a time (bounding the temporary copies)."""
-        parts = [cls(decode(kind, np.asarray(raw[first : first + chunk]), k), kind)
-                 for first in range(0, raw.shape[0], chunk)]  # fmt: skip
+        row), decoded and packed ``chunk`` rows at a time (bounding the temporary copies), with
+        float16 headers for the formats that store float16 scales, unless a value is out of
+        their range (one layout for the whole tensor)."""
+
+        def packed(half: bool) -> list[QuantizedWeight]:
+            return [cls(decode(kind, np.asarray(raw[first : first + chunk]), k), kind, half)
+                    for first in range(0, raw.shape[0], chunk)]  # fmt: skip
+
+        try:
+            parts = packed(kind in HALF_KINDS)
+        except ValueError:  # some scale beyond float16's range: float32 headers throughout
+            parts = packed(False)
         joined = parts[0]
         joined.n = raw.shape[0]
         if len(parts) > 1:
@@ -74,8 +88,13 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return self.panels.numel()
 
+    @property
+    def header(self) -> int:
+        """The kernel's header flags: bit 0 offsets, bit 1 float16."""
+        return int(self.has_offset) | int(self.half) << 1
+
     def _layout(self) -> tuple:
-        return (self.panels.data_ptr(), self.n, self.k, self.block, self.bits, self.has_offset)
+        return (self.panels.data_ptr(), self.n, self.k, self.block, self.bits, self.header)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` (..., k) float32 times the weight's transpose, plus ``bias``: (..., n)."""
@@ -143,7 +162,7 @@ def fused(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     panels each, one format). Every output is computed as before: fusing changes no bits."""
     first = weights[0]
     if any(
-        (w.k, w.block, w.bits, w.has_offset) != (first.k, first.block, first.bits, first.has_offset)
+        (w.k, w.block, w.bits, w.header) != (first.k, first.block, first.bits, first.header)
         or w.n % 16
         for w in weights
     ):

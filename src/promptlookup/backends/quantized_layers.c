@@ -25,11 +25,12 @@
 #include "quantized_matmul.c"
 #include "row_attention.c"
 
-/* One linear layer: quantized_matmul.c's weights, and a bias (n floats) or NULL. */
+/* One linear layer: quantized_matmul.c's weights (header: its entry points' flags), and a bias
+ * (n floats) or NULL. */
 struct linear {
     const uint8_t *panels;
     int64_t n, k;
-    int32_t block, bits, has_offset;
+    int32_t block, bits, header;
     const float *bias;
 };
 
@@ -81,7 +82,7 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
     for (int p = 0; p < count; p++) {
         const struct linear *l = &parts[p];
         if (!known_layout(l->block, l->bits, l->k)) return -1;
-        const struct weights w = {l->panels, l->n, l->k, l->block, l->bits, l->has_offset};
+        const struct weights w = weights_of(l->panels, l->n, l->k, l->block, l->bits, l->header);
         if (matmul(&w, normed, rows, out + first, ld, l->bias, threads)) return -2;
         first += l->n;
     }

@@ -36,7 +36,7 @@ class _Linear(ctypes.Structure):
         ("k", ctypes.c_int64),
         ("block", ctypes.c_int32),
         ("bits", ctypes.c_int32),
-        ("has_offset", ctypes.c_int32),
+        ("header", ctypes.c_int32),
         ("bias", ctypes.c_void_p),
     ]
 
@@ -88,8 +88,8 @@ def _linear(module, keep: list) -> _Linear | None:
     bias = None if module.bias is None else module.bias.detach().float().contiguous()
     keep += [weight.panels, bias]
     return _Linear(
-        weight.panels.data_ptr(), weight.n, weight.k, weight.block, weight.bits,
-        int(weight.has_offset), None if bias is None else bias.data_ptr(),
+        weight.panels.data_ptr(), weight.n, weight.k, weight.block, weight.bits, weight.header,
+        None if bias is None else bias.data_ptr(),
     )  # fmt: skip
 
 

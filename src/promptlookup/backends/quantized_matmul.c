@@ -2,8 +2,10 @@
  *
  * A weight matrix W (N outputs x K inputs) is stored in panels of LANES outputs. Within a
  * panel, each block of B inputs (B = 16 or 32) has a header, the LANES outputs' scales s (and,
- * where the format has one, their offsets m: float32 each), then the block's integers q, input
- * by input, one lane per output:
+ * where the format has one, their offsets m), then the block's integers q, input by input, one
+ * lane per output. Scales and offsets are float32, or float16 where every one of the tensor's
+ * is a float16 exactly (the formats whose file stores them so: fewer bytes to read, the same
+ * values, widened exactly):
  *   4 bits: B/2 lines of LANES bytes, byte (j, l) = q[2j][l] | q[2j + 1][l] << 4  (q in 0..15)
  *   8 bits: B lines of LANES signed bytes                                         (q in -128..127)
  * The weight is w[k][n] = fmaf(q, s, m) (m = 0 without offsets): the GGUF file's integers and
@@ -22,6 +24,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A float16's value as a float32 (exact: every float16 is a float32). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u,
+                   mantissa = h & 1023u;
+    uint32_t bits;
+    if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else {
+        const float value = (float)mantissa * 5.9604644775390625e-8f;  /* 2^-24: exact */
+        memcpy(&bits, &value, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+#include <string.h>
+
 #define LANES 16     /* outputs per panel */
 
 #if defined(__AVX512F__)
@@ -33,6 +55,9 @@ static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vload_half(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
 /* LANES bytes of two 4-bit integers each: the low nibbles and the high nibbles, as floats. */
 static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bytes));
@@ -54,6 +79,17 @@ static inline vf vfma(vf a, vf b, vf c) {
     return r;
 }
 static inline vf vadd(vf a, vf b) { vf r = {_mm256_add_ps(a.a, b.a), _mm256_add_ps(a.b, b.b)}; return r; }
+static inline vf vload_half(const uint8_t *p) {
+#if defined(__F16C__)
+    vf r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
+#else
+    float lanes[LANES];
+    for (int i = 0; i < LANES; i++) lanes[i] = half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    vf r = vload(lanes);
+#endif
+    return r;
+}
 static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
     const __m256i mask = _mm256_set1_epi32(15);
     __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes));
@@ -82,6 +118,11 @@ static inline vf vfma(vf a, vf b, vf c) {
 static inline vf vadd(vf a, vf b) {
     vf r;
     for (int i = 0; i < LANES; i++) r.l[i] = a.l[i] + b.l[i];
+    return r;
+}
+static inline vf vload_half(const uint8_t *p) {
+    vf r;
+    for (int i = 0; i < LANES; i++) r.l[i] = half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
     return r;
 }
 static inline void u4_pair(const uint8_t *bytes, vf *low, vf *high) {
@@ -123,10 +164,31 @@ struct weights {
     int block;           /* inputs per block: 16 or 32 */
     int bits;            /* 4 or 8 */
     int has_offset;      /* whether blocks carry m */
+    int half;            /* whether s and m are float16 (else float32) */
 };
 
+/* The `header` argument of the entry points: its bit 0 says the blocks carry offsets, bit 1
+ * that scales and offsets are float16. */
+static inline struct weights weights_of(const uint8_t *panels, int64_t n, int64_t k, int block,
+                                        int bits, int header) {
+    struct weights w = {panels, n, k, block, bits, header & 1, (header >> 1) & 1};
+    return w;
+}
+
 static inline int64_t header_bytes(const struct weights *w) {
-    return (int64_t)LANES * 4 * (w->has_offset ? 2 : 1);
+    return (int64_t)LANES * (w->half ? 2 : 4) * (w->has_offset ? 2 : 1);
+}
+/* A block's scales (part 0) or offsets (part 1), as floats. */
+static inline vf header_part(const struct weights *w, const uint8_t *block, int part) {
+    const uint8_t *at = block + part * LANES * (w->half ? 2 : 4);
+    return w->half ? vload_half(at) : vload((const float *)at);
+}
+static inline float header_lane(const struct weights *w, const uint8_t *block, int part, int lane) {
+    const uint8_t *at = block + (part * LANES + lane) * (w->half ? 2 : 4);
+    if (w->half) return half_to_float((uint16_t)(at[0] | at[1] << 8));
+    float f;
+    memcpy(&f, at, sizeof f);
+    return f;
 }
 static inline int64_t block_bytes(const struct weights *w) {
     return header_bytes(w) + (int64_t)w->block * LANES * w->bits / 8;
@@ -159,8 +221,8 @@ static inline __attribute__((always_inline)) void tile(
             if (b + PREFETCH < blocks)
                 for (int64_t line = 0; line < bb; line += 64)
                     __builtin_prefetch(blk + PREFETCH * bb + line, 0, PREFETCH_LOCALITY);
-            s[p] = vload((const float *)blk);
-            m[p] = w->has_offset ? vload((const float *)blk + LANES) : vzero();
+            s[p] = header_part(w, blk, 0);
+            m[p] = w->has_offset ? header_part(w, blk, 1) : vzero();
             data[p] = blk + header_bytes(w);
         }
         const float *xb = x + b * w->block * ldx;
@@ -269,8 +331,8 @@ static void dequantize_panel(const struct weights *w, int64_t panel, float *buff
     const uint8_t *base = w->panels + panel * panel_bytes(w);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *blk = base + b * bb, *data = blk + header_bytes(w);
-        const vf s = vload((const float *)blk);
-        const vf m = w->has_offset ? vload((const float *)blk + LANES) : vzero();
+        const vf s = header_part(w, blk, 0);
+        const vf m = w->has_offset ? header_part(w, blk, 1) : vzero();
         float *out = buffer + b * w->block * LANES;
         if (w->bits == 4) {
             for (int j = 0; j < w->block; j += 2) {
@@ -407,17 +469,17 @@ static int known_layout(int block, int bits, int64_t k) {
 /* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
  * floats, or NULL). Returns 0, -1 for a layout it does not know, -2 out of memory. */
 int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
-                     int has_offset, const float *x, int64_t rows, float *y, const float *bias,
+                     int header, const float *x, int64_t rows, float *y, const float *bias,
                      int threads) {
     if (!known_layout(block, bits, k)) return -1;
-    struct weights w = {panels, n, k, block, bits, has_offset};
+    const struct weights w = weights_of(panels, n, k, block, bits, header);
     return matmul(&w, x, rows, y, n, bias, threads);
 }
 
 /* Rows `ids` of the weight matrix (the embedding's table), dequantized: out (count x k). */
 void quantized_rows(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
-                    int has_offset, const int64_t *ids, int64_t count, float *out) {
-    struct weights w = {panels, n, k, block, bits, has_offset};
+                    int header, const int64_t *ids, int64_t count, float *out) {
+    const struct weights w = weights_of(panels, n, k, block, bits, header);
     const int64_t stride = panel_bytes(&w), bb = block_bytes(&w), hb = header_bytes(&w);
     for (int64_t i = 0; i < count; i++) {
         const int64_t id = ids[i], lane = id % LANES;
@@ -425,8 +487,8 @@ void quantized_rows(const uint8_t *panels, int64_t n, int64_t k, int block, int 
         for (int64_t kk = 0; kk < k; kk++) {
             const uint8_t *blk = base + (kk / block) * bb;
             const int j = (int)(kk % block);
-            const float s = ((const float *)blk)[lane];
-            const float m = has_offset ? ((const float *)blk)[LANES + lane] : 0.0f;
+            const float s = header_lane(&w, blk, 0, (int)lane);
+            const float m = w.has_offset ? header_lane(&w, blk, 1, (int)lane) : 0.0f;
             float q;
             if (bits == 4) {
                 const uint8_t byte = blk[hb + (j / 2) * LANES + lane];

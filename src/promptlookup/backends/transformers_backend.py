@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from ..errors import UnsupportedModelError
 from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
@@ -20,6 +21,25 @@ from .base import PREFILL_CHUNK
 from .cache import GrowingLayer, growing_cache
 from .linear import TIMED_ROWS, LinearKernels
 from .llama_forward import LlamaForward, supports
+
+
+class WindowLayer(GrowingLayer):
+    """The cache of a sliding-window attention layer (Gemma 2 and 3, Mistral's configs with a
+    window), kept whole so that it can be cropped after a rejected draft: transformers'
+    ``DynamicSlidingWindowLayer`` drops the keys that leave the window, and a crop would have
+    to bring them back. The attention mask keeps each query within its window (transformers
+    builds it from the model's layer types over the positions :meth:`get_mask_sizes` gives:
+    all of them, from 0), so attention sees the same keys; memory grows with the sequence."""
+
+    is_sliding = True
+
+    def __init__(self, sliding_window: int, transposed_keys: bool = False) -> None:
+        super().__init__(transposed_keys)
+        self.sliding_window = sliding_window
+
+
+#: Cache layers that :meth:`TransformersTarget.crop` can crop.
+CROPPABLE = (GrowingLayer, WindowLayer)
 
 
 class TransformersTarget:
@@ -60,8 +80,8 @@ class TransformersTarget:
         )
         self._row_invariant = row_invariant  # as asked; see the row_invariant property
         self.reset()
-        # Sliding-window or recurrent layers forget what a crop would have to restore.
-        self.can_crop = all(type(layer) is GrowingLayer for layer in self.cache.layers)
+        # Recurrent layers (or others transformers adds) forget what a crop would restore.
+        self.can_crop = all(type(layer) in CROPPABLE for layer in self.cache.layers)
 
     def reset(self) -> None:
         self.cache = self.new_sequence()
@@ -158,7 +178,14 @@ class TransformersTarget:
         """An empty cache for one more sequence of :meth:`forward_batch` (keys transposed
         where row-invariant passes take the native attention kernel)."""
         native = self.written_out is not None and self.written_out.native_attention
-        return growing_cache(self.model.config, transposed_keys=native)
+        cache = growing_cache(self.model.config, transposed_keys=native)
+        cache.layers = [
+            WindowLayer(layer.sliding_window, native)
+            if type(layer) is DynamicSlidingWindowLayer
+            else layer
+            for layer in cache.layers
+        ]
+        return cache
 
     def forward_batch(
         self,
