@@ -23,8 +23,10 @@ class ModelNotFoundError(PromptLookupError):
 
 
 class ModelLoadError(PromptLookupError):
-    """The model exists but could not be loaded (corrupt GGUF, unsupported architecture...)."""
+    """The model exists but could not be loaded (a corrupt GGUF, a folder transformers cannot
+    read...)."""
 
 
 class UnsupportedModelError(PromptLookupError):
-    """The model cannot be verified speculatively (e.g. its KV cache cannot be cropped)."""
+    """The model cannot be verified speculatively (e.g. its KV cache cannot be cropped), or its
+    GGUF architecture can be run neither quantized nor by transformers' GGUF loader."""

@@ -4,6 +4,7 @@ drafter, streaming or not."""
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
@@ -76,6 +77,8 @@ class LanguageModel:
         if all(isinstance(t, int) for t in items):
             return items
         if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
+            if not getattr(self.tokenizer, "chat_template", None):
+                return self._without_template(items)
             ids = self.tokenizer.apply_chat_template(
                 items, add_generation_prompt=True, tokenize=True
             )
@@ -83,6 +86,25 @@ class LanguageModel:
         raise InvalidParameterError(
             "a prompt must be text, token ids, or messages with role and content"
         )
+
+    def _without_template(self, messages: Sequence[dict]) -> list[int]:
+        """Messages for a model without a chat template (a base model, e.g. a GGUF file that
+        stores none): their contents as plain text, a blank line apart (said once)."""
+        if not getattr(self, "_told_no_template", False):
+            self._told_no_template = True
+            warnings.warn(
+                f"{self.name} has no chat template (a base model?): "
+                "the messages' contents are joined as plain text",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        parts = []
+        for message in messages:
+            content = message["content"]
+            if not isinstance(content, str):  # OpenAI content parts
+                content = "".join(part.get("text", "") for part in content or ())
+            parts.append(content)
+        return self.encode("\n\n".join(parts))
 
     # -- generation ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ nothing of it (they only run forward passes).
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -52,12 +53,18 @@ def load_model(
         raise InvalidParameterError(
             f"unknown backend {backend!r}; choose transformers or llama.cpp"
         )
-    quantized = _quantized_gguf(model, dtype, device)
-    if quantized is not None:
-        model_obj, tokenizer, name = quantized
-    else:
-        dtype = "float32" if dtype == "auto" else dtype
-        model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
+    try:
+        quantized = _quantized_gguf(model, dtype, device)
+        if quantized is not None:
+            model_obj, tokenizer, name = quantized
+        else:
+            dtype = "float32" if dtype == "auto" else dtype
+            model_obj, tokenizer, name = load_pretrained(model, dtype=dtype, device=device)
+    except ModelLoadError as error:
+        unsupported = _unknown_architecture(error, model)
+        if unsupported is None:
+            raise
+        raise unsupported from error.__cause__
     lm = from_transformers(model_obj, tokenizer, name=name)
     lm.policy.cost_file = transformers_cost_file(model_obj)
     # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
@@ -89,6 +96,24 @@ def _quantized_gguf(model, dtype: str, device: str):
     model_obj.config._name_or_path = source.name
     model_obj.config.gguf_formats = formats
     return model_obj, gguf_tokenizer(path), source.name
+
+
+#: How transformers' GGUF loader says that it does not know a file's architecture.
+UNKNOWN_ARCHITECTURE = re.compile(r"GGUF model with architecture (\S+) is not supported")
+
+
+def _unknown_architecture(error: ModelLoadError, model) -> UnsupportedModelError | None:
+    """The error to raise instead of ``error`` where its cause is a GGUF architecture that
+    neither the quantized engine nor transformers' GGUF loader (float32) can run; else None."""
+    from .backends.quantized_model import ARCHITECTURES
+
+    found = UNKNOWN_ARCHITECTURE.search(str(error.__cause__ or ""))
+    if found is None:
+        return None
+    return UnsupportedModelError(
+        f"{Path(str(model)).name}: GGUF architecture {found.group(1)!r} is not supported (quantized: "
+        f"{', '.join(ARCHITECTURES)}; float32: those transformers' GGUF loader reads)"
+    )
 
 
 def from_transformers(
