@@ -113,7 +113,9 @@ class QuantizedLayers:
     def build(cls, layers: list, config) -> QuantizedLayers | None:
         """For ``layers`` (:class:`~promptlookup.backends.llama_forward._LayerModules` of one
         model), or None where some layer is not for the kernel (see the module doc)."""
-        if kernel() is None or not layers:
+        if not layers or type(layers[0].o_proj) is not quantized.QuantizedLinear:
+            return None  # not a quantized model: nothing to compile
+        if kernel() is None:
             return None
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim, eps = layers[0].head_dim, layers[0].input_layernorm.variance_epsilon
