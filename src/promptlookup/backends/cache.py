@@ -59,9 +59,25 @@ class GrowingLayer(DynamicLayer):
             buffers.append((storage, buffer))
         (self.key_storage, self.key_buffer), (_, self.value_buffer) = buffers
 
-    def _expose(self) -> None:
-        self.keys = self.key_buffer[..., : self.length, :]
-        self.values = self.value_buffer[..., : self.length, :]
+    # keys and values: views of the filled part of the buffers, made when asked (a pass of the
+    # one-call quantized layers appends to every layer and reads none of them).
+    @property
+    def keys(self):
+        buffer = getattr(self, "key_buffer", None)
+        return self._keys if buffer is None else buffer[..., : self.length, :]
+
+    @keys.setter
+    def keys(self, value) -> None:  # DynamicLayer's own assignments, before the buffers exist
+        self._keys = value
+
+    @property
+    def values(self):
+        buffer = getattr(self, "value_buffer", None)
+        return self._values if buffer is None else buffer[..., : self.length, :]
+
+    @values.setter
+    def values(self, value) -> None:
+        self._values = value
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -71,13 +87,15 @@ class GrowingLayer(DynamicLayer):
         self.key_buffer[..., self.length : end, :] = key_states
         self.value_buffer[..., self.length : end, :] = value_states
         self.length = end
-        self._expose()
         return self.keys, self.values
 
     def make_room(self, count: int, like: torch.Tensor) -> None:
         """Room for ``count`` more positions, for a kernel that writes them itself (``like``:
         an empty tensor of the states' dtype, batch, heads and head size); :meth:`advance`
         then counts them."""
+        if self.is_initialized and self.key_buffer is not None:
+            if self.length + count <= self.key_buffer.shape[-2]:
+                return  # room enough
         values_like = like.new_empty(like.shape)  # _reserve tells keys from values by identity
         if not self.is_initialized:
             self.lazy_initialization(like, values_like)
@@ -86,7 +104,6 @@ class GrowingLayer(DynamicLayer):
     def advance(self, count: int) -> None:
         """Count ``count`` positions written into the room :meth:`make_room` made."""
         self.length += count
-        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
@@ -98,7 +115,6 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove == 0 or not self.is_initialized:
             return
         self.length = max(0, self.length + tokens_to_remove)
-        self._expose()
 
     def reset(self) -> None:
         self.key_buffer = self.value_buffer = self.key_storage = None
