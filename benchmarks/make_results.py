@@ -53,6 +53,16 @@ RACE_COMMAND = (
     "llama-server-ngram=http://127.0.0.1:8088 --against promptlookup-serve=http://127.0.0.1:8090 "
     "--out benchmarks/runs/NAME"
 )
+#: The llama.cpp backend against llama-server, the same way (cited, not in the table).
+LLAMACPP_RACE = (
+    "llamacpp-backend-0.12.0",
+    "`promptlookup bench --backend llama.cpp --limit 2 -n 128 --threads 2 --methods "
+    "plain,promptlookup-none,promptlookup --against llama-server=http://127.0.0.1:8089`, version "
+    "0.12.0, on the AMD EPYC right after the race above, llama-cpp-python 0.3.36 built by `make` "
+    "for this CPU (AVX-512, VNNI, bfloat16) against `llama-server -t 2` from build 11434. "
+    "*Identical*: the llama.cpp backend's multi-token passes round differently from one-token "
+    "passes (see the README's guarantees).",
+)
 #: The latest concurrency study (a folder of benchmarks/concurrency.py's output).
 CONCURRENCY = "concurrency-0.12.0"
 #: What a machine's paths look like in a recorded command.
@@ -467,7 +477,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in [RACE, *MAIN, *SWEEPS]:
+    for run, note in [RACE, LLAMACPP_RACE, *MAIN, *SWEEPS]:
         parts += run_section(run, note)
     parts += [
         "## Studies",
