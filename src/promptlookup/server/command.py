@@ -4,7 +4,6 @@ and uvicorn."""
 from __future__ import annotations
 
 import logging
-import os
 
 import click
 
@@ -64,11 +63,6 @@ def serve(model, dtype, device, backend, drafter, speculation, **values):
         -d '{"model": "SmolLM2-135M-Instruct.Q4_1", "temperature": 0,
              "messages": [{"role": "user", "content": "Hi"}]}'
     """
-    # OpenMP threads that spin between parallel regions hold the cores that the event loop and
-    # the batch worker need between passes (a streamed 128-token answer of the default model
-    # on 2 cores: 5.2 s spinning, 0.52 s sleeping); they sleep, unless the environment says
-    # otherwise. OpenMP reads it when it starts: before torch is imported.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import promptlookup
 
     from ..drafters import check_drafter_spec
