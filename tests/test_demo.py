@@ -1,5 +1,7 @@
-"""``make demo``: its check of the answer (the edited code parses, renames, defines the same
-function) and its verdict (identical, or where the outputs part and both tokens' logits)."""
+"""``make demo``: its request (a function with one broken line, read from the standard library),
+its check of the answer (the code parses, is the function with that line fixed and nothing else
+changed, and answers the test calls right), and its verdict (identical, or where the outputs
+part and both tokens' logits)."""
 
 from __future__ import annotations
 
@@ -12,44 +14,79 @@ from promptlookup.demo import REQUEST, check_answer, compare
 
 
 def answer(code: str) -> str:
-    return f"Here is the updated function:\n\n```python\n{code}```\n\nI renamed it."
+    return f"Here is the fixed function:\n\n```python\n{code}```\n\nThe bug is fixed."
 
 
-def test_the_request_holds_the_function_and_names_both_identifiers():
+def test_the_request_holds_the_broken_function_and_both_lines():
     request = REQUEST.request
-    assert REQUEST.source in request and f"`{REQUEST.old}`" in request
-    assert f"`{REQUEST.new}`" in request and REQUEST.old in REQUEST.source
-    ast.parse(REQUEST.source)
+    assert REQUEST.broken in request and REQUEST.source not in request
+    assert f"`{REQUEST.bug}` should be `{REQUEST.fix}`" in request
+    assert REQUEST.broken.count(REQUEST.bug) == 1 and REQUEST.fix not in REQUEST.broken
+    assert ast.dump(ast.parse(REQUEST.broken)) != ast.dump(ast.parse(REQUEST.source))
+
+
+def test_the_test_calls_tell_the_fixed_function_from_the_broken_one():
+    namespace = dict(vars(__import__(REQUEST.function.__module__)))
+    exec(REQUEST.broken, namespace)
+    broken = namespace[REQUEST.name]
+    for arguments, want in REQUEST.calls:
+        assert REQUEST.function(*arguments) == want
+        assert broken(*arguments) != want
 
 
 def test_a_right_answer_passes_the_check():
-    renamed = REQUEST.source.replace(REQUEST.old, REQUEST.new)
-    right, found = check_answer(answer(renamed))
+    right, found = check_answer(answer(REQUEST.source))
     assert right, found
-    assert found.startswith(f"the code parses, defines {REQUEST.name}, names")
-    assert found.endswith("and is the original but for the name")
-    assert f"`{REQUEST.old}` nowhere" in found
+    assert found.startswith("the code parses and defines has_magic, is the given function with")
+    assert "`return match is None` made `return match is not None`" in found
+    assert "has_magic('*.py') -> True" in found and "has_magic(b'data.bin') -> False" in found
+
+
+def test_a_right_answer_may_add_a_docstring_and_comments():
+    code = REQUEST.source.replace(
+        "def has_magic(s):\n", 'def has_magic(s):\n    """Whether s has glob wildcards."""\n'
+    ).replace(REQUEST.fix, REQUEST.fix + "  # fixed")
+    assert check_answer(answer(code))[0]
+
+
+FIXED_BUT_REWRITTEN = (
+    "def has_magic(s):\n"
+    "    if isinstance(s, bytes):\n"
+    "        return magic_check_bytes.search(s) is not None\n"
+    "    return magic_check.search(s) is not None\n"
+)
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("I would rename it.", "no complete Python code block"),
-        (answer("def cut_after_eos(:\n"), "does not parse (line 1"),
-        (answer(REQUEST.source), "but names `stop_ids` 0 times and `eos_token_ids` 2 times"),
-        (answer("def other(stop_ids):\n    return stop_ids\n"), "but defines other, not cut_"),
+        ("I would fix it.", "no complete Python code block"),
+        (answer("def has_magic(s:\n"), "does not parse (line 1"),
+        (answer(REQUEST.broken), "still has the bug: `return match is None`"),
+        (answer("def is_magic(s):\n    return True\n"), "but defines is_magic, not has_magic"),
         (
-            answer(
-                "def cut_after_eos(token_ids, stop_ids):\n"
-                "    return [t for t in token_ids if t in stop_ids]\n"
-            ),
-            "but changes more than the name",
+            answer(FIXED_BUT_REWRITTEN),
+            "changes more than the broken line: its line 3 (as ast.unparse writes it) is "
+            "`return magic_check_bytes.search(s) is not None`",
+        ),
+        (
+            answer(REQUEST.source.replace("magic_check.search", "magic_check.match")),
+            "changes more than the broken line",
+        ),
+        (
+            answer(REQUEST.source.replace("    return match is not None\n", "")),
+            "where the fixed function has `return match is not None`",
         ),
     ],
 )
 def test_wrong_answers_fail_the_check_and_say_why(text, message):
     right, found = check_answer(text)
-    assert not right and message in found
+    assert not right and message in found, found
+
+
+def test_only_the_first_code_block_counts():
+    text = answer(REQUEST.broken) + "\n\n```python\n" + REQUEST.source + "```\n"
+    assert not check_answer(text)[0]
 
 
 def test_outputs_that_part_are_named_by_position_and_logits(tiny_lm):
@@ -65,11 +102,6 @@ def test_outputs_that_part_are_named_by_position_and_logits(tiny_lm):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="no rename request found that SmolLM2-135M in its Q4_1 weights answers right under "
-    "the strict check (it rewrites bodies or skips the rename); the demo prints WRONG until one is",
-    strict=False,
-)
 def test_the_default_model_answers_the_demo_right(default_lm):
     from promptlookup.demo import MAX_NEW_TOKENS
 
