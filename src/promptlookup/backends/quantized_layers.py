@@ -180,8 +180,12 @@ class QuantizedLayers:
             len(caches),
             torch.get_num_threads(),
         )
+        if status == -2:
+            raise MemoryError("quantized decoder layers: out of memory for a pass's activations")
         if status != 0:
-            raise MemoryError(f"quantized decoder layers failed ({status}): out of memory")
+            raise ValueError(
+                "quantized decoder layers: a weight layout or attention shape the kernel does not take"
+            )
         for cache, length in zip(caches, lengths):
             for layer in cache.layers:
                 layer.advance(length)
