@@ -214,12 +214,13 @@ def test_stops_drafting_after_an_end_of_sequence_token(other_model):
     assert cut == draft[: draft.index(eos) + 1]
 
 
-def test_greedy_drafts_expose_no_draft_probabilities(other_model):
+def test_greedy_drafts_carry_no_draft_probabilities(other_model):
     drafter = DraftModelDrafter(other_model, chooser=greedy())
-    assert drafter.propose([1, 2, 3], 4) and drafter.last_draft_probs is None
+    draft = drafter.propose([1, 2, 3], 4)
+    assert draft and draft.draft_probs is None
 
 
-def test_sampled_drafts_expose_the_distributions_they_were_drawn_from(other_model):
+def test_sampled_drafts_carry_the_distributions_they_were_drawn_from(other_model):
     params = SamplingParams(temperature=0.8, top_k=20, repetition_penalty=1.2, seed=3)
     chooser = TokenChooser.from_params(params)
     drafter = DraftModelDrafter(
@@ -227,7 +228,7 @@ def test_sampled_drafts_expose_the_distributions_they_were_drawn_from(other_mode
     )
     tokens = [1, 2, 3, 4]
     draft = drafter.propose(tokens, 4)
-    draft_probs = drafter.last_draft_probs  # (len(draft), vocab)
+    draft_probs = draft.draft_probs  # (len(draft), vocab)
     assert draft_probs.shape == (len(draft), 32)
     for i, token in enumerate(draft):
         prefix = torch.tensor([tokens + draft[:i]])
@@ -242,8 +243,12 @@ def test_chain_forwards_the_draft_probabilities_of_its_author(other_model):
     chooser = TokenChooser.from_params(SamplingParams(temperature=1.0, seed=0))
     model_drafter = DraftModelDrafter(other_model, chooser=chooser, confidence_threshold=0)
     chain = ChainDrafter([PromptLookupDrafter(), model_drafter])
+    proposed = []
+    propose = model_drafter.propose
+    model_drafter.propose = lambda *args: proposed.append(propose(*args)) or proposed[-1]
     draft = chain.propose([5, 6, 7, 8], 4)  # no earlier occurrence: the draft model drafts
-    assert draft and draft.draft_probs is model_drafter.last_draft_probs is not None
+    assert draft and draft.draft_probs is not None and draft.draft_probs.shape == (len(draft), 32)
+    assert draft.draft_probs is proposed[-1].draft_probs
     tokens = [5, 6, 7, 5, 6]
     draft = chain.propose(tokens, 4)
     assert draft == PromptLookupDrafter().propose(tokens, 4) and draft.draft_probs is None
@@ -256,6 +261,9 @@ def test_generate_samples_drafts_with_the_generation_settings(tiny_model):
 
     lm = promptlookup.from_transformers(tiny_model, TinyTokenizer(32))
     drafter = DraftModelDrafter(tiny_llama(32, seed=1), confidence_threshold=0)
+    drafts = []
+    propose = drafter.propose
+    drafter.propose = lambda *args: drafts.append(propose(*args)) or drafts[-1]
     result = lm.generate(
         [3, 5, 7, 9, 2],
         drafter=drafter,
@@ -265,7 +273,9 @@ def test_generate_samples_drafts_with_the_generation_settings(tiny_model):
         speculation="fixed",
     )
     assert drafter.chooser is not None and drafter.chooser.do_sample
-    assert result.stats.drafted_tokens > 0 and drafter.last_draft_probs is not None
+    assert result.stats.drafted_tokens > 0
+    sampled = [draft for draft in drafts if draft]
+    assert sampled and all(d.draft_probs.shape == (len(d), 32) for d in sampled)
 
 
 # -- sampling: exactly the target's distribution ----------------------------------------------

@@ -11,9 +11,10 @@ Drafting policy:
 
 - Greedy decoding drafts the argmax; sampling draws each draft token from the draft model's
   distribution after the target's own logits processors (temperature, top-k, top-p, repetition
-  penalty), using the generation's random generator, and exposes those distributions as
-  ``last_draft_probs`` so the loop verifies with the speculative-sampling rejection rule
-  (:mod:`promptlookup.rejection`): the output distribution stays exactly the target's.
+  penalty), using the generation's random generator, and returns those distributions with the
+  draft (:attr:`~.base.Draft.draft_probs`) so the loop verifies with the speculative-sampling
+  rejection rule (:mod:`promptlookup.rejection`): the output distribution stays exactly the
+  target's.
 - With a speculation policy (``policy``; ``LanguageModel.generate``'s default
   ``speculation="adaptive"`` builds the drafter with the model's policy), each draft is also capped at the length worth producing given the draft
   model's own measured seconds per draft token and the target's cost curve
@@ -95,8 +96,6 @@ class DraftModelDrafter:
         #: The draft model's own cache and forward passes, the same as a target's.
         self.draft_target = TransformersTarget(self.model)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-        #: (len(draft), vocab) distributions the last draft was sampled from; None when greedy.
-        self.last_draft_probs: torch.Tensor | None = None
         #: A :class:`~promptlookup.policy.SpeculationPolicy` sizing drafts by cost, or None.
         self.policy = policy
         self.seconds_per_token: float | None = None  # measured cost of one draft token
@@ -105,7 +104,8 @@ class DraftModelDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
-        self.last_draft_probs = None
+        """Up to ``max_tokens`` draft tokens; when sampling, with the (len(draft), vocab)
+        distributions they were drawn from (``draft_probs``; None when greedy)."""
         if tokens is not self._source:  # a new generation: start over with the draft length
             self._source, self.num_tokens = tokens, min(self.start_tokens, self.max_tokens)
         length = min(max_tokens, self.num_tokens)
@@ -146,15 +146,11 @@ class DraftModelDrafter:
             if input_ids is not None:
                 next_id = torch.tensor([[token]], dtype=torch.long, device=self.device)
                 input_ids = torch.cat([input_ids, next_id], dim=1)
-        if sampling:
-            self.last_draft_probs = torch.stack(rows)  # (len(draft), vocab)
-        if (
-            len(draft) > 1
-        ):  # the time of its own forward passes, one per draft token after the first
+        if len(draft) > 1:  # its own forward passes' time, one per draft token after the first
             seconds = (time.perf_counter() - start) / (len(draft) - 1)
             previous = self.seconds_per_token
             self.seconds_per_token = seconds if previous is None else 0.8 * previous + 0.2 * seconds
-        return Draft(draft, draft_probs=self.last_draft_probs)
+        return Draft(draft, draft_probs=torch.stack(rows) if sampling else None)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         """Adapt the draft length: +2 after a fully accepted draft, -1 otherwise."""
