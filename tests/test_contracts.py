@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from conftest import tiny_llama
 
@@ -111,7 +113,6 @@ def test_every_backend_declares_prepare():
 
 
 def test_one_table_of_drafter_options_serves_every_front_end():
-    from promptlookup.cli import drafter_kwargs
     from promptlookup.drafters import OPTIONS
     from promptlookup.drafters.options import BENCH_PARAMS, DRAFTER_OPTIONS, LOOKUP_OPTIONS
 
@@ -135,7 +136,32 @@ def test_one_table_of_drafter_options_serves_every_front_end():
     assert OPTIONS["none"] == set() and len({o.name for o in DRAFTER_OPTIONS}) == len(
         DRAFTER_OPTIONS
     )
-    assert drafter_kwargs(8, None, 3) == {"num_tokens": 8, "max_match": 3}
+
+
+def test_every_command_receives_the_drafter_flags_as_one_dict():
+    """The flags come from the table: a command sees the ones given, by option name."""
+    import click
+    from click.testing import CliRunner
+
+    from promptlookup.cli import drafter_options
+    from promptlookup.drafters.options import FLAGGED_OPTIONS
+
+    @click.command()
+    @drafter_options
+    def command(drafter, speculation, drafter_options):
+        click.echo(json.dumps([drafter, speculation, drafter_options]))
+
+    runner = CliRunner()
+    given = runner.invoke(command, ["--draft-tokens", "8", "--max-match", "3"])
+    assert json.loads(given.output) == [
+        "prompt-lookup",
+        "adaptive",
+        {"num_tokens": 8, "max_match": 3},
+    ]
+    assert json.loads(runner.invoke(command, []).output)[2] == {}
+    help_text = runner.invoke(command, ["--help"]).output
+    assert all(option.flag in help_text for option in FLAGGED_OPTIONS)
+    assert runner.invoke(command, ["--min-match", "0"]).exit_code == 2  # at least 1
 
 
 def test_sampling_settings_have_one_form():

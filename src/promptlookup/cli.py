@@ -93,16 +93,22 @@ def model_options(func):
 
 
 def drafter_options(func):
-    """--drafter, --speculation and the drafters' flagged options (see
-    :data:`promptlookup.drafters.options.DRAFTER_OPTIONS`)."""
-    from .drafters.options import FLAGGED_OPTIONS
+    """--drafter, --speculation and one flag per flagged drafter option of the table
+    (:data:`promptlookup.drafters.options.DRAFTER_OPTIONS`): the command receives the flags
+    given as one dict, ``drafter_options`` (option name -> value; flags not given are left
+    out), so a flag added to the table reaches every command without touching it."""
+    from .drafters.options import FLAGGED_OPTIONS, options_from_flags
+
+    @functools.wraps(func)
+    def command(*args, **values):
+        flags = {option.name: values.pop(option.name) for option in FLAGGED_OPTIONS}
+        return func(*args, drafter_options=options_from_flags(**flags), **values)
 
     for option in reversed(FLAGGED_OPTIONS):
-        # The parameter is named after the flag (--draft-tokens: draft_tokens), as before.
-        func = click.option(
-            option.flag, type=click.IntRange(min=1), default=None, help=option.help
-        )(func)
-    func = click.option(
+        command = click.option(
+            option.flag, option.name, type=click.IntRange(min=1), default=None, help=option.help
+        )(command)
+    command = click.option(
         "--speculation",
         type=click.Choice(["adaptive", "fixed"]),
         default="adaptive",
@@ -110,8 +116,8 @@ def drafter_options(func):
         help="adaptive: verify as much of each draft as measured costs and "
         "learned acceptance say pays (never slower than plain decoding); "
         "fixed: verify whole drafts.",
-    )(func)
-    func = click.option(
+    )(command)
+    command = click.option(
         "--drafter",
         default="prompt-lookup",
         show_default=True,
@@ -121,16 +127,8 @@ def drafter_options(func):
         "smaller model with the same tokenizer); none (plain decoding); or "
         "a comma-separated chain tried in order, e.g. "
         "prompt-lookup,draft-model:PATH.",
-    )(func)
-    return func
-
-
-def drafter_kwargs(draft_tokens=None, min_match=None, max_match=None) -> dict:
-    """The drafter options given by the flags of :func:`drafter_options` (by their parameter
-    names: --draft-tokens is num_tokens)."""
-    from .drafters.options import options_from_flags
-
-    return options_from_flags(num_tokens=draft_tokens, min_match=min_match, max_match=max_match)
+    )(command)
+    return command
 
 
 def read_prompt(prompt: str | None, prompt_file) -> str:
@@ -211,9 +209,7 @@ def generate(
     stop,
     drafter,
     speculation,
-    draft_tokens,
-    min_match,
-    max_match,
+    drafter_options,
     as_json,
 ):
     """Generate a continuation of PROMPT (an argument, --prompt-file, or stdin).
@@ -232,10 +228,9 @@ def generate(
     text = read_prompt(prompt, prompt_file)
     # Check every parameter before the (slow) model load.
     sampling = SamplingParams(temperature, top_k, top_p, repetition_penalty, seed)
-    options = drafter_kwargs(draft_tokens, min_match, max_match)
     from .drafters import check_drafter_spec
 
-    check_drafter_spec(drafter, **options)
+    check_drafter_spec(drafter, **drafter_options)
     import promptlookup
 
     lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
@@ -247,7 +242,7 @@ def generate(
         stop=list(stop),
         speculation=speculation,
         **sampling.as_kwargs(),
-        **options,
+        **drafter_options,
     )
     with stream:
         for piece in stream:

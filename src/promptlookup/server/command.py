@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from ..cli import drafter_kwargs, drafter_options, friendly_errors, model_options
-from .settings import ServerSettings, setting_names, settings_options
+from ..cli import drafter_options, friendly_errors, model_options
+from .settings import ServerSettings, settings_options
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -26,7 +26,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @settings_options
 @drafter_options
 @friendly_errors
-def serve(model, dtype, device, backend, drafter, speculation, **values):
+def serve(model, dtype, device, backend, drafter, speculation, drafter_options, **fields):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -70,13 +70,11 @@ def serve(model, dtype, device, backend, drafter, speculation, **values):
     from .app import create_app
     from .state import Server
 
-    names = setting_names()
-    options = drafter_kwargs(**{k: v for k, v in values.items() if k not in names})
-    check_drafter_spec(drafter, **options)  # bad drafter settings: one line, before anything starts
+    check_drafter_spec(drafter, **drafter_options)  # bad ones: one line, before anything starts
     settings = ServerSettings(
-        **{k: v for k, v in values.items() if k in names},
+        **fields,
         drafter=drafter,
-        drafter_options=options,
+        drafter_options=drafter_options,
         generation_options={"speculation": speculation},
     )
     source = resolve_model(model)  # an unknown model: one line, before anything starts

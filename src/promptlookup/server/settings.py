@@ -172,8 +172,3 @@ def settings_options(func):
             **meta,
         )(func)
     return func
-
-
-def setting_names() -> set[str]:
-    """The parameter names :func:`settings_options` gives a command."""
-    return {item.name for item in options()}
