@@ -422,12 +422,12 @@ def test_keeps_one_cost_curve_per_context_length(tmp_path):
     assert policy.costs is not short and policy.costs.calibrated
     policy.start(InstantTarget(900), probe_token=1, sampling=False)
     assert policy.costs is short
-    assert sorted(policy.cost_models) == [0, 2]
+    assert sorted(policy.store.curves) == [0, 2]
     assert (tmp_path / "costs.json").is_file() and (tmp_path / "costs-context2.json").is_file()
     reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
     reloaded.start(InstantTarget(3500), probe_token=1, sampling=False)
     # Loaded from its file, not recalibrated: the very timings the first policy measured.
-    assert list(reloaded.costs.samples[1]) == list(policy.cost_models[2].samples[1])
+    assert list(reloaded.costs.samples[1]) == list(policy.store.curves[2].samples[1])
 
 
 class CountingTarget(InstantTarget):
@@ -450,7 +450,7 @@ def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passe
     short = policy.costs
     long = CountingTarget(5000)
     policy.start(long, probe_token=1, sampling=False)
-    assert long.passes == 0 and policy.context == 3 and policy.costs is not short
+    assert long.passes == 0 and policy.store.context == 3 and policy.costs is not short
     assert [list(samples) for _, samples in sorted(policy.costs.samples.items())] == [
         [relative] for _, relative in short.curve()
     ]
@@ -463,9 +463,9 @@ def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passe
     reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
     longer = CountingTarget(9000)
     reloaded.start(longer, probe_token=1, sampling=False)
-    assert longer.passes == 0 and reloaded.context == 4
-    assert sorted(reloaded.cost_models) == [0, 3, 4]
-    nearest = reloaded.cost_models[3]  # as saved when the 5,000-token request began
+    assert longer.passes == 0 and reloaded.store.context == 4
+    assert sorted(reloaded.store.curves) == [0, 3, 4]
+    nearest = reloaded.store.curves[3]  # as saved when the 5,000-token request began
     assert [list(samples) for _, samples in sorted(reloaded.costs.samples.items())] == [
         [relative] for _, relative in nearest.curve()
     ]

@@ -25,7 +25,7 @@ class LinearCosts:
 
 def policy_with(costs: LinearCosts) -> SpeculationPolicy:
     policy = SpeculationPolicy()
-    curve = policy.cost_models[0] = CostModel()
+    curve = policy.store.curves[0] = CostModel()
     for n in (1, 2, 4, 8, 16, 32, 64):
         curve.record(n, costs.cost(n))
     return policy

@@ -174,16 +174,6 @@ class SpeculationPolicy:
         return self.store.current
 
     @property
-    def cost_models(self) -> dict[int, CostModel]:
-        """The measured cost curves by context bucket (:func:`~promptlookup.cost_store.context_bucket`)."""
-        return self.store.curves
-
-    @property
-    def context(self) -> int:
-        """The current request's context bucket."""
-        return self.store.context
-
-    @property
     def cost_file(self) -> Path | None:
         """Where the cost curves are kept between runs (None: in memory only)."""
         return self.store.cost_file
