@@ -10,6 +10,8 @@ import click
 
 from ..cli import friendly_errors, model_options
 from ..errors import InvalidParameterError
+from ..machine import default_threads
+from .suite import DEFAULT_PER_TASK
 
 
 def register_drafter_method(backend: str, item: str) -> str:
@@ -33,9 +35,6 @@ def register_drafter_method(backend: str, item: str) -> str:
     )
     return name
 
-
-from ..machine import default_threads as _default_threads  # noqa: E402 (one definition)
-from .suite import DEFAULT_PER_TASK  # noqa: E402
 
 DEFAULT_TOKENS = 128
 QUICK_TOKENS = 64
@@ -266,7 +265,7 @@ def bench(
         top_p=top_p if sampling else 1.0,
         seed=seed if sampling else None,
     )
-    threads = threads or _default_threads()
+    threads = threads or default_threads()
     import torch
 
     torch.set_num_threads(threads)
