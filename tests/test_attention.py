@@ -42,7 +42,7 @@ def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
     grouped = _verification_logits(target, prompt, draft)
     # Prefill: transformers' own path (4 query heads); verification: folded onto 2 kv heads.
     assert query_heads == [4, 4, 2, 2]
-    monkeypatch.setattr(backend, "verification_attention", lambda config, blocked: nullcontext())
+    monkeypatch.setattr(backend, "verification_attention", lambda config, *flags: nullcontext())
     repeated = _verification_logits(target, prompt, draft)
     assert torch.allclose(grouped, repeated, atol=1e-5, rtol=0)
     assert torch.equal(grouped.argmax(-1), repeated.argmax(-1))

@@ -475,7 +475,7 @@ def chat_ids(lm, text: str) -> torch.Tensor:
 
 
 def test_stop_strings_with_tokenizer_equal_plain(default_lm):
-    model, tokenizer = default_lm.model, default_lm.tokenizer
+    model, tokenizer = default_lm.model.as_transformers(), default_lm.tokenizer
     prompt = chat_ids(default_lm, "List three fruits, one per line.")
     kwargs = dict(max_new_tokens=40, stop_strings=["\n"], tokenizer=tokenizer, do_sample=False)
     plain = model.generate(prompt, **kwargs)
@@ -502,7 +502,7 @@ def test_stop_strings_with_tokenizer_equal_plain(default_lm):
 
 
 def test_text_iterator_streamer_receives_the_same_text(default_lm):
-    model, tokenizer = default_lm.model, default_lm.tokenizer
+    model, tokenizer = default_lm.model.as_transformers(), default_lm.tokenizer
     prompt = chat_ids(default_lm, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
 
     def streamed(**kwargs) -> str:
@@ -524,7 +524,7 @@ def test_text_iterator_streamer_receives_the_same_text(default_lm):
 
 
 def test_text_streamer_prints_the_same(default_lm, capsys):
-    model, tokenizer = default_lm.model, default_lm.tokenizer
+    model, tokenizer = default_lm.model.as_transformers(), default_lm.tokenizer
     prompt = chat_ids(default_lm, "Say hello.")
     model.generate(prompt, max_new_tokens=12, do_sample=False, streamer=TextStreamer(tokenizer))
     plain = capsys.readouterr().out
@@ -546,8 +546,10 @@ def test_code_edit_prompt_greedy_equals_plain(default_lm, shared_data):
         record = json.loads(f.readline())
     prompt = ids(default_lm.encode(record["messages"]))
     cg = make_custom_generate()
-    plain = default_lm.model.generate(prompt, max_new_tokens=96, do_sample=False)
-    ours = default_lm.model.generate(prompt, max_new_tokens=96, do_sample=False, custom_generate=cg)
+    plain = default_lm.model.as_transformers().generate(prompt, max_new_tokens=96, do_sample=False)
+    ours = default_lm.model.as_transformers().generate(
+        prompt, max_new_tokens=96, do_sample=False, custom_generate=cg
+    )
     assert_same(plain, ours)
     assert cg.last_stats.forward_passes < cg.last_stats.new_tokens
 

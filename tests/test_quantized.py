@@ -191,7 +191,7 @@ def test_a_gguf_file_loads_quantized_with_llamas_rotary_rows_restored(tmp_path):
     reference.tie_weights()
     ids = torch.tensor([[3, 9, 27, 5, 60, 1]])
     with torch.inference_mode():
-        assert torch.allclose(model(ids).logits, reference(ids).logits, atol=1e-4)
+        assert torch.allclose(model.as_transformers()(ids).logits, reference(ids).logits, atol=1e-4)
 
 
 def test_a_file_tensor_packed_in_chunks_is_packed_whole():

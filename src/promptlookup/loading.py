@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -88,6 +90,7 @@ def _quantized_gguf(model, dtype: str, device: str):
     config_cache = (
         cache_files.cache_root() / "gguf-configs" / f"{_converted_folder(source).name}.json"
     )
+    read_apart(path, config_cache)
     try:
         model_obj, formats = load_quantized(path, config_cache)
     except UnsupportedModelError as error:
@@ -171,6 +174,7 @@ def load_llamacpp(
         raise InvalidParameterError(f"the llama.cpp backend needs a .gguf file, got {model!r}")
     path = Path(source.location) / source.gguf_file
     llama = open_llama(path, n_ctx=n_ctx, n_batch=n_batch or DEFAULT_BATCH, n_threads=n_threads)
+    read_apart(path)
     tokenizer = gguf_tokenizer(path)
     target = LlamaCppTarget(llama, batch_invariant=batch_invariant)
     lm = LanguageModel(target, tokenizer, name=source.name, model=llama)
@@ -186,22 +190,66 @@ def load_llamacpp(
     return lm
 
 
+def read_apart(path: Path, config_cache: Path | None = None) -> None:
+    """Read a GGUF's tokenizer (and metadata, into ``config_cache``) into promptlookup's cache
+    in a child process, where not cached yet: transformers' GGUF reader imports its modelling
+    code, about 130 MiB that would otherwise stay in this process for its whole life. A child
+    that fails changes nothing: this process then reads the file itself, and raises what it
+    finds."""
+    tokenizer_ready = (_tokenizer_folder(resolve_model(path)) / "tokenizer_config.json").is_file()
+    if tokenizer_ready and (config_cache is None or config_cache.is_file()):
+        return
+    code = "import sys; from promptlookup.loading import _read; _read(*sys.argv[1:])"
+    package_parent = str(Path(__file__).resolve().parents[1])  # importable as this one is
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_parent, *sys.path])}
+    try:
+        subprocess.run(
+            [sys.executable, "-c", code, str(path), str(config_cache or "")],
+            env=env,
+            capture_output=True,
+            timeout=900,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):  # no child: read in this process
+        pass
+
+
+def _read(path: str, config_cache: str) -> None:
+    """The child of :func:`read_apart`."""
+    from .backends.quantized_model import gguf_values
+
+    if config_cache:
+        gguf_values(Path(path), Path(config_cache))
+    gguf_tokenizer(path)
+
+
+def _tokenizer_folder(source) -> Path:
+    """Where :func:`gguf_tokenizer` keeps a GGUF's tokenizer."""
+    return cache_files.cache_root() / "tokenizers" / _converted_folder(source).name
+
+
 def gguf_tokenizer(path: str | os.PathLike):
     """The ``transformers`` tokenizer stored in a GGUF file, cached after the first read
-    (reading it from the GGUF takes seconds; the cached copy loads in well under one)."""
+    (reading it from the GGUF takes seconds; the cached copy loads in well under one). The
+    cache holds the tokenizer's files alone: from a folder with a model config,
+    ``AutoTokenizer`` would read that config, importing ``transformers``' modelling code
+    (about 100 MiB of a process; see :mod:`~promptlookup.backends.gguf_modules`)."""
     from transformers import AutoTokenizer
 
     source = resolve_model(path)
     converted = _converted_folder(source)  # the transformers backend's cache, if made
-    cached = cache_files.cache_root() / "tokenizers" / converted.name
+    cached = _tokenizer_folder(source)
     _quiet()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for folder in (converted, cached):
-            if (folder / "tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        if (cached / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+            tokenizer = (
+                AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+                if (converted / "tokenizer_config.json").is_file()
+                else AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+            )
         except Exception as exc:
             raise ModelLoadError(
                 f"{path}: cannot read the tokenizer from this GGUF ({type(exc).__name__})"

@@ -305,12 +305,17 @@ def _register() -> None:
 
 
 @contextmanager
-def verification_attention(config, blocked_prompts: bool = True) -> Iterator[None]:
+def verification_attention(
+    config, blocked_prompts: bool = True, model_forward: bool = True
+) -> Iterator[None]:
     """Run the enclosed forward passes with :func:`grouped_sdpa` if ``config`` uses ``sdpa``;
-    ``blocked_prompts``: whether bfloat16 prompt chunks go to :func:`blocked_attention`."""
+    ``blocked_prompts``: whether bfloat16 prompt chunks go to :func:`blocked_attention`.
+    ``model_forward=False``: no pass calls the model's own forward (only our written-out
+    passes, which call :func:`grouped_sdpa` themselves), so transformers' attention registry
+    (its modelling code, a sizeable import) is left alone."""
     token = _blocked_prompts.set(blocked_prompts)  # read by grouped_sdpa, however it is called
     try:
-        if getattr(config, "_attn_implementation", None) != "sdpa":
+        if not model_forward or getattr(config, "_attn_implementation", None) != "sdpa":
             yield
             return
         _register()

@@ -39,16 +39,18 @@ from .quantized_layers import QuantizedLayers
 from .row_invariant import row_invariant_attention
 
 #: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
-#: ``model_type``, decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
+#: ``model_type`` (those it may be), decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
 #: layers with biases on the query/key/value projections, or none, and a sliding window, which
 #: must be off).
 ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
-    "MistralForCausalLM": ("mistral", "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
+    "LlamaForCausalLM": (("llama",), "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
+    "Qwen2ForCausalLM": (("qwen2",), "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
+    "MistralForCausalLM": (("mistral",), "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
+    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure.
+    "GgufForCausalLM": (("llama", "qwen2"), "GgufDecoderLayer", "GgufAttention", "GgufMLP"),
 }
-#: Norm classes whose ``forward`` :func:`rms_norm` reproduces (the three are one formula).
-RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+#: Norm classes whose ``forward`` :func:`rms_norm` reproduces (the four are one formula).
+RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "GgufRMSNorm")
 #: Activation classes that are ``silu``, applied in place (others are called as they are).
 SILU_CLASSES = ("SiLUActivation", "SiLU")
 
@@ -57,7 +59,7 @@ def supports(model: torch.nn.Module) -> bool:
     """Whether :class:`LlamaForward` computes ``model``'s forward pass (see the module doc)."""
     classes = ARCHITECTURES.get(type(model).__name__)
     config = model.config
-    if classes is None or getattr(config, "model_type", None) != classes[0]:
+    if classes is None or getattr(config, "model_type", None) not in classes[0]:
         return False
     if next(model.parameters()).device.type != "cpu":
         return False

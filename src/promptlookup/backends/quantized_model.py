@@ -1,8 +1,10 @@
-"""A ``transformers`` causal LM whose weights are a GGUF file's, kept in the file's quantization.
+"""A causal LM whose weights are a GGUF file's, kept in the file's quantization.
 
-:func:`load_quantized` builds the model's modules without memory (on the ``meta`` device), then
-gives each one its tensor from the file: matrices of a packed format
-(:data:`~promptlookup.backends.gguf_blocks.DECODED`) become
+:func:`load_quantized` builds the model's modules without memory (on the ``meta`` device):
+our own (:mod:`~promptlookup.backends.gguf_modules`) where they reproduce the ``transformers``
+model, which keeps ``transformers``' modelling code out of the process, else the
+``transformers`` model. It then gives each module its tensor from the file: matrices of a
+packed format (:data:`~promptlookup.backends.gguf_blocks.DECODED`) become
 :class:`~promptlookup.backends.quantized.QuantizedLinear` and
 :class:`~promptlookup.backends.quantized.QuantizedEmbedding` (a tied head shares the
 embedding's copy), float tensors (norms, biases, float matrices) float32 parameters. The file
@@ -23,6 +25,7 @@ import torch
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..machine import return_freed_memory
+from . import gguf_modules
 from .gguf_blocks import DECODED
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
@@ -55,11 +58,9 @@ def module_path(tensor_name: str) -> tuple[str, str]:
     return NAMES[key].format(i=layer.group(1) if layer else ""), leaf
 
 
-def gguf_config(path: Path, cache_file: Path | None):
-    """The model's ``transformers`` config from the GGUF's metadata (kept in ``cache_file``:
-    reading it takes transformers tens of seconds)."""
-    from transformers import AutoConfig
-
+def gguf_values(path: Path, cache_file: Path | None) -> dict:
+    """The model's metadata as ``transformers``' GGUF loader reads it (``model_type`` and its
+    config's keys), kept in ``cache_file``: reading it takes transformers tens of seconds."""
     if cache_file is not None and cache_file.is_file():
         values = json.loads(cache_file.read_text())
     else:
@@ -77,14 +78,30 @@ def gguf_config(path: Path, cache_file: Path | None):
 
             save_cache_json(cache_file, values)
     values = dict(values)
-    model_type = values.pop("model_type", None)
+    values.pop("_model_name_or_path", None)
+    model_type = values.get("model_type")
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path.name}: architecture {model_type!r} cannot run quantized "
             f"(supported: {', '.join(ARCHITECTURES)}); load it with dtype='float32'"
         )
-    values.pop("_model_name_or_path", None)
-    return AutoConfig.for_model(model_type, **values)
+    return values
+
+
+def empty_model(values: dict):
+    """The model for ``values`` (:func:`gguf_values`) on the ``meta`` device: our own modules
+    (:mod:`~promptlookup.backends.gguf_modules`) where they reproduce the ``transformers``
+    model, else the ``transformers`` model."""
+    values = dict(values)
+    model_type = values.pop("model_type")
+    if gguf_modules.takes(model_type, values):
+        return gguf_modules.GgufForCausalLM(gguf_modules.gguf_config(model_type, values))
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **values)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def _unpermute(rows: int, heads: int) -> np.ndarray:
@@ -97,17 +114,15 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     """The model in ``path`` (a GGUF file) with quantized weights; see the module doc.
     Returns ``(model, formats)``: ``formats`` counts the file's tensor types by module kind."""
     import gguf
-    from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    config = gguf_config(path, config_cache)
+    values = gguf_values(path, config_cache)
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # truncated or not a GGUF file
         raise ModelLoadError(f"{path}: cannot read GGUF ({type(exc).__name__})") from exc
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = empty_model(values)
+    config = model.config
     permuted = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     formats: dict[str, int] = {}
     quantized: dict[str, QuantizedWeight] = {}

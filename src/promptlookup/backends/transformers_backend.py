@@ -122,9 +122,10 @@ class TransformersTarget:
         blocked = (
             not self.row_invariant and length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
         )
-        with verification_attention(self.config, blocked), self.kernels.use(length):
+        model_forward = not getattr(self.model, "written_out_only", False)
+        with verification_attention(self.config, blocked, model_forward), self.kernels.use(length):
             if self.written_out is not None and (
-                self.row_invariant or length > 1 or self.dtype != torch.float32
+                self.row_invariant or length > 1 or self.dtype != torch.float32 or not model_forward
             ):
                 return self.written_out(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(

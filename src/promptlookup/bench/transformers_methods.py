@@ -148,6 +148,8 @@ class HFGenerate:
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
         model = self.lm.model
+        if hasattr(model, "as_transformers"):  # a GGUF in our own modules: no generate there
+            model = model.as_transformers()
         device = next(model.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, n)
         config = generation_config(self.lm, settings, **self.extra)

@@ -1,0 +1,226 @@
+"""A GGUF's Llama or Qwen2 model in modules of our own, without ``transformers``' modelling code.
+
+Importing ``transformers``' modelling classes costs a process about 130 MiB (its model code
+pulls in ``torch.distributed.tensor``, ``sympy`` and ``torch._dynamo``, and ``scipy`` where it
+is installed): more than the default model's weights. Our passes never call those classes'
+``forward`` (:class:`~promptlookup.backends.llama_forward.LlamaForward` reads their modules
+and computes the pass itself), so for the configurations it runs
+(:func:`takes`: Llama and Qwen2 metadata with the default rotary embedding and no sliding
+window) :func:`~promptlookup.backends.quantized_model.load_quantized` builds this module tree
+instead: the same module paths, ``nn.Linear``/``nn.Embedding`` slots and attributes as
+``LlamaForCausalLM``/``Qwen2ForCausalLM`` for the same config, so the loader fills it the same
+way and every pass computes the same bits (``tests/test_gguf_modules.py`` checks it against
+the ``transformers`` model).
+
+What it lacks is ``model.generate``: :meth:`GgufForCausalLM.as_transformers` gives the
+``transformers`` model over the same modules (no copy), for the bench's ``plain`` and
+``hf-pld`` methods and for users who want ``generate``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Metadata keys of a GGUF (``transformers``' reading of it) that these modules honour;
+#: a file with any other key (rope scaling, a sliding window, ...) keeps ``transformers``' classes.
+KNOWN_KEYS = frozenset(
+    {
+        "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+        "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias",
+        "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
+        "use_sliding_window",
+    }
+)  # fmt: skip
+#: Defaults of ``LlamaConfig`` (and ``Qwen2Config``, where it differs) for keys a file leaves out.
+DEFAULTS = {
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "hidden_act": "silu",
+}
+QWEN2_DEFAULTS = {"max_position_embeddings": 32768}
+
+
+def takes(model_type: str, values: dict) -> bool:
+    """Whether these modules reproduce ``model_type``'s ``transformers`` model for a GGUF's
+    metadata ``values`` (else the loader uses ``transformers``' classes)."""
+    return (
+        model_type in ("llama", "qwen2")
+        and set(values) <= KNOWN_KEYS
+        and values.get("hidden_act", "silu") == "silu"
+        and not values.get("use_sliding_window", False)
+    )
+
+
+def gguf_config(model_type: str, values: dict):
+    """The config of :class:`GgufForCausalLM` (a plain ``PretrainedConfig``: no model class)."""
+    from transformers import PretrainedConfig
+
+    settings = {**DEFAULTS, **(QWEN2_DEFAULTS if model_type == "qwen2" else {}), **values}
+    settings.pop("use_sliding_window", None)
+    heads = settings["num_attention_heads"]
+    settings.setdefault("num_key_value_heads", heads)
+    settings.setdefault("head_dim", settings["hidden_size"] // heads)
+    if model_type == "qwen2":  # biases on the query, key and value projections only
+        settings["attention_bias"] = settings["mlp_bias"] = False
+    config = PretrainedConfig(**settings)
+    config.model_type = model_type
+    config._attn_implementation = "sdpa"  # what transformers picks on the CPU
+    config.gguf_values = {"model_type": model_type, **values}  # for as_transformers
+    return config
+
+
+def _linear(inputs: int, outputs: int, bias: bool) -> nn.Linear:
+    """An ``nn.Linear`` whose weights the loader gives (on the ``meta`` device until then)."""
+    return nn.Linear(inputs, outputs, bias=bias, device="meta")
+
+
+class GgufRMSNorm(nn.Module):
+    """``LlamaRMSNorm``: ``weight * (x / sqrt(mean(x^2) + eps))``, in float32 then cast back."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size, device="meta"))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        unrounded = hidden.to(torch.float32)
+        variance = unrounded.pow(2).mean(-1, keepdim=True)
+        return self.weight * (unrounded * torch.rsqrt(variance + self.variance_epsilon)).to(
+            hidden.dtype
+        )
+
+
+class GgufRotaryEmbedding(nn.Module):
+    """``LlamaRotaryEmbedding`` with the default rotary embedding: cos and sin
+    ``(batch, n, head_dim)`` of ``positions`` (batch, n), as it computes them."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        dim = config.head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.float) / dim
+        self.inv_freq = nn.Buffer(1.0 / (config.rope_theta**exponents), persistent=False)
+        self.attention_scaling = 1.0
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor):
+        freqs = positions[..., None].float() * self.inv_freq.to(device=hidden.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(dtype=hidden.dtype), sin.to(dtype=hidden.dtype)
+
+
+class GgufAttention(nn.Module):
+    """The attention's projections and the attributes our passes read (``LlamaAttention``'s)."""
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        self.head_dim = config.head_dim
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.num_key_value_groups = heads // kv_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout, self.is_causal, self.sliding_window = 0.0, True, None
+        qkv_bias = config.attention_bias or config.model_type == "qwen2"
+        hidden, width, kv_width = (
+            config.hidden_size,
+            heads * self.head_dim,
+            kv_heads * self.head_dim,
+        )
+        self.q_proj = _linear(hidden, width, qkv_bias)
+        self.k_proj = _linear(hidden, kv_width, qkv_bias)
+        self.v_proj = _linear(hidden, kv_width, qkv_bias)
+        self.o_proj = _linear(width, hidden, config.attention_bias)
+
+
+class GgufMLP(nn.Module):
+    """``LlamaMLP``'s products and its SiLU."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = _linear(hidden, inner, bias)
+        self.up_proj = _linear(hidden, inner, bias)
+        self.down_proj = _linear(inner, hidden, bias)
+        self.act_fn = nn.SiLU()
+
+
+class GgufDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = GgufAttention(config, layer_idx)
+        self.mlp = GgufMLP(config)
+        self.input_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class GgufModel(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape, device="meta"))
+        self.layers = nn.ModuleList(
+            GgufDecoderLayer(config, index) for index in range(config.num_hidden_layers)
+        )
+        self.norm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = GgufRotaryEmbedding(config)
+
+
+class GgufForCausalLM(nn.Module):
+    """The module tree of ``LlamaForCausalLM`` for :func:`gguf_config`'s config, its weights on
+    the ``meta`` device for the loader to give (built in a ``torch.device("meta")`` context,
+    ``nn.Embedding`` would import ``torch._dynamo`` to initialise values nobody reads). It has
+    no ``forward`` of its own: :class:`~promptlookup.backends.llama_forward.LlamaForward` runs
+    it."""
+
+    #: Tells :class:`~promptlookup.backends.transformers_backend.TransformersTarget` to run
+    #: every pass written out.
+    written_out_only = True
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        from transformers import GenerationConfig
+
+        self.config = config
+        self.generation_config = GenerationConfig.from_model_config(config)
+        self.model = GgufModel(config)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # the activations' (quantized weights, float32 activations)
+
+    def as_transformers(self) -> nn.Module:
+        """The ``transformers`` model (``LlamaForCausalLM``/``Qwen2ForCausalLM``) over these
+        very modules, made once (it imports ``transformers``' modelling code)."""
+        twin = self.__dict__.get("_transformers_twin")
+        if twin is not None:
+            return twin
+        import warnings
+
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        values = dict(self.config.gguf_values)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        for name in ("_name_or_path", "gguf_formats"):
+            if hasattr(self.config, name):
+                setattr(config, name, getattr(self.config, name))
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            twin = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        twin.model.embed_tokens, twin.lm_head = self.model.embed_tokens, self.lm_head
+        twin.model.norm.weight = self.model.norm.weight
+        for ours, theirs in zip(self.model.layers, twin.model.layers):
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                setattr(theirs.self_attn, name, getattr(ours.self_attn, name))
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                setattr(theirs.mlp, name, getattr(ours.mlp, name))
+            theirs.input_layernorm.weight = ours.input_layernorm.weight
+            theirs.post_attention_layernorm.weight = ours.post_attention_layernorm.weight
+        twin.model.rotary_emb = type(twin.model.rotary_emb)(config=config)
+        object.__setattr__(self, "_transformers_twin", twin.eval())  # not a submodule
+        return twin
