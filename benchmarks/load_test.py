@@ -12,7 +12,8 @@ an error.
 Requests mix chat and text completions, streaming and not, greedy and seeded sampling, some
 with a ``prediction``, each with 16-32 new tokens. Reported: requests/s, latency p50/p95
 (successful attempt; streaming also time to first token), tokens/s, 429s, errors, and the
-server's memory (RSS) when ready, after one warm-up request, and after the load. Prints a
+server's memory (RSS) when ready, after one warm-up request, right after the load and after
+``--settle`` seconds idle (the server returns freed memory when idle). Prints a
 markdown table; ``--out`` writes JSON.
 """
 
@@ -253,9 +254,9 @@ def markdown(summary: dict) -> str:
         ("429 answers (deliberate, retried)", m["rejected_429"]),
         ("errors", m["errors"]),
         (
-            "server RSS ready / after warm-up / after load (MiB)",
+            "server RSS ready / after warm-up / after load / idle after it (MiB)",
             f"{s(summary['rss_ready_mib'])} / {s(summary['rss_before_mib'])} / "
-            f"{s(summary['rss_after_mib'])}",
+            f"{s(summary['rss_after_mib'])} / {s(summary.get('rss_idle_mib'))}",
         ),
     ]
     lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
@@ -287,6 +288,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--request-timeout", type=float, default=300)
     parser.add_argument("--startup-timeout", type=float, default=600)
+    parser.add_argument(
+        "--settle", type=float, default=5, help="seconds idle before the last RSS reading"
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     if not (1 <= args.requests <= 10_000 and 1 <= args.clients <= 64):
@@ -339,6 +343,8 @@ def main(argv=None) -> int:
         rss_before = rss_mib(server)
         metrics = run_load(url, model, args)
         rss_after = rss_mib(server)
+        time.sleep(args.settle)  # the server returns what the load held once it is idle
+        rss_idle = rss_mib(server)
     finally:
         if process is not None:
             process.terminate()
@@ -356,6 +362,7 @@ def main(argv=None) -> int:
         "rss_ready_mib": rss_ready,
         "rss_before_mib": rss_before,
         "rss_after_mib": rss_after,
+        "rss_idle_mib": rss_idle,
         "metrics": metrics,
     }
     print(markdown(summary))

@@ -224,9 +224,10 @@ STUDIES = [
         "Throughput against concurrency: promptlookup serve --max-batch 8 against llama-server",
     ),
     (
-        "load-test/README.md",
-        "`benchmarks/load_test.py`, version 0.1.0's server, on the AMD EPYC, 30 November 2026, "
-        "while other jobs ran.",
+        "load-test-0.13.0/README.md",
+        "`benchmarks/load_test.py`, version 0.13.0's server (the default model in modules of its "
+        "own, no transformers modelling code), on the AMD EPYC, 4 December 2026, while a helper's "
+        "vLLM work shared the machine.",
     ),
 ]
 
