@@ -24,6 +24,7 @@ import tracemalloc
 from dataclasses import asdict
 from pathlib import Path
 
+from promptlookup.bench import session_runs
 from promptlookup.bench import sessions as workload
 from promptlookup.drafters import CrossRequestIndex
 
@@ -62,15 +63,24 @@ def measure_memory(max_tokens: int, rounds: int = 8) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model (default: the default model)")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto: a GGUF in its own quantization [auto]"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads [1]")
     parser.add_argument("--kinds", default=",".join(workload.KINDS))
-    parser.add_argument("--modes", default=",".join(workload.MODES))
+    parser.add_argument("--modes", default=",".join(session_runs.MODES))
     parser.add_argument("--per-kind", type=int, default=2, help="sessions per kind [2]")
     parser.add_argument("--requests", type=int, default=6, help="requests per session [6]")
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--concurrency", type=int, default=1, help="sessions sharing passes [1]")
     parser.add_argument("--max-tokens", type=int, default=32768, help="index budget [32768]")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an OpenAI-compatible server, raced as one more mode (repeatable)",
+    )
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -85,10 +95,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     lm = promptlookup.load_model(args.model, dtype=args.dtype)
     lm.warm_up()
+    from promptlookup.bench.servers import ServerMethod, parse_against
+
+    servers = [ServerMethod(*parse_against(item), lm=lm) for item in args.against]
     modes = args.modes.split(",")
     sessions = workload.build_sessions(args.kinds.split(","), args.per_kind, args.requests)
     started = time.perf_counter()
-    run = workload.run_sessions(
+    run = session_runs.run_sessions(
         lm,
         sessions,
         modes=modes,
@@ -96,9 +109,10 @@ def main(argv=None) -> int:
         requests=args.requests,
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,
+        servers=servers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    table = workload.report(run, modes)
+    table = session_runs.report(run, modes)
     command = "python benchmarks/sessions.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -117,6 +131,7 @@ def main(argv=None) -> int:
             "identical": run.identical,
             "mismatches": run.mismatches,
             "index_tokens": run.index_tokens,
+            "same_text": run.same_text,
             "records": run.records,
             "tallies": [
                 {"kind": kind, "mode": mode, **asdict(tally)}

@@ -8,6 +8,7 @@ import pytest
 from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup
+from promptlookup.bench import session_runs
 from promptlookup.bench import sessions as workload
 
 
@@ -37,15 +38,63 @@ def test_sessions_are_built_from_the_standard_library():
 def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     tiny_lm = long_tiny_lm
     built = workload.build_sessions(("extraction", "agent"), per_kind=1, requests=2)
-    run = workload.run_sessions(tiny_lm, built, max_new_tokens=12, requests=2, log=lambda _: None)
+    run = session_runs.run_sessions(
+        tiny_lm, built, max_new_tokens=12, requests=2, log=lambda _: None
+    )
     assert run.identical and run.mismatches == []
     assert run.tallies[("all", "off")].requests == 4
     assert run.tallies[("all", "global")].new_tokens == run.tallies[("all", "off")].new_tokens
     assert run.index_tokens["global"] > 0
-    table = workload.report(run)
+    table = session_runs.report(run)
     assert "| all | global |" in table and "identical" in table
     pair = workload.build_sessions(("extraction",), per_kind=2, requests=2)
-    batched = workload.run_sessions(
+    batched = session_runs.run_sessions(
         tiny_lm, pair, max_new_tokens=12, requests=2, concurrency=2, log=lambda _: None
     )
     assert batched.identical and batched.tallies[("all", "per-key")].requests == 4
+
+
+class EchoServer:
+    """A stand-in for an OpenAI-compatible server: answers with the text ``answers`` maps the
+    last message to (what the local model answered), or something else."""
+
+    name = "echo"
+
+    def __init__(self, lm) -> None:
+        self.lm, self.answers, self.seen = lm, {}, []
+
+    def run_chat(self, messages, settings):
+        from promptlookup.bench.methods import MethodOutput
+
+        self.seen.append((messages, settings.max_new_tokens, settings.temperature))
+        prompt_ids = tuple(self.lm.encode(messages))
+        text = self.answers.get(prompt_ids, "something else")
+        return MethodOutput([], 0.01, token_seconds=[0.005, 0.01], text=text, new_tokens=2)
+
+
+def test_a_server_is_one_more_mode_with_its_texts_compared(long_tiny_lm, monkeypatch):
+    server = EchoServer(long_tiny_lm)
+    real = session_runs._generate
+
+    def remember(lm, prompts, indexes, max_new_tokens):  # the off answers, for the server
+        outputs = real(lm, prompts, indexes, max_new_tokens)
+        for prompt, output in zip(prompts, outputs):
+            if indexes[0] is None:
+                server.answers[tuple(lm.encode(prompt))] = output.text
+        return outputs
+
+    monkeypatch.setattr(session_runs, "_generate", remember)
+    built = workload.build_sessions(("extraction", "file_edits"), per_kind=1, requests=2)
+    run = session_runs.run_sessions(
+        long_tiny_lm, built, max_new_tokens=12, requests=2, servers=[server], log=lambda _: None
+    )
+    assert run.identical  # a server's text never counts as a mismatch
+    assert len(server.seen) == 4 and all(s[1:] == (12, 0.0) for s in server.seen)
+    assert run.tallies[("all", "echo")].requests == 4
+    assert run.tallies[("all", "echo")].new_tokens == 8
+    # Modes rotate: the server answered some requests before the off mode had, so those
+    # texts were not yet known to it.
+    assert 0 < run.same_text["echo"] < 4
+    table = session_runs.report(run)
+    assert "| all | echo | 4 | 8 | - | - |" in table
+    assert f"echo: {run.same_text['echo']} of 4 answers the same text" in table
