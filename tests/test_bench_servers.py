@@ -140,6 +140,21 @@ def test_a_server_that_refuses_cache_prompt_gets_requests_without_it(tiny_lm):
     assert all(r["identical_to_plain"] for r in result.records)
 
 
+def test_a_refused_cache_prompt_is_retried_when_a_concurrent_request_dropped_it_first(tiny_lm):
+    with FakeOpenAI(tiny_lm, strict=True) as fake:
+        server = ServerMethod("strict", fake.url, tiny_lm)
+        real = server._stream
+
+        def racing(body):
+            answer = real(body)
+            server._extra = {}  # another request's refusal, handled in the meantime
+            return answer
+
+        server._stream = racing
+        output = server.run_chat([{"role": "user", "content": "abc"}], SETTINGS)
+    assert output.text and [("cache_prompt" in b) for b in fake.bodies] == [True, False]
+
+
 def test_cli_against_reports_the_server_and_its_process(tiny_lm, monkeypatch, tmp_path):
     monkeypatch.setattr(get_backend("transformers"), "load", lambda *args: tiny_lm)
     data = tmp_path / "d.jsonl"

@@ -119,9 +119,10 @@ class ServerMethod:
 
     def run_chat(self, messages: list, settings: Settings) -> MethodOutput:
         """Generate for one prompt's messages through the server (see the module's policy)."""
-        status, chunks, usage, seconds = self._stream(self.body(messages, settings))
-        if status in (400, 422) and self._extra:  # a server that refuses cache_prompt
-            self._extra = {}
+        body = self.body(messages, settings)
+        status, chunks, usage, seconds = self._stream(body)
+        if status in (400, 422) and "cache_prompt" in body:  # a server that refuses it
+            self._extra = {}  # (another request sent at the same time may have seen it first)
             status, chunks, usage, seconds = self._stream(self.body(messages, settings))
         if status != 200:
             detail = "".join(text for _, text in chunks)[:300]
