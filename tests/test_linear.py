@@ -10,6 +10,7 @@ from conftest import tiny_llama
 from test_loop_greedy import hf_greedy, repeated_prompt, run
 
 from promptlookup.backends import linear
+from promptlookup.backends.fastest import FastestKernels
 from promptlookup.backends.linear import LinearKernels, packed_linear, packs, weight_first_linear
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import PromptLookupDrafter
@@ -46,7 +47,7 @@ def _force(monkeypatch, kernel: str):
 
 def test_fastest_mode_keeps_nn_linear_for_float32_one_token_passes(monkeypatch):
     _force(monkeypatch, "weight_first")
-    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
+    kernels = FastestKernels(tiny_llama(seed=2))
     assert kernels.choose(1) == {}  # float32 plain steps: bit-identical to transformers
     assert kernels.choose(0) == {}
     assert sum(len(kernels.groups[key]) for key in kernels.choose(3)) == 2 * 7 + 1  # + head
@@ -111,7 +112,7 @@ def test_bfloat16_one_token_passes_may_switch(monkeypatch):
 
 
 def test_measured_choice_runs_on_real_timings():
-    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
+    kernels = FastestKernels(tiny_llama(seed=2))
     assert set(kernels.choose(4).values()) <= {"weight_first", "packed"}
     assert 4 in kernels.choices
     packed_groups = {key for key, kernel in kernels.choose(4).items() if kernel == "packed"}
@@ -159,7 +160,7 @@ def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
         "_fastest",
         lambda self, modules, rows: "weight_first" if modules[0].out_features == 64 else "linear",
     )  # MLP up/gate
-    first = LinearKernels(tiny_llama(seed=2), row_invariant=False)
+    first = FastestKernels(tiny_llama(seed=2))
     first.use_cache_file(path)
     assert [len(first.groups[key]) for key in first.choose(3)] == [2 * 2]  # two layers
 
@@ -168,7 +169,7 @@ def test_choices_are_kept_in_a_file_and_reused(monkeypatch, tmp_path):
 
     monkeypatch.setattr(LinearKernels, "_fastest", never)
     model = tiny_llama(seed=5)  # another model of the same shapes
-    second = LinearKernels(model, row_invariant=False)
+    second = FastestKernels(model)
     second.use_cache_file(path)
     [(key, kernel)] = second.choose(3).items()
     assert kernel == "weight_first"
@@ -195,7 +196,7 @@ def test_an_unusable_choices_file_means_measuring_again(monkeypatch, tmp_path, c
     monkeypatch.setattr(
         LinearKernels, "_fastest", lambda self, modules, rows: timed.append(rows) or "linear"
     )
-    kernels = LinearKernels(tiny_llama(seed=2), row_invariant=False)
+    kernels = FastestKernels(tiny_llama(seed=2))
     kernels.use_cache_file(path)
     assert kernels.choose(3) == {} and timed
 

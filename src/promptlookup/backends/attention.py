@@ -1,4 +1,9 @@
-"""Attention for our forward passes on CPU: grouped-query attention without copies or slow paths.
+"""Attention for passes that are not row-invariant: grouped-query attention, no slow paths.
+
+Inexact by design (its SDPA and blocked kernels sum each row in an order that depends on the
+pass): it serves a model's own ``forward`` (architectures our written-out pass does not
+reproduce) and the bench's ``promptlookup-fastest``. Row-invariant passes take
+:mod:`~promptlookup.backends.row_invariant` or the native kernel instead.
 
 SmolLM2-135M, like most recent models, shares each key/value head among several query heads
 (9 query heads, 3 key/value heads). Two cases are slow in transformers' ``sdpa`` attention

@@ -18,9 +18,8 @@ reference), so the choice by timing never changes a value. If the reference itse
 to depend on the row count on some machine (checked the same way), that weight shape's rows
 are multiplied one at a time (``rows``): exact by construction, and slow. The reordered copies double the weights' memory.
 
-With ``row_invariant=False`` (the bench's ``promptlookup-fastest`` method, to measure what
-exactness costs) the fastest kernel by timing is used whatever its rounding, and float32
-one-row products keep ``nn.Linear``.
+Exact only: the bench's ``promptlookup-fastest`` method (what exactness costs) takes the fastest
+kernel by timing whatever its rounding, :class:`~promptlookup.backends.fastest.FastestKernels`.
 
 The kernels are switched on the model's ``nn.Linear`` modules for the duration of our own
 passes only (transformers' ``model.generate`` on the same model object is untouched). Choices
@@ -42,15 +41,11 @@ from pathlib import Path
 
 import torch
 
-from ..machine import memory_bytes
-
 #: Row counts at which kernels are timed; a pass uses the choice of the next one up, and a
 #: longer one (a chunk of the prompt) the choice of the last.
 TIMED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 #: A kernel must beat ``nn.Linear`` by this factor to be used (timings are noisy).
 MARGIN = 0.95
-#: Packed copies of the weights may take at most this share of the machine's memory.
-PACKING_MEMORY_SHARE = 0.25
 KERNELS = ("linear", "weight_first", "packed")
 
 
@@ -105,16 +100,6 @@ def packs(dtype: torch.dtype) -> bool:
     return True
 
 
-def _packing_possible(groups: dict[tuple, list[torch.nn.Linear]]) -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    weight_bytes = sum(
-        m.weight.numel() * m.weight.element_size() for modules in groups.values() for m in modules
-    )
-    memory = memory_bytes()  # 0 when unknown: no packing
-    return memory > 0 and weight_bytes <= PACKING_MEMORY_SHARE * memory
-
-
 class LinearKernels:
     """Per number of rows, which kernel each of ``model``'s ``nn.Linear`` modules uses.
 
@@ -124,19 +109,16 @@ class LinearKernels:
     are switched.
     """
 
-    def __init__(self, model: torch.nn.Module, row_invariant: bool = True) -> None:
+    #: Whether every row of a product is computed as the product of that row alone.
+    row_invariant = True
+
+    def __init__(self, model: torch.nn.Module) -> None:
         self.groups: dict[tuple, list[torch.nn.Linear]] = defaultdict(list)
         for module in model.modules():
             if type(module) is torch.nn.Linear and module.weight.device.type == "cpu":
                 self.groups[self._key(module)].append(module)
-        #: Whether every row of a product is computed as the product of that row alone.
-        self.row_invariant = row_invariant
         dtypes = {key[2] for key in self.groups}
-        packing = all(map(packs, dtypes)) and (
-            torch.backends.mkldnn.is_available()
-            if row_invariant
-            else _packing_possible(self.groups)
-        )
+        packing = all(map(packs, dtypes)) and self._can_pack()
         self.kernels = KERNELS if packing else KERNELS[:2]
         #: The product every candidate must reproduce bit for bit (row-invariant mode).
         self.reference = "packed" if packing else "linear"
@@ -192,27 +174,32 @@ class LinearKernels:
         if rows not in self.choices:
             self.choices[rows] = {}
             for key, modules in self.groups.items():
-                if rows == 1 and key[2] == torch.float32 and not self.row_invariant:
-                    continue  # plain steps stay bit-identical to transformers'
-                kernel = self._fastest(modules, rows)
-                if kernel != "linear" or self.row_invariant:
+                kernel = self._choice(key, modules, rows)
+                if kernel is not None:
                     self.choices[rows][key] = kernel
             self._drop_unused_packing()
             self._save()
         return self.choices[rows]
 
+    def _can_pack(self) -> bool:
+        """Whether the reordered (``packed``) reference can be used here."""
+        return torch.backends.mkldnn.is_available()
+
+    def _choice(self, key: tuple, modules: list[torch.nn.Linear], rows: int) -> str | None:
+        """The kernel of group ``key`` in passes over ``rows`` rows (None: ``nn.Linear``)."""
+        return self._fastest(modules, rows)
+
     def _known(self) -> set[str]:
-        return {*self.kernels, "rows"} if self.row_invariant else set(self.kernels)
+        return {*self.kernels, "rows"}
 
     def _forward(
         self, kernel: str, module: torch.nn.Linear
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The forward ``kernel`` runs for ``module`` (row-invariant mode: one row padded to
-        two; ``rows``: the reference one row at a time)."""
+        """The forward ``kernel`` runs for ``module``: one row padded to two (``rows``: the
+        reference one row at a time)."""
         if kernel == "rows":
             return one_row_at_a_time(self._forward(self.reference, module))
-        forward = self._plain_forward(kernel, module)
-        return at_least_two_rows(forward) if self.row_invariant else forward
+        return at_least_two_rows(self._plain_forward(kernel, module))
 
     def _plain_forward(self, kernel: str, module: torch.nn.Linear) -> Callable:
         if kernel == "weight_first":
@@ -245,13 +232,9 @@ class LinearKernels:
             for function in functions:
                 function(x)
 
-        if self.row_invariant:
-            candidates = self._row_invariant_candidates(modules[0], rows)
-            if len(candidates) == 1:
-                return candidates[0]
-            baseline = self.reference if self.reference in candidates else candidates[0]
-        else:
-            candidates, baseline = list(self.kernels), "linear"
+        candidates, baseline = self._candidates(modules[0], rows)
+        if len(candidates) == 1:
+            return candidates[0]
         ratios = median_ratios(
             {
                 kernel: functools.partial(run_all, [self._forward(kernel, m) for m in modules])
@@ -262,6 +245,13 @@ class LinearKernels:
         )
         best = min(ratios, key=ratios.get)
         return best if ratios[best] < MARGIN else baseline
+
+    def _candidates(self, module: torch.nn.Linear, rows: int) -> tuple[list[str], str]:
+        """The kernels to time for ``module``'s group at ``rows`` rows, and the baseline a
+        kernel must beat: those that compute the reference's bits
+        (:meth:`_row_invariant_candidates`)."""
+        candidates = self._row_invariant_candidates(module, rows)
+        return candidates, self.reference if self.reference in candidates else candidates[0]
 
     @torch.inference_mode()
     def _row_invariant_candidates(self, module: torch.nn.Linear, rows: int) -> list[str]:

@@ -67,7 +67,11 @@ class TransformersTarget:
         self.device, self.dtype = weight.device, weight.dtype
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
-        self.kernels = kernels if kernels is not None else LinearKernels(model, row_invariant)
+        if kernels is None and not row_invariant:
+            from .fastest import FastestKernels
+
+            kernels = FastestKernels(model)
+        self.kernels = kernels if kernels is not None else LinearKernels(model)
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
         self.attention = (
             attention if attention is not None else PromptAttention(config, self.dtype, self.device)
