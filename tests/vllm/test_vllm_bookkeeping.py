@@ -7,10 +7,8 @@ import random
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from promptlookup.vllm import PromptLookupProposer
-from promptlookup.vllm.middleware import rewrite_body
 
 MAX_LEN = 256
 
@@ -144,28 +142,6 @@ def test_drafts_stop_short_of_the_model_length():
     assert len(tokens) + len(draft) + 1 <= MAX_LEN
 
 
-@pytest.mark.parametrize(
-    "body, expected",
-    [
-        (
-            {"prediction": {"type": "content", "content": "x = 1"}},
-            {"vllm_xargs": {"prediction": "x = 1"}},
-        ),
-        (
-            {"prediction": {"content": [{"type": "text", "text": "a"}]}, "vllm_xargs": {"k": 1}},
-            {"vllm_xargs": {"k": 1, "prediction": "a"}},
-        ),
-        ({"prediction": {"content": 5}}, None),
-        ({"messages": []}, None),
-    ],
-)
-def test_the_middleware_moves_prediction_into_vllm_xargs(body, expected):
-    import json
-
-    out = rewrite_body(json.dumps(body).encode())
-    assert (json.loads(out) if out is not None else None) == expected
-
-
 def test_vllm_serve_runs_vllms_server_with_the_proposer_and_the_middleware():
     import json
 
@@ -180,6 +156,7 @@ def test_vllm_serve_runs_vllms_server_with_the_proposer_and_the_middleware():
         "num_speculative_tokens": 12,
     }
     assert command[command.index("--middleware") + 1] == "promptlookup.vllm.PredictedOutputs"
+    assert command[command.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert command[-3:] == ["--port", "9000", "--served-model-name=x"]
     assert command.count("--served-model-name") == 0  # the user's own name wins
 

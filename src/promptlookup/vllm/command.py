@@ -16,8 +16,12 @@ from ..errors import InvalidParameterError
 
 #: The proposer's class path, for vLLM's ``speculative_config["model"]``.
 PROPOSER = "promptlookup.vllm.PromptLookupProposer"
-#: The middleware that turns OpenAI's ``prediction`` into ``vllm_xargs``.
+#: The middleware that turns OpenAI's ``prediction`` into ``vllm_xargs`` and fills in the
+#: answer's prediction counts.
 MIDDLEWARE = "promptlookup.vllm.PredictedOutputs"
+#: vLLM's flag that puts each request's speculative counts in its answer, where the
+#: middleware finds them (``metrics.speculative_decoding``).
+SPEC_METRICS = ("--per-request-spec-decode-metrics", "summary")
 
 
 def speculative_config(num_tokens: int) -> dict:
@@ -63,6 +67,8 @@ def server_command(model: str, name: str, num_tokens: int, vllm_args: tuple[str,
         command += ["--served-model-name", name]
     if "--speculative-config" not in given:
         command += ["--speculative-config", json.dumps(speculative_config(num_tokens))]
+    if SPEC_METRICS[0] not in given:
+        command += list(SPEC_METRICS)
     command += ["--middleware", MIDDLEWARE, *vllm_args]
     return command
 
