@@ -3,29 +3,35 @@ and suffix speculation, and with promptlookup's proposer (with and without a pre
 the same prompts and model, at several concurrency levels.
 
 Each method is one vLLM server a user would run (``python -m
-vllm.entrypoints.openai.api_server``, started by this script on a free 127.0.0.1 port, one at a
-time, with the same ``--max-model-len``, ``--dtype`` and ``--max-num-seqs``):
+vllm.entrypoints.openai.api_server``, started by this script on a free 127.0.0.1 port, with the
+same ``--max-model-len``, ``--dtype`` and ``--max-num-seqs``). All servers are started first and
+stay up; the methods then take turns (interleaved), so that a machine whose speed drifts (a
+shared one) slows every method alike: for each task and concurrency level, ``--rounds`` rounds,
+each running every method once over the prompts, the order rotated by one method per round.
+A method's tokens/s is its completion tokens over its time, summed over the rounds.
 
 - ``plain``: no speculation;
 - ``ngram``: ``{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,
   "prompt_lookup_min": 2}`` (vLLM's n-gram proposer as its docs set it up);
 - ``suffix``: ``{"method": "suffix", "num_speculative_tokens": 16}`` (needs the package
   ``arctic-inference``; skipped with a note when it is missing);
-- ``promptlookup``: promptlookup's proposer (``promptlookup vllm-serve``'s configuration,
-  drafts of up to 16 tokens);
+- ``promptlookup``: promptlookup's proposer, exactly as ``promptlookup vllm-serve`` runs it
+  (drafts of up to 16 tokens, the middleware, ``--per-request-spec-decode-metrics summary``);
 - ``promptlookup-predicted``: the same server, each request carrying OpenAI's ``prediction``:
-  plain's answer to it (a prediction that matches the answer, as when re-sending an edit).
+  plain's answer to it (a prediction that matches the answer, as when re-sending an edit); its
+  answers' ``usage.completion_tokens_details`` (accepted and rejected prediction tokens) are
+  summed into the results.
 
 Requests: chat completions, greedy (temperature 0), ``max_tokens`` fixed, not streamed; the
-first ``--prompts`` prompts of each task file (JSONL rows with ``messages``), sent with N in
-flight at once (N client threads over the list), after one warm-up request. Recorded per task
-and level: completion tokens over wall time (tokens/s), and whether each text equals plain's at
-concurrency 1. Results go to ``--out`` (JSON) and a table on stdout with each method's ratio to
-plain and to ngram.
+first ``--prompts`` prompts of each task of promptlookup's built-in bench suite (``--suite``,
+the prompts of ``promptlookup bench``), or of each task file (``--tasks``, JSONL rows with
+``messages``), sent with N in flight at once (N client threads over the list), after one warm-up request per server.
+Recorded per task and level: completion tokens over wall time (tokens/s), and whether each
+text equals plain's at the same level (first round). Results go to ``--out`` (JSON) and a table
+on stdout with each method's ratio to plain and to ngram.
 
-    python benchmarks/vllm_bench.py --tasks code_edit=/path/code_edit.jsonl,\\
-        summarization=/path/summarization.jsonl,open_ended=benchmarks/data/open_ended.jsonl \\
-        --prompts 8 --max-tokens 128 --concurrency 1,8 --out bench-out/vllm.json
+    python benchmarks/vllm_bench.py --suite code_edit,summarization,open_ended \\
+        --prompts 8 --max-tokens 96 --concurrency 1,8 --rounds 2 --out bench-out/vllm.json
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def free_port() -> int:
 
 
 def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subprocess.Popen, str]:
-    """vLLM's OpenAI server for one method, and its base URL once /health answers."""
+    """vLLM's OpenAI server for one method (it is starting; :func:`wait_ready`)."""
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += ["--served-model-name", "model", "--host", "127.0.0.1", "--port", str(port)]
@@ -81,6 +87,10 @@ def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subpro
         command.append("--enforce-eager")
     if spec is not None:
         command += ["--speculative-config", json.dumps(spec)]
+    if spec is not None and spec.get("method") == "custom_class":
+        from promptlookup.vllm.command import SPEC_METRICS
+
+        command += list(SPEC_METRICS)  # as promptlookup vllm-serve runs it
     # No vLLM plugin loads: arctic-inference's would patch vLLM (the suffix method only
     # imports its suffix tree).
     env = {
@@ -89,7 +99,11 @@ def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subpro
         "VLLM_PLUGINS": "",
     }
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(process: subprocess.Popen, url: str, args, log: Path) -> None:
+    """Wait until the server's /health answers (RuntimeError if it exits or times out)."""
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -97,7 +111,7 @@ def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subpro
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as answer:
                 if answer.status == 200:
-                    return process, url
+                    return
         except OSError:
             time.sleep(2)
     process.terminate()
@@ -115,9 +129,12 @@ def chat(url: str, messages: list, max_tokens: int, prediction: str | None = Non
     )
     with urllib.request.urlopen(request, timeout=3600) as answer:
         data = json.loads(answer.read())
+    details = data["usage"].get("completion_tokens_details") or {}
     return {
         "text": data["choices"][0]["message"]["content"],
         "tokens": data["usage"]["completion_tokens"],
+        "accepted_prediction_tokens": details.get("accepted_prediction_tokens"),
+        "rejected_prediction_tokens": details.get("rejected_prediction_tokens"),
     }
 
 
@@ -132,9 +149,26 @@ def run_level(url, prompts, max_tokens, concurrency, predictions=None) -> dict:
             )
         )
     seconds = time.perf_counter() - start
-    tokens = sum(a["tokens"] for a in answers)
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds,
+    cell = {"seconds": seconds, "tokens": sum(a["tokens"] for a in answers),
             "texts": [a["text"] for a in answers]}  # fmt: skip
+    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+        counts = [a[key] for a in answers]
+        if any(c is not None for c in counts):
+            cell[key] = sum(c or 0 for c in counts)
+    return cell
+
+
+def add_round(total: dict | None, cell: dict) -> dict:
+    """Sum a round's cell into the method's total (texts: the first round's)."""
+    if total is None:
+        return {**cell, "rounds": [round(cell["seconds"], 3)]}
+    total["seconds"] += cell["seconds"]
+    total["tokens"] += cell["tokens"]
+    total["rounds"].append(round(cell["seconds"], 3))
+    for key in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+        if key in cell:
+            total[key] = total.get(key, 0) + cell[key]
+    return total
 
 
 def read_prompts(path: str, count: int) -> list:
@@ -152,6 +186,8 @@ def table(results: dict, levels: list[int]) -> str:
     lines = ["| method | task | concurrency | tokens/s | x plain | x ngram | same text as plain |"]
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     for method, tasks in results.items():
+        if method == "config":
+            continue
         for task, by_level in tasks.items():
             for level in levels:
                 cell = by_level.get(str(level))
@@ -169,16 +205,22 @@ def table(results: dict, levels: list[int]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="as for promptlookup vllm-serve")
-    parser.add_argument("--tasks", required=True, help="name=path.jsonl,... (rows with messages)")
+    parser.add_argument(
+        "--suite",
+        default="code_edit,summarization,open_ended",
+        help="tasks of promptlookup's built-in bench suite (promptlookup bench's prompts)",
+    )
+    parser.add_argument("--tasks", help="name=path.jsonl,... (rows with messages), not the suite")
     parser.add_argument(
         "--methods", default="plain,ngram,suffix,promptlookup,promptlookup-predicted"
     )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per cell")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--kv-cache-gib", type=int, default=2)
+    parser.add_argument("--kv-cache-gib", type=int, default=1)
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile")
     parser.add_argument("--start-timeout", type=float, default=1200)
     parser.add_argument("--out", default="bench-out/vllm.json")
@@ -187,46 +229,83 @@ def main(argv=None) -> None:
     from promptlookup.vllm.command import model_folder
 
     model, _ = model_folder(None if args.model == "default" else args.model)
-    tasks = {
-        name: read_prompts(path, args.prompts)
-        for name, path in (item.split("=", 1) for item in args.tasks.split(","))
-    }
+    if args.tasks:
+        tasks = {
+            name: read_prompts(path, args.prompts)
+            for name, path in (item.split("=", 1) for item in args.tasks.split(","))
+        }
+    else:
+        from promptlookup.bench.suite import suite_rows
+
+        names = tuple(args.suite.split(","))
+        rows = suite_rows(limit=args.prompts, tasks=names)
+        tasks = {name: [r.messages for r in rows if r.task == name] for name in names}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    results: dict = json.loads(out.read_text()) if out.is_file() else {}
     methods = args.methods.split(",")
-    for method in methods:
-        server_method = "promptlookup" if method == "promptlookup-predicted" else method
-        if method == "suffix" and not _has("arctic_inference"):
-            print("suffix: skipped, the package arctic-inference is not installed", flush=True)
-            continue
-        log = out.with_name(f"{out.stem}-{method}.log")
-        try:
-            process, url = start_server(model, METHODS[server_method], args, log)
-        except RuntimeError as exc:
-            print(f"{method}: {exc}", flush=True)
-            continue
-        try:
-            chat(url, [{"role": "user", "content": "Hello"}], 8)  # warm-up
-            mine = results.setdefault(method, {})
-            for task, prompts in tasks.items():
-                predictions = None
-                if method == "promptlookup-predicted":
-                    predictions = results["plain"][task]["1"]["texts"]
-                for level in args.concurrency:
-                    cell = run_level(url, prompts, args.max_tokens, level, predictions)
-                    plain = results.get("plain", {}).get(task, {}).get("1")
-                    if plain:
-                        same = sum(a == b for a, b in zip(cell["texts"], plain["texts"]))
-                        cell["same_as_plain"] = f"{same}/{len(prompts)}"
-                    mine.setdefault(task, {})[str(level)] = cell
-                    print(f"{method} {task} x{level}: {cell['tokens_per_second']:.1f} tokens/s "
-                          f"({cell['tokens']} tokens, {cell['seconds']:.1f} s)", flush=True)  # fmt: skip
-                    out.write_text(json.dumps(results, indent=1))
-        finally:
+    if "suffix" in methods and not _has("arctic_inference"):
+        print("suffix: skipped, the package arctic-inference is not installed", flush=True)
+        methods.remove("suffix")
+    if "promptlookup-predicted" in methods and "plain" not in methods:
+        raise SystemExit("promptlookup-predicted needs plain (its answers are the predictions)")
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        for method in dict.fromkeys(_server_of(m) for m in methods):
+            log = out.with_name(f"{out.stem}-{method}.log")
+            servers[method] = start_server(model, METHODS[method], args, log)
+            try:  # one at a time: their start-ups (and warm-ups) compete for the cores
+                wait_ready(*servers[method], args, log)
+            except RuntimeError as exc:
+                print(f"{method}: {exc}", flush=True)
+                del servers[method]
+                continue
+            chat(servers[method][1], [{"role": "user", "content": "Hello"}], 8)  # warm-up
+        methods = [m for m in methods if _server_of(m) in servers]
+        results = run_interleaved(servers, methods, tasks, args, out)
+    finally:
+        for process, _ in servers.values():
             process.terminate()
+        for process, _ in servers.values():
             process.wait(timeout=60)
     print(table(results, args.concurrency))
+
+
+def _server_of(method: str) -> str:
+    return "promptlookup" if method == "promptlookup-predicted" else method
+
+
+def run_interleaved(servers: dict, methods: list[str], tasks: dict, args, out: Path) -> dict:
+    """Every task and level: ``args.rounds`` rounds of every method in turn (the order
+    rotated each round; plain first in the first round, since its answers are the
+    predictions); results written to ``out`` after each cell."""
+    results: dict = {"config": {"methods": methods, "rounds": args.rounds,
+                                "prompts": args.prompts, "max_tokens": args.max_tokens}}  # fmt: skip
+    for task, prompts in tasks.items():
+        for level in args.concurrency:
+            totals: dict[str, dict] = {}
+            for round_ in range(args.rounds):
+                shift = round_ % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    predictions = None
+                    if method == "promptlookup-predicted":
+                        plain = results.get("plain", {}).get(task, {})
+                        plain = plain.get("1") or plain.get(str(level)) or totals.get("plain")
+                        predictions = plain["texts"]
+                    url = servers[_server_of(method)][1]
+                    cell = run_level(url, prompts, args.max_tokens, level, predictions)
+                    print(f"{method} {task} x{level} round {round_ + 1}: "
+                          f"{cell['tokens'] / cell['seconds']:.1f} tokens/s "
+                          f"({cell['tokens']} tokens, {cell['seconds']:.1f} s)", flush=True)  # fmt: skip
+                    totals[method] = add_round(totals.get(method), cell)
+            for method, cell in totals.items():
+                cell["tokens_per_second"] = cell["tokens"] / cell["seconds"]
+                plain = totals.get("plain")
+                if plain:
+                    same = sum(a == b for a, b in zip(cell["texts"], plain["texts"]))
+                    cell["same_as_plain"] = f"{same}/{len(prompts)}"
+                results.setdefault(method, {}).setdefault(task, {})[str(level)] = cell
+            out.write_text(json.dumps(results, indent=1))
+    return results
 
 
 def _has(module: str) -> bool:

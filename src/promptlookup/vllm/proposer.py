@@ -89,7 +89,14 @@ class PromptLookupProposer:
         INSTANCES.add(self)
 
     def load_model(self, *args, **kwargs) -> None:
-        """vLLM's hook for proposers with weights: nothing to load."""
+        """vLLM's hook for proposers with weights, called once at start-up: no weights, but
+        the tokenizer that predictions given as text need is loaded here, not inside the
+        engine step of the first request with a prediction (where it stalled every running
+        request; a failure here only leaves it to that step)."""
+        try:
+            self._tokenizer_of()
+        except Exception as exc:  # e.g. a model without a Hugging Face tokenizer
+            logger.warning("tokenizer not loaded at start-up (%s); loading it on first use", exc)
 
     # -- one engine step ---------------------------------------------------------------------
 
