@@ -160,8 +160,8 @@ def check_answer(text: str, fix: BugFix = REQUEST) -> tuple[bool, str]:
 
 def main() -> None:
     print(
-        "Loading the default model (SmolLM2-135M-Instruct; the first run converts its GGUF "
-        "file once, ~20 s)...",
+        "Loading the default model (SmolLM2-135M-Instruct; the first run reads its GGUF's "
+        "tokenizer and compiles the kernels once, ~20 s)...",
         file=sys.stderr,
     )
     lm = promptlookup.load_model()
