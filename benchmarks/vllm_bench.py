@@ -13,8 +13,11 @@ A method's tokens/s is its completion tokens over its time, summed over the roun
 - ``plain``: no speculation;
 - ``ngram``: ``{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,
   "prompt_lookup_min": 2}`` (vLLM's n-gram proposer as its docs set it up);
-- ``suffix``: ``{"method": "suffix", "num_speculative_tokens": 16}`` (needs the package
-  ``arctic-inference``; skipped with a note when it is missing);
+- ``suffix``: ``{"method": "suffix", "num_speculative_tokens": 16,
+  "suffix_decoding_max_cached_requests": 0}`` (needs the package ``arctic-inference``; skipped
+  with a note when it is missing): vLLM's suffix decoding from each request's own prompt and
+  output, without its global tree of earlier answers, which in this benchmark's repeated
+  prompts would replay the answers of earlier rounds and levels;
 - ``promptlookup``: promptlookup's proposer, exactly as ``promptlookup vllm-serve`` runs it
   (drafts of up to 16 tokens, the middleware, ``--per-request-spec-decode-metrics summary``);
 - ``promptlookup-predicted``: the same server, each request carrying OpenAI's ``prediction``:
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -54,7 +58,13 @@ METHODS = {
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     },
-    "suffix": {"method": "suffix", "num_speculative_tokens": 16},
+    # No global tree of earlier answers: the rounds repeat the same prompts, and it would
+    # replay their answers (a prediction in disguise); each request's prompt tree stays.
+    "suffix": {
+        "method": "suffix",
+        "num_speculative_tokens": 16,
+        "suffix_decoding_max_cached_requests": 0,
+    },
     "promptlookup": {
         "method": "custom_class",
         "model": "promptlookup.vllm.PromptLookupProposer",
@@ -249,6 +259,7 @@ def main(argv=None) -> None:
     if "promptlookup-predicted" in methods and "plain" not in methods:
         raise SystemExit("promptlookup-predicted needs plain (its answers are the predictions)")
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    signal.signal(signal.SIGTERM, _interrupted)  # stopped: the servers are still stopped
     try:
         for method in dict.fromkeys(_server_of(m) for m in methods):
             log = out.with_name(f"{out.stem}-{method}.log")
@@ -268,6 +279,10 @@ def main(argv=None) -> None:
         for process, _ in servers.values():
             process.wait(timeout=60)
     print(table(results, args.concurrency))
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _server_of(method: str) -> str:
