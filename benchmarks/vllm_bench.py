@@ -70,6 +70,12 @@ METHODS = {
         "model": "promptlookup.vllm.PromptLookupProposer",
         "num_speculative_tokens": 16,
     },
+    # Not in the default methods: the same proposer allowed drafts of up to 32 tokens.
+    "promptlookup-32": {
+        "method": "custom_class",
+        "model": "promptlookup.vllm.PromptLookupProposer",
+        "num_speculative_tokens": 32,
+    },
 }
 
 
