@@ -25,12 +25,15 @@ VALUES = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_l
               tie_word_embeddings=True)  # fmt: skip
 
 
-def write_tiny_gguf(folder, arch: str, seed: int = 0):
+def write_tiny_gguf(folder, arch: str, seed: int = 0, freq_factors=None, stem: str = ""):
     """A random tiny model of ``arch`` (llama or qwen2: biases on the query, key and value
-    projections) as a GGUF file, its metadata as the loader's cached config; the path."""
+    projections) as a GGUF file, its metadata as the loader's cached config; the path.
+    ``freq_factors``: a ``rope_freqs`` tensor, as llama.cpp writes Llama 3's scaled RoPE."""
     rng = np.random.default_rng(seed)
-    path = folder / f"{arch}.gguf"
+    path = folder / f"{stem or arch}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
+    if freq_factors is not None:
+        writer.add_tensor("rope_freqs.weight", np.asarray(freq_factors, dtype=np.float32))
     hidden, inner, kv = VALUES["hidden_size"], VALUES["intermediate_size"], 2 * 16
     shapes = {"attn_q": (hidden, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden),
               "attn_output": (hidden, hidden), "ffn_gate": (inner, hidden),
@@ -59,7 +62,7 @@ def write_tiny_gguf(folder, arch: str, seed: int = 0):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    (folder / f"{arch}.json").write_text(json.dumps({"model_type": arch, **VALUES}))
+    (folder / f"{stem or arch}.json").write_text(json.dumps({"model_type": arch, **VALUES}))
     return path
 
 
@@ -118,6 +121,39 @@ def test_as_transformers_shares_the_modules_and_generates(tmp_path):
     with torch.inference_mode():
         assert torch.allclose(twin(ids).logits[0], written_out, atol=1e-4)
         assert twin.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 9)
+
+
+def test_a_files_rope_freqs_divide_the_frequencies_as_llama3_scales_them(tmp_path, monkeypatch):
+    """llama.cpp stores Llama 3's scaled RoPE as per-frequency factors (``rope_freqs``), which
+    transformers' GGUF reader drops: our rotary embedding divides by them, giving Llama 3's
+    frequencies; transformers' classes cannot take them (a named error: float32 then)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from promptlookup.errors import ModelLoadError, UnsupportedModelError
+
+    scaled = LlamaConfig(**{**VALUES, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": VALUES["rope_theta"], "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+    }})  # fmt: skip
+    llama3, _ = ROPE_INIT_FUNCTIONS["llama3"](scaled, None)
+    plain = gguf_modules.GgufRotaryEmbedding(gguf_modules.gguf_config("llama", dict(VALUES)))
+    factors = (plain.inv_freq / llama3).numpy()  # what llama.cpp's converter writes
+    assert factors.min() == 1.0 and factors.max() > 7.9
+    path = write_tiny_gguf(tmp_path, "llama", freq_factors=factors, stem="scaled")
+    model, formats = load_quantized(path, tmp_path / "scaled.json")
+    assert torch.allclose(model.model.rotary_emb.inv_freq, llama3, rtol=1e-6, atol=0)
+    unscaled, _ = load_quantized(write_tiny_gguf(tmp_path, "llama"), tmp_path / "llama.json")
+    tokens = [3, 9, 27, 5, 60, 1, 7]
+    assert not torch.equal(
+        TransformersTarget(model).forward(tokens), TransformersTarget(unscaled).forward(tokens)
+    )
+    short = write_tiny_gguf(tmp_path, "llama", freq_factors=factors[:5], stem="short")
+    with pytest.raises(ModelLoadError, match="5 factors for 8"):
+        load_quantized(short, tmp_path / "short.json")
+    monkeypatch.setattr(gguf_modules, "takes", lambda model_type, values: False)
+    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+        load_quantized(path, tmp_path / "scaled.json")
 
 
 def test_a_file_our_modules_do_not_reproduce_keeps_transformers_classes():

@@ -98,13 +98,18 @@ class GgufRMSNorm(nn.Module):
 
 class GgufRotaryEmbedding(nn.Module):
     """``LlamaRotaryEmbedding`` with the default rotary embedding: cos and sin
-    ``(batch, n, head_dim)`` of ``positions`` (batch, n), as it computes them."""
+    ``(batch, n, head_dim)`` of ``positions`` (batch, n), as it computes them. ``freq_factors``
+    (head_dim / 2): a GGUF's ``rope_freqs`` tensor, which divides each frequency as llama.cpp
+    divides it (Llama 3's scaled RoPE; ``transformers``' GGUF reader drops it)."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, freq_factors: torch.Tensor | None = None) -> None:
         super().__init__()
         dim = config.head_dim
         exponents = torch.arange(0, dim, 2, dtype=torch.float) / dim
-        self.inv_freq = nn.Buffer(1.0 / (config.rope_theta**exponents), persistent=False)
+        inv_freq = 1.0 / (config.rope_theta**exponents)
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
         self.attention_scaling = 1.0
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor):

@@ -45,6 +45,8 @@ NAMES = {
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
 }
 ARCHITECTURES = ("llama", "mistral", "qwen2")
+#: The tensor of llama.cpp's rotary frequency factors (Llama 3.1 and later: scaled RoPE).
+ROPE_FREQS = "rope_freqs.weight"
 FLOAT_KINDS = ("F32", "F16", "BF16")
 
 
@@ -126,11 +128,15 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     permuted = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     formats: dict[str, int] = {}
     quantized: dict[str, QuantizedWeight] = {}
+    freq_factors = None  # llama.cpp's rotary frequency factors (Llama 3's scaled RoPE)
     for tensor in reader.tensors:
-        where, leaf = module_path(tensor.name)
         kind = tensor.tensor_type.name
         formats[kind] = formats.get(kind, 0) + 1
         data = tensor.data
+        if tensor.name == ROPE_FREQS:
+            freq_factors = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
+            continue
+        where, leaf = module_path(tensor.name)
         heads = permuted.get(where.rpartition(".")[2]) if config.model_type == "llama" else None
         if heads and data.ndim == 2:
             data = data[_unpermute(data.shape[0], heads)]  # whole rows: exact in any format
@@ -153,12 +159,31 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     del reader, tensor, data  # the file's memory map goes with them
     _tie_head(model, quantized)
     base = model.model
-    base.rotary_emb = type(base.rotary_emb)(config=config)  # its buffers, computed on the cpu
+    base.rotary_emb = _rotary(base.rotary_emb, config, freq_factors, path)  # on the cpu
     return_freed_memory(map_from=1 << 20)  # the packing's temporaries; see there
     missing = [name for name, value in model.state_dict().items() if value.is_meta]
     if missing:
         raise ModelLoadError(f"{path.name}: the file has no tensor for {', '.join(missing[:3])}")
     return model.eval(), formats
+
+
+def _rotary(rotary: torch.nn.Module, config, freq_factors, path: Path) -> torch.nn.Module:
+    """The model's rotary embedding made on the CPU, with the file's frequency factors, which
+    only our own modules take (transformers' GGUF reader drops them: its Llama would rotate
+    by other angles than the file's model)."""
+    if isinstance(rotary, gguf_modules.GgufRotaryEmbedding):
+        if freq_factors is not None and freq_factors.shape != (config.head_dim // 2,):
+            raise ModelLoadError(
+                f"{path.name}: {ROPE_FREQS} holds {freq_factors.numel()} factors for "
+                f"{config.head_dim // 2} rotary frequencies"
+            )
+        return gguf_modules.GgufRotaryEmbedding(config, freq_factors)
+    if freq_factors is not None:
+        raise UnsupportedModelError(
+            f"{path.name}: {ROPE_FREQS} (scaled rotary frequencies) with this architecture's "
+            "transformers classes"
+        )
+    return type(rotary)(config=config)
 
 
 def _forget_pages(reader, tensor) -> None:
