@@ -19,6 +19,7 @@ from ..errors import UnsupportedModelError
 from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
 from .base import PREFILL_CHUNK
 from .cache import GrowingLayer, growing_cache
+from .fastest import FastestKernels
 from .linear import TIMED_ROWS, LinearKernels
 from .llama_forward import LlamaForward, supports
 
@@ -67,11 +68,9 @@ class TransformersTarget:
         self.device, self.dtype = weight.device, weight.dtype
         self.cache: DynamicCache | None = None
         #: Which kernel each weight's products use in a verification pass (measured).
-        if kernels is None and not row_invariant:
-            from .fastest import FastestKernels
-
-            kernels = FastestKernels(model)
-        self.kernels = kernels if kernels is not None else LinearKernels(model)
+        if kernels is None:
+            kernels = LinearKernels(model) if row_invariant else FastestKernels(model)
+        self.kernels = kernels
         #: Whether bfloat16 prompt chunks take blocked attention or ``sdpa`` (measured).
         self.attention = (
             attention if attention is not None else PromptAttention(config, self.dtype, self.device)
@@ -83,6 +82,9 @@ class TransformersTarget:
             LlamaForward(model, row_invariant, layers_in_one_call) if supports(model) else None
         )
         self._row_invariant = row_invariant  # as asked; see the row_invariant property
+        #: Whether the model has a forward of its own (our GGUF modules do not: every pass is
+        #: written out, and transformers' attention registry is never needed).
+        self.model_forward = not getattr(model, "written_out_only", False)
         self.reset()
         # Recurrent layers (or others transformers adds) forget what a crop would restore.
         self.can_crop = all(type(layer) in CROPPABLE for layer in self.cache.layers)
@@ -126,10 +128,10 @@ class TransformersTarget:
         blocked = (
             not self.row_invariant and length > SDPA_MAX_ROWS and self.attention.prefers_blocks()
         )
-        model_forward = not getattr(self.model, "written_out_only", False)
-        with verification_attention(self.config, blocked, model_forward), self.kernels.use(length):
+        own = self.model_forward
+        with verification_attention(self.config, blocked, own), self.kernels.use(length):
             if self.written_out is not None and (
-                self.row_invariant or length > 1 or self.dtype != torch.float32 or not model_forward
+                self.row_invariant or length > 1 or self.dtype != torch.float32 or not own
             ):
                 return self.written_out(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(
