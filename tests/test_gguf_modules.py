@@ -143,6 +143,8 @@ def test_a_files_rope_freqs_divide_the_frequencies_as_llama3_scales_them(tmp_pat
     path = write_tiny_gguf(tmp_path, "llama", freq_factors=factors, stem="scaled")
     model, formats = load_quantized(path, tmp_path / "scaled.json")
     assert torch.allclose(model.model.rotary_emb.inv_freq, llama3, rtol=1e-6, atol=0)
+    twin = model.as_transformers()  # its generate rotates by the file's frequencies too
+    assert torch.equal(twin.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
     unscaled, _ = load_quantized(write_tiny_gguf(tmp_path, "llama"), tmp_path / "llama.json")
     tokens = [3, 9, 27, 5, 60, 1, 7]
     assert not torch.equal(

@@ -227,5 +227,7 @@ class GgufForCausalLM(nn.Module):
             theirs.input_layernorm.weight = ours.input_layernorm.weight
             theirs.post_attention_layernorm.weight = ours.post_attention_layernorm.weight
         twin.model.rotary_emb = type(twin.model.rotary_emb)(config=config)
+        # Our frequencies: the same as theirs, or divided by the file's rope_freqs.
+        twin.model.rotary_emb.inv_freq.copy_(self.model.rotary_emb.inv_freq)
         object.__setattr__(self, "_transformers_twin", twin.eval())  # not a submodule
         return twin
