@@ -49,7 +49,7 @@ def test_a_drafter_returning_a_plain_list_still_drafts():
     assert drafted == plain and stats.drafted_tokens > 0
 
 
-def test_the_loop_reads_the_match_length_from_the_draft():
+def test_the_loop_hands_the_policy_the_draft_with_its_match_length():
     class Recording:
         def __init__(self):
             self.seen = []
@@ -57,9 +57,9 @@ def test_the_loop_reads_the_match_length_from_the_draft():
         def start(self, target, probe_token, sampling):
             pass
 
-        def draft_length(self, draft, match_length):
-            self.seen.append(match_length)
-            return len(draft)
+        def shape(self, draft):  # the policy is handed the draft, match length and all
+            self.seen.append(draft.match_length)
+            return draft
 
         def record_forward(self, num_tokens, seconds):
             pass
@@ -125,6 +125,7 @@ def test_one_table_of_drafter_options_serves_every_front_end():
     }
     assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
     assert OPTIONS["prompt-lookup"] == {
+        "branches",
         "cross_request",
         "num_tokens",
         "min_match",

@@ -77,3 +77,42 @@ def test_a_cache_that_grows_between_passes_keeps_its_keys_and_values():
     target.reset()
     target.forward(tokens[:-8])
     assert torch.equal(torch.cat([target.forward([token]) for token in tokens[-8:]]), whole)
+
+
+def _path_rows(target, prompt: list[int], path: list[int]) -> torch.Tensor:
+    """The rows of one-token passes over ``path`` after ``prompt`` (a fresh cache)."""
+    target.reset()
+    target.forward(prompt)
+    return torch.cat([target.forward([token]) for token in path])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_of_a_token_tree_is_a_one_token_pass_over_its_own_path(threads):
+    """A tree's rows, depth-first (root 40; children 41 -> 42 -> 43, 44 -> 45, and 46), each
+    equal a one-token pass over its own path bit for bit; keeping a branch that was not
+    written last puts its keys and values in place for the next pass."""
+    torch.set_num_threads(threads)
+    target = tiny_target(4)
+    prompt = [(3 * i + 1) % 64 for i in range(20)]
+    tokens = [40, 41, 42, 43, 44, 45, 46]
+    offsets = [0, 1, 2, 3, 2, 3, 1]  # 44 is 42's sibling (a child of 41); 46 is 41's
+    parents = [-1, 0, 1, 2, 1, 4, 0]
+    target.reset()
+    target.forward(prompt[:-1])  # the prompt's last token waits: it joins the tree's pass
+    tree = target.forward([prompt[-1], *tokens], [0, *(1 + o for o in offsets)])[1:]
+    for row in range(len(tokens)):
+        path, node = [], row
+        while node >= 0:
+            path.insert(0, tokens[node])
+            node = parents[node]
+        assert torch.equal(tree[row], _path_rows(target, prompt, path)[-1]), row
+    # Keep the path 40 -> 41 -> 44 -> 45 (written before 46 and the chain's end): the next
+    # pass sees exactly that path's cache.
+    target.reset()
+    target.prefill(prompt[:-1])  # waiting prompt tokens run first in the tree's pass
+    target.forward([prompt[-1], *tokens], [0, *(1 + o for o in offsets)])
+    start = len(prompt) - 1
+    target.keep_tree_path([0, 1, 2, 5, 6])  # prompt[-1], 40, 41, 44, 45
+    target.crop(start + 5)
+    after = target.forward([7, 8])
+    assert torch.equal(after, _path_rows(target, prompt, [40, 41, 44, 45, 7, 8])[-2:])

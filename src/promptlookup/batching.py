@@ -219,7 +219,7 @@ class BatchDecoder:
                 budget = 0
                 continue
             budget -= len(missing)
-            draft = sequence.propose()
+            draft = sequence.propose().chain()  # trees: single sequences only, for now
             entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
             if draft and sequence.adaptive and self.policy is not None:
                 decided.append(entries[-1])

@@ -29,6 +29,7 @@ from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import AcceptanceModel, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
+from .trees import TokenTree, accepted_chain, greedy_chooser
 
 
 @dataclass
@@ -230,23 +231,41 @@ def speculative_generate(
     target.prefill(tokens[:-1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
+    trees = getattr(target, "tree_passes", False) and not sequence.chooser.do_sample
     while not sequence.done:
         if should_stop is not None and should_stop():
             break
-        # 2. Draft, and keep only the part of it worth its verification cost.
+        # 2. Draft, and keep only the part of it worth its verification cost: a chain, or a
+        #    token tree (its branches) where the target verifies trees and decoding is greedy.
         draft = sequence.propose()
+        if not trees or draft.draft_probs is not None:
+            draft = draft.chain()
         if policy is not None:
-            draft = draft.cut(policy.draft_length(draft, draft.match_length))
-        # 3. One target forward pass over the last token and the draft (the target's one-off
-        #    set-up for a new pass size comes first, so the policy times the pass alone).
-        target.prepare([len(draft) + 1])
+            draft = policy.shape(draft)
+        # 3. One target forward pass over the last token and the draft, or the tree's rows
+        #    depth-first (the target's one-off set-up for a new pass size comes first, so the
+        #    policy times the pass alone).
+        tree = TokenTree.of(tokens[-1], draft) if draft.branches else None
+        rows = tree.tokens if tree else [tokens[-1], *draft]
+        target.prepare([len(rows)])
         forward_start = time.perf_counter()
-        target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
+        if tree is None:
+            target_logits = target.forward(rows)  # (len(draft) + 1, vocab)
+        else:
+            target_logits = target.forward(rows, tree.depths)  # (rows, vocab)
         if policy is not None and stats.forward_passes:  # the first also ends the prompt
-            policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
-        # 4-5. Verify and learn (DecodingSequence.accept); crop the cache back to the accepted
-        #      tokens (the bonus token is fed next step).
-        new_tokens = sequence.accept(draft, target_logits, policy)
+            policy.record_forward(len(rows), time.perf_counter() - forward_start)
+        # 4-5. Verify and learn (DecodingSequence.accept; a tree's accepted path as a chain,
+        #      its rows kept in the cache); crop the cache back to the accepted tokens (the
+        #      bonus token is fed next step).
+        if tree is None:
+            new_tokens = sequence.accept(draft, target_logits, policy)
+        else:
+            choose = greedy_chooser(sequence.chooser, tokens, target_logits)
+            chain, chain_logits, path = accepted_chain(tree, draft, target_logits, choose)
+            stats.drafted_tokens += len(rows) - 1 - len(chain)  # the branches not taken
+            new_tokens = sequence.accept(chain, chain_logits, policy)
+            target.keep_tree_path(path[: len(new_tokens)])
         target.crop(len(tokens) - 1)
         for position, token in enumerate(new_tokens):
             try:

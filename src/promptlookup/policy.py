@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .cost_model import CostModel
 from .cost_store import CostStore
+from .drafters.base import Branch, Draft
 from .errors import InvalidParameterError
 
 __all__ = [
@@ -214,6 +215,46 @@ class SpeculationPolicy:
             return 0
         entry = self._current(len(draft), match_length, getattr(draft, "source", None))
         return self.joint_draft_lengths([entry])[0]
+
+    def shape(self, draft: Draft) -> Draft:
+        """The part of ``draft`` worth verifying for the current request: a chain's first
+        :meth:`draft_length` tokens, or a token tree's (:mod:`promptlookup.trees`) by the same
+        rule over the main draft's and branches' gains together,
+
+            argmax over the kept tokens of (1 + sum of their gains) / cost(1 + their count),
+
+        where a branch leaving at depth d gains ``miss(d) * weight * prod_{l<=j} a_b(l)`` for
+        its token j: ``miss(d)``, the chance that the main draft reaches depth d and its token
+        there is wrong; ``weight``, the drafter's estimate of the branch being right then;
+        ``a_b``, the branch's source's acceptance. A branch is kept only with the main tokens
+        before it."""
+        if not draft.branches:
+            return draft.cut(self.draft_length(draft, draft.match_length))
+        main = list(self._gains(self._current(len(draft), draft.match_length, draft.source)))
+        reach = [1.0, *main, 0.0]  # the chance that the main draft's path reaches depth d
+        gains = [(gain, -1) for gain in main]  # (gain, branch index; -1: the main draft)
+        for index, branch in enumerate(draft.branches):
+            if branch.depth > len(main):
+                continue
+            miss = (reach[branch.depth] - reach[branch.depth + 1]) * branch.weight
+            own = self._current(len(branch.draft), branch.draft.match_length, branch.draft.source)
+            gains += [(miss * gain, index) for gain in self._gains(own)]
+        gains.sort(key=lambda gain: -gain[0])  # stable: each draft's gains stay in order
+        costs = self.batch_costs(1)
+        expected, best_count, best_rate = 1.0, 0, 1.0 / costs.cost(1)
+        for count, (gain, _) in enumerate(gains, start=1):
+            expected += gain
+            rate = expected / costs.cost(1 + count)
+            if rate > best_rate:
+                best_count, best_rate = count, rate
+        lengths = Counter(index for _, index in gains[:best_count])
+        kept = lengths[-1]
+        branches = [
+            Branch(branch.depth, branch.draft.cut(lengths[index]), branch.weight)
+            for index, branch in enumerate(draft.branches)
+            if lengths[index] and branch.depth <= kept
+        ]
+        return Draft(draft[:kept], None, draft.match_length, draft.source, branches)
 
     def expected_accepted(
         self, length: int, match_length: int | None, source: str | None = None

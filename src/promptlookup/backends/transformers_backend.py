@@ -120,8 +120,14 @@ class TransformersTarget:
     def cache_length(self) -> int:
         return self.cache.get_seq_length() + len(self._pending)
 
+    @property
+    def tree_passes(self) -> bool:
+        """Whether :meth:`forward` takes token trees (``offsets``): row-invariant passes over
+        the one-call quantized layers (a GGUF's default path)."""
+        return self.row_invariant and self.written_out.tree_passes
+
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int, offsets=None) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
         # Row-invariant passes have their own attention: no prompt-attention choice to time.
@@ -133,7 +139,7 @@ class TransformersTarget:
             if self.written_out is not None and (
                 self.row_invariant or length > 1 or self.dtype != torch.float32 or not own
             ):
-                return self.written_out(input_ids, self.cache, logits_to_keep)[0]
+                return self.written_out(input_ids, self.cache, logits_to_keep, offsets)[0]
             out = self.model(
                 input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
             )
@@ -163,16 +169,38 @@ class TransformersTarget:
             logits = self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)[-1]
         return logits
 
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, token_ids: Sequence[int], offsets: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """See :meth:`~promptlookup.backends.base.Target.forward`; with ``offsets`` (where
+        :attr:`tree_passes`), ``token_ids`` is a token tree in depth-first order and
+        ``offsets[i]`` row i's depth (:meth:`keep_tree_path` after it)."""
         if not token_ids:
             self.extend(())
             return torch.empty(0, self.config.vocab_size)
-        fed, self._pending = [*self._pending, *token_ids], []
+        waiting, self._pending = self._pending, []
+        fed = [*waiting, *token_ids]
+        if offsets is not None:  # the waiting prompt tokens first, the tree after them
+            offsets = [*range(len(waiting)), *(len(waiting) + offset for offset in offsets)]
+            self._tree = (len(waiting), self.cache.get_seq_length(), offsets)
         # Logits of this call's tokens only (the waiting prompt tokens before them need none).
-        logits = self._run(fed, logits_to_keep=len(token_ids)).float()  # (len(token_ids), vocab)
+        logits = self._run(fed, len(token_ids), offsets).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
+
+    def keep_tree_path(self, rows: Sequence[int]) -> None:
+        """After a tree :meth:`forward`: make the cache hold ``rows`` (that call's row numbers:
+        the root, then one row per depth) at their positions, where the pass wrote another
+        path last. The caller then crops the cache to the accepted tokens."""
+        waiting, start, offsets = self._tree
+        last = {offset: row for row, offset in enumerate(offsets)}  # last row at each depth
+        copies = [
+            (waiting + row, 0, start + offsets[waiting + row])
+            for row in rows
+            if last[offsets[waiting + row]] != waiting + row
+        ]
+        self.written_out.keep_tree_rows([self.cache], copies)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -22,6 +22,7 @@ call, so drafters can index it incrementally. Drafters are torch-free unless the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -36,6 +37,9 @@ class Draft(list):
     - ``source``: where the draft came from when a drafter has several sources (``"shared"``:
       a :class:`~promptlookup.drafters.cross_request.CrossRequestIndex`); the policy keeps
       acceptance statistics per source. None: the request's own context.
+    - ``branches``: alternative continuations verified in the same pass where the target can
+      (a token tree, :mod:`promptlookup.trees`): :class:`Branch` es, each leaving the draft
+      after its first ``depth`` tokens. Empty: a chain.
 
     >>> draft = Draft([4, 5, 6], match_length=2)
     >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length
@@ -50,11 +54,13 @@ class Draft(list):
         draft_probs=None,
         match_length: int | None = None,
         source: str | None = None,
+        branches: Sequence[Branch] = (),
     ) -> None:
         super().__init__(tokens)
         self.draft_probs = draft_probs  # (len(self), vocab) or None
         self.match_length = match_length
         self.source = source
+        self.branches = tuple(branches)
 
     @classmethod
     def of(cls, proposed: Sequence[int] | None) -> Draft:
@@ -62,17 +68,41 @@ class Draft(list):
         return proposed if isinstance(proposed, Draft) else cls(proposed or ())
 
     def cut(self, length: int) -> Draft:
-        """The first ``length`` tokens, with their rows of ``draft_probs``."""
-        if length >= len(self):
+        """The first ``length`` tokens, with their rows of ``draft_probs``; each branch no
+        deeper than ``length`` tokens in all (its depth plus its own tokens)."""
+        if length >= len(self) and all(b.depth + len(b.draft) <= length for b in self.branches):
             return self
         length = max(length, 0)
+        branches = [
+            Branch(b.depth, b.draft.cut(length - b.depth), b.weight)
+            for b in self.branches
+            if b.depth < length
+        ]
         probs = self.draft_probs[:length] if self.draft_probs is not None else None
         return Draft(
-            self[:length], draft_probs=probs, match_length=self.match_length, source=self.source
+            self[:length], probs, self.match_length, self.source, [b for b in branches if b.draft]
         )
+
+    def chain(self) -> Draft:
+        """The draft without its branches."""
+        if not self.branches:
+            return self
+        return Draft(self, self.draft_probs, self.match_length, self.source)
 
     def __repr__(self) -> str:
         return list.__repr__(self)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """An alternative continuation of a draft: ``draft`` (its tokens, match length and
+    source) instead of the main draft's token at ``depth`` (0: right after the context).
+    ``weight``: the drafter's estimate of the chance that its first token is right where the
+    main draft's is wrong (the policy's tree rule weighs its gains by it)."""
+
+    depth: int
+    draft: Draft
+    weight: float = 1.0
 
 
 @runtime_checkable
