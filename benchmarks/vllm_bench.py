@@ -20,6 +20,12 @@ A method's tokens/s is its completion tokens over its time, summed over the roun
   prompts would replay the answers of earlier rounds and levels;
 - ``promptlookup``: promptlookup's proposer, exactly as ``promptlookup vllm-serve`` runs it
   (drafts of up to 16 tokens, the middleware, ``--per-request-spec-decode-metrics summary``);
+- ``spec-off`` (not in the default methods): vLLM's speculative path (``custom_class``, the
+  same flags) with a proposer that never drafts, :class:`NoDrafts`: what the path costs by
+  itself, so the bound of any proposer where drafting does not pay;
+- ``promptlookup-throughput`` (not in the default methods): the same with
+  ``PROMPTLOOKUP_VLLM_BATCH_RULE=throughput``, the policy's own rule in batches (before the
+  bottleneck rule, ``promptlookup.vllm.batch_policy``);
 - ``promptlookup-predicted``: the same server, each request carrying OpenAI's ``prediction``:
   plain's answer to it (a prediction that matches the answer, as when re-sending an edit); its
   answers' ``usage.completion_tokens_details`` (accepted and rejected prediction tokens) are
@@ -70,6 +76,21 @@ METHODS = {
         "model": "promptlookup.vllm.PromptLookupProposer",
         "num_speculative_tokens": 16,
     },
+    # Not in the default methods: the same proposer with the policy's own rule in batches
+    # (tokens per second over all rows, as before the bottleneck rule; METHOD_ENV).
+    "promptlookup-throughput": {
+        "method": "custom_class",
+        "model": "promptlookup.vllm.PromptLookupProposer",
+        "num_speculative_tokens": 16,
+    },
+    # Not in the default methods: vLLM's speculative path with a proposer that never drafts
+    # (NoDrafts, below): what the path costs by itself, the bound of any proposer's figures
+    # where drafting does not pay.
+    "spec-off": {
+        "method": "custom_class",
+        "model": "vllm_bench.NoDrafts",
+        "num_speculative_tokens": 16,
+    },
     # Not in the default methods: the same proposer allowed drafts of up to 32 tokens.
     "promptlookup-32": {
         "method": "custom_class",
@@ -77,6 +98,26 @@ METHODS = {
         "num_speculative_tokens": 32,
     },
 }
+
+
+#: Environment variables of a method's server, besides the common ones.
+METHOD_ENV = {
+    "promptlookup-throughput": {"PROMPTLOOKUP_VLLM_BATCH_RULE": "throughput"},
+    "spec-off": {"PYTHONPATH": str(Path(__file__).resolve().parent)},  # finds NoDrafts here
+}
+
+
+class NoDrafts:
+    """A proposer for vLLM's ``custom_class`` that never drafts (the ``spec-off`` method)."""
+
+    def __init__(self, vllm_config) -> None:
+        pass
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        return [[] for _ in sampled_token_ids]
 
 
 def openmp_preload() -> dict:
@@ -91,7 +132,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(
+    model: str, spec: dict | None, args, log: Path, extra_env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server for one method (it is starting; :func:`wait_ready`)."""
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
@@ -113,6 +156,7 @@ def start_server(model: str, spec: dict | None, args, log: Path) -> tuple[subpro
         **openmp_preload(),
         "VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib),
         "VLLM_PLUGINS": "",
+        **(extra_env or {}),
     }
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     return process, f"http://127.0.0.1:{port}"
@@ -269,7 +313,9 @@ def main(argv=None) -> None:
     try:
         for method in dict.fromkeys(_server_of(m) for m in methods):
             log = out.with_name(f"{out.stem}-{method}.log")
-            servers[method] = start_server(model, METHODS[method], args, log)
+            servers[method] = start_server(
+                model, METHODS[method], args, log, METHOD_ENV.get(method)
+            )
             try:  # one at a time: their start-ups (and warm-ups) compete for the cores
                 wait_ready(*servers[method], args, log)
             except RuntimeError as exc:

@@ -62,19 +62,21 @@ def calibrated_policy(seconds_per_row: float) -> SpeculationPolicy:
 
 def test_policy_verifies_branches_when_rows_are_nearly_free():
     policy = calibrated_policy(1e-4)
-    shaped = policy.shape(Draft([1, 2, 3], 2, branches=[Branch(0, Draft([4, 5]))]))
+    shaped = policy.shape(Draft([1, 2, 3], match_length=2, branches=[Branch(0, Draft([4, 5]))]))
     assert shaped == [1, 2, 3] and [list(b.draft) for b in shaped.branches] == [[4, 5]]
 
 
 def test_policy_drops_a_branch_that_cannot_pay():
     policy = calibrated_policy(1e-4)
-    shaped = policy.shape(Draft([1, 2, 3], 2, branches=[Branch(0, Draft([4, 5]), weight=0.0)]))
+    shaped = policy.shape(
+        Draft([1, 2, 3], match_length=2, branches=[Branch(0, Draft([4, 5]), weight=0.0)])
+    )
     assert shaped.branches == ()
 
 
 def test_policy_drops_branches_when_rows_are_dear():
-    policy = calibrated_policy(2.0)  # every row doubles a pass's cost: drafts do not pay
-    shaped = policy.shape(Draft([1, 2, 3], 2, branches=[Branch(0, Draft([4, 5]))]))
+    policy = calibrated_policy(10.0)  # a row costs ten times a pass: drafts do not pay
+    shaped = policy.shape(Draft([1, 2, 3], match_length=2, branches=[Branch(0, Draft([4, 5]))]))
     assert shaped == [] and shaped.branches == ()
 
 
@@ -163,3 +165,35 @@ def test_targets_without_tree_passes_get_chains(tiny_lm):
     plain = tiny_lm.generate([1, 2], max_new_tokens=12, drafter="none").token_ids
     out = tiny_lm.generate([1, 2], max_new_tokens=12, cross_request=index).token_ids
     assert out == plain
+
+
+@needs_kernel
+def test_batched_trees_give_every_sequence_its_plain_tokens(monkeypatch):
+    """Three sequences in shared passes, each drafting trees from an index that holds wrong
+    variants of its answer more often than the answer: branches are taken (rows copied into
+    place) and every sequence's tokens are its plain decoding's."""
+    from promptlookup.batching import BatchDecoder, BatchSequence
+
+    target = tree_target()
+    prompts = [[(5 * i + 2) % 64 for i in range(12)], [3, 1, 4, 1, 5, 9, 2, 6], [60, 50, 40]]
+    plain = [list(speculative_generate(target, p, max_new_tokens=30)) for p in prompts]
+    index = CrossRequestIndex()
+    for prompt, answer in zip(prompts, plain):
+        index.add(answer, prompt)
+        for shift in (1, 2):
+            for _ in range(2):
+                index.add([(t + shift) % 64 if i % 5 == 4 else t for i, t in enumerate(answer)],
+                          prompt)  # fmt: skip
+    copies = []
+    keep = target.written_out.keep_tree_rows
+    monkeypatch.setattr(target.written_out, "keep_tree_rows",
+                        lambda caches, rows: (copies.extend(rows), keep(caches, rows)))  # fmt: skip
+    decoder = BatchDecoder(target, None, max_batch=3)
+    sequences = [
+        decoder.add(BatchSequence(p, 30, drafter=SharedLookupDrafter(index, branches=3)))
+        for p in prompts
+    ]
+    for _ in decoder.run():
+        pass
+    assert [s.tokens[len(p) :] for s, p in zip(sequences, prompts)] == plain
+    assert copies, "no branch was accepted"

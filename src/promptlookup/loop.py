@@ -29,7 +29,7 @@ from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import AcceptanceModel, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
-from .trees import TokenTree, accepted_chain, greedy_chooser
+from .trees import TokenTree, accept_tree
 
 
 @dataclass
@@ -261,11 +261,8 @@ def speculative_generate(
         if tree is None:
             new_tokens = sequence.accept(draft, target_logits, policy)
         else:
-            choose = greedy_chooser(sequence.chooser, tokens, target_logits)
-            chain, chain_logits, path = accepted_chain(tree, draft, target_logits, choose)
-            stats.drafted_tokens += len(rows) - 1 - len(chain)  # the branches not taken
-            new_tokens = sequence.accept(chain, chain_logits, policy)
-            target.keep_tree_path(path[: len(new_tokens)])
+            new_tokens, path = accept_tree(sequence, tree, draft, target_logits, policy)
+            target.keep_tree_path(path)
         target.crop(len(tokens) - 1)
         for position, token in enumerate(new_tokens):
             try:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +124,8 @@ class SequenceDraft:
     acceptance: AcceptanceModel
     sampling: bool
     source: str | None = None
+    #: The draft's branches (a token tree, :mod:`promptlookup.trees`), weighed with it.
+    branches: tuple[Branch, ...] = ()
 
 
 def check_speculation(speculation: str) -> str:
@@ -217,44 +219,14 @@ class SpeculationPolicy:
         return self.joint_draft_lengths([entry])[0]
 
     def shape(self, draft: Draft) -> Draft:
-        """The part of ``draft`` worth verifying for the current request: a chain's first
-        :meth:`draft_length` tokens, or a token tree's (:mod:`promptlookup.trees`) by the same
-        rule over the main draft's and branches' gains together,
-
-            argmax over the kept tokens of (1 + sum of their gains) / cost(1 + their count),
-
-        where a branch leaving at depth d gains ``miss(d) * weight * prod_{l<=j} a_b(l)`` for
-        its token j: ``miss(d)``, the chance that the main draft reaches depth d and its token
-        there is wrong; ``weight``, the drafter's estimate of the branch being right then;
-        ``a_b``, the branch's source's acceptance. A branch is kept only with the main tokens
-        before it."""
-        if not draft.branches:
-            return draft.cut(self.draft_length(draft, draft.match_length))
-        main = list(self._gains(self._current(len(draft), draft.match_length, draft.source)))
-        reach = [1.0, *main, 0.0]  # the chance that the main draft's path reaches depth d
-        gains = [(gain, -1) for gain in main]  # (gain, branch index; -1: the main draft)
-        for index, branch in enumerate(draft.branches):
-            if branch.depth > len(main):
-                continue
-            miss = (reach[branch.depth] - reach[branch.depth + 1]) * branch.weight
-            own = self._current(len(branch.draft), branch.draft.match_length, branch.draft.source)
-            gains += [(miss * gain, index) for gain in self._gains(own)]
-        gains.sort(key=lambda gain: -gain[0])  # stable: each draft's gains stay in order
-        costs = self.batch_costs(1)
-        expected, best_count, best_rate = 1.0, 0, 1.0 / costs.cost(1)
-        for count, (gain, _) in enumerate(gains, start=1):
-            expected += gain
-            rate = expected / costs.cost(1 + count)
-            if rate > best_rate:
-                best_count, best_rate = count, rate
-        lengths = Counter(index for _, index in gains[:best_count])
-        kept = lengths[-1]
-        branches = [
-            Branch(branch.depth, branch.draft.cut(lengths[index]), branch.weight)
-            for index, branch in enumerate(draft.branches)
-            if lengths[index] and branch.depth <= kept
-        ]
-        return Draft(draft[:kept], None, draft.match_length, draft.source, branches)
+        """The part of ``draft`` worth verifying for the current request (the rule of
+        :meth:`joint_draft_lengths` for it alone): a chain's first :meth:`draft_length`
+        tokens, or a token tree's (:mod:`promptlookup.trees`) main draft and branches cut
+        together."""
+        if not draft:
+            return draft.cut(0)
+        entry = self._current(len(draft), draft.match_length, draft.source, draft.branches)
+        return draft.shaped(self.joint_shapes([entry])[0])
 
     def expected_accepted(
         self, length: int, match_length: int | None, source: str | None = None
@@ -275,9 +247,13 @@ class SpeculationPolicy:
         entry = self._current(limit, None, None)
         return self.joint_draft_lengths([entry], draft_seconds=seconds_per_draft_token)[0]
 
-    def _current(self, length: int, match_length: int | None, source: str | None) -> SequenceDraft:
+    def _current(
+        self, length: int, match_length: int | None, source: str | None, branches=()
+    ) -> SequenceDraft:
         """A draft of the current request (:meth:`start`), as the rule takes it."""
-        return SequenceDraft(length, match_length, self.request_acceptance, self.sampling, source)
+        return SequenceDraft(
+            length, match_length, self.request_acceptance, self.sampling, source, tuple(branches)
+        )
 
     def _gains(self, entry: SequenceDraft) -> Iterator[float]:
         """What each of the draft's tokens adds to the expected accepted tokens, in order:
@@ -309,20 +285,54 @@ class SpeculationPolicy:
         match (gain 0.2): with 4 tokens costing about as much as 3, the first gets all three
         draft tokens and the second none if ``cost(2 + 4)`` outweighs 0.2 more tokens.
         """
+        return [shape[0] for shape in self.joint_shapes(drafts, fixed_tokens, draft_seconds)]
+
+    def joint_shapes(
+        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0, draft_seconds: float = 0.0
+    ) -> list[list[int]]:
+        """:meth:`joint_draft_lengths`' rule over token trees: per sequence, the kept length
+        of its main draft, then of each of its branches. A branch leaving at depth d gains
+        ``miss(d) * weight * prod_{l<=j} a_b(l)`` for its token j, merged with the rest:
+        ``miss(d)``, the chance that the main draft reaches depth d and its token there is
+        wrong; ``weight``, the drafter's estimate of the branch being right then; ``a_b``, its
+        source's acceptance. A branch is kept only with the main tokens before it."""
         costs = self.batch_costs(len(drafts))
-        gains = [(gain, index) for index, entry in enumerate(drafts) for gain in self._gains(entry)]
-        gains.sort(key=lambda gain: -gain[0])  # stable: a sequence's own gains stay in order
+        gains = [
+            (gain, index, part) for index, entry in enumerate(drafts)
+            for gain, part in self._tree_gains(entry)
+        ]  # fmt: skip
+        gains.sort(key=lambda gain: -gain[0])  # stable: each draft's own gains stay in order
         base = fixed_tokens + len(drafts)
         expected, best_count, best_rate = float(len(drafts)), 0, len(drafts) / costs.cost(base)
-        for count, (gain, _) in enumerate(gains, start=1):
+        for count, (gain, _, _) in enumerate(gains, start=1):
             expected += gain
             rate = expected / (costs.cost(base + count) + draft_seconds * count)
             if rate > best_rate:
                 best_count, best_rate = count, rate
-        lengths = [0] * len(drafts)
-        for _, index in gains[:best_count]:
-            lengths[index] += 1
-        return lengths
+        shapes = [[0] * (1 + len(entry.branches)) for entry in drafts]
+        for _, index, part in gains[:best_count]:
+            shapes[index][part] += 1
+        for entry, shape in zip(drafts, shapes):
+            for part, branch in enumerate(entry.branches, start=1):
+                if branch.depth > shape[0]:
+                    shape[part] = 0  # its main tokens before it were not kept
+        return shapes
+
+    def _tree_gains(self, entry: SequenceDraft) -> Iterator[tuple[float, int]]:
+        """``(gain, part)`` of each token of ``entry``'s main draft (part 0) and branches (part
+        1, 2, ...), each part's in order (see :meth:`joint_shapes`)."""
+        main = list(self._gains(entry))
+        yield from ((gain, 0) for gain in main)
+        reach = [1.0, *main, 0.0]  # the chance that the main draft's path reaches depth d
+        for part, branch in enumerate(entry.branches, start=1):
+            if branch.depth > len(main):
+                continue
+            miss = (reach[branch.depth] - reach[branch.depth + 1]) * branch.weight
+            own = SequenceDraft(
+                len(branch.draft), branch.draft.match_length, entry.acceptance, entry.sampling,
+                branch.draft.source,
+            )  # fmt: skip
+            yield from ((miss * gain, part) for gain in self._gains(own))
 
     def batch_costs(self, batch_size: int) -> CostModel:
         """The cost curve of forward passes over ``batch_size`` sequences, by the total tokens

@@ -87,16 +87,20 @@ class TokenTree:
             tokens.append(chosen)
 
 
-def accepted_chain(
-    tree: TokenTree, draft: Draft, target_logits: torch.Tensor, choose
-) -> tuple[Draft, torch.Tensor, list[int]]:
-    """After a tree pass (``target_logits`` (rows, vocab)): the path the target agrees with as
-    a chain draft (its tokens, then one rejected token where there was one), that chain's
-    logits rows, and the path's rows (root first) for the target to keep."""
-    path, rejected = tree.walk(choose)
+def accept_tree(
+    sequence, tree: TokenTree, draft: Draft, target_logits: torch.Tensor, policy=None
+) -> tuple[list[int], list[int]]:
+    """Steps 4 and 5 of a tree pass for ``sequence`` (a
+    :class:`~promptlookup.loop.DecodingSequence`; ``target_logits`` (rows, vocab)): the path
+    the target agrees with, accepted as a chain (its tokens, then one rejected token where
+    there was one) by ``sequence.accept``. Returns the new tokens and the rows (root first)
+    whose keys and values the cache must hold: the root's and the accepted tokens'."""
+    path, rejected = tree.walk(greedy_chooser(sequence.chooser, sequence.tokens, target_logits))
     rows = path + ([rejected] if rejected is not None else [])
     chain = Draft([tree.tokens[row] for row in rows[1:]], None, draft.match_length, draft.source)
-    return chain, target_logits[rows], path
+    sequence.stats.drafted_tokens += len(tree.tokens) - len(rows)  # the branches not taken
+    new_tokens = sequence.accept(chain, target_logits[rows], policy)
+    return new_tokens, path[: len(new_tokens)]
 
 
 def greedy_chooser(chooser, tokens: list[int], target_logits: torch.Tensor):

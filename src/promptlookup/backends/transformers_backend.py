@@ -182,7 +182,8 @@ class TransformersTarget:
         fed = [*waiting, *token_ids]
         if offsets is not None:  # the waiting prompt tokens first, the tree after them
             offsets = [*range(len(waiting)), *(len(waiting) + offset for offset in offsets)]
-            self._tree = (len(waiting), self.cache.get_seq_length(), offsets)
+            self._trees = {id(self.cache): (0, self.cache.get_seq_length(), offsets)}
+            self._waiting = len(waiting)
         # Logits of this call's tokens only (the waiting prompt tokens before them need none).
         logits = self._run(fed, len(token_ids), offsets).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
@@ -193,14 +194,23 @@ class TransformersTarget:
         """After a tree :meth:`forward`: make the cache hold ``rows`` (that call's row numbers:
         the root, then one row per depth) at their positions, where the pass wrote another
         path last. The caller then crops the cache to the accepted tokens."""
-        waiting, start, offsets = self._tree
-        last = {offset: row for row, offset in enumerate(offsets)}  # last row at each depth
-        copies = [
-            (waiting + row, 0, start + offsets[waiting + row])
-            for row in rows
-            if last[offsets[waiting + row]] != waiting + row
-        ]
-        self.written_out.keep_tree_rows([self.cache], copies)
+        self.keep_tree_paths([(self.cache, [self._waiting + row for row in rows])])
+
+    def keep_tree_paths(self, paths: Sequence[tuple[DynamicCache, Sequence[int]]]) -> None:
+        """After a tree pass (:meth:`forward_batch` with ``offsets``): for each ``(cache,
+        rows)``, that sequence's ``rows`` (its own row numbers in the pass, one per depth) put
+        in place, as :meth:`keep_tree_path` does for one."""
+        caches, copies = [], []
+        for cache, rows in paths:
+            base, start, offsets = self._trees[id(cache)]
+            last = {offset: row for row, offset in enumerate(offsets)}  # written last at a depth
+            copies += [
+                (base + row, len(caches), start + offsets[row])
+                for row in rows
+                if last[offsets[row]] != row
+            ]
+            caches.append(cache)
+        self.written_out.keep_tree_rows(caches, copies)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -227,18 +237,24 @@ class TransformersTarget:
         caches: Sequence[DynamicCache],
         token_ids: Sequence[Sequence[int]],
         keep: Sequence[int],
+        offsets: Sequence[Sequence[int] | None] | None = None,
     ) -> list[torch.Tensor]:
         """One forward pass over several sequences (see
         :meth:`~promptlookup.backends.base.BatchTarget.forward_batch`): packed into one pass
         when :attr:`row_invariant`, else one pass per sequence (the model's own forward
         cannot run sequences of different cache lengths as one without padding them, and
-        padding rounds a row differently than it is rounded alone)."""
+        padding rounds a row differently than it is rounded alone). With ``offsets`` (where
+        :attr:`tree_passes`), ``offsets[i]`` makes sequence i's tokens a token tree (their
+        depths, as :meth:`forward` takes them; None: a chain); :meth:`keep_tree_paths` after."""
         if not all(token_ids):  # sequences without new tokens sit this pass out
             fed = [index for index, tokens in enumerate(token_ids) if tokens]
             logits = (
                 self.forward_batch(
-                    [caches[i] for i in fed], [token_ids[i] for i in fed], [keep[i] for i in fed]
-                )
+                    [caches[i] for i in fed],
+                    [token_ids[i] for i in fed],
+                    [keep[i] for i in fed],
+                    None if offsets is None else [offsets[i] for i in fed],
+                )  # fmt: skip
                 if fed
                 else []
             )
@@ -256,8 +272,16 @@ class TransformersTarget:
         input_ids = torch.tensor(
             [[t for tokens in token_ids for t in tokens]], dtype=torch.long, device=self.device
         )
+        trees = None
+        if offsets is not None and any(rows is not None for rows in offsets):
+            trees = [range(n) if rows is None else rows for n, rows in zip(lengths, offsets)]
+            bases = [sum(lengths[:index]) for index in range(len(lengths))]
+            self._trees = {
+                id(cache): (base, cache.get_seq_length(), rows)
+                for cache, base, rows in zip(caches, bases, trees)
+            }
         with self.kernels.use(sum(lengths)):
-            logits = self.written_out.batch(input_ids, caches, lengths, keep).float()
+            logits = self.written_out.batch(input_ids, caches, lengths, keep, trees).float()
         return list(logits.split(list(keep)))  # (keep[i], vocab) each
 
     def _alone(self, cache: DynamicCache, token_ids: Sequence[int], keep: int) -> torch.Tensor:

@@ -83,6 +83,22 @@ class Draft(list):
             self[:length], probs, self.match_length, self.source, [b for b in branches if b.draft]
         )
 
+    def shaped(self, lengths: Sequence[int]) -> Draft:
+        """The draft cut to ``lengths``: its main tokens' count, then each branch's (0: left
+        out), as :meth:`~promptlookup.policy.SpeculationPolicy.joint_shapes` decides."""
+        branches = [
+            Branch(branch.depth, branch.draft.cut(length), branch.weight)
+            for branch, length in zip(self.branches, lengths[1:])
+            if length and branch.depth <= lengths[0]
+        ]
+        probs = self.draft_probs[: lengths[0]] if self.draft_probs is not None else None
+        return Draft(self[: lengths[0]], probs, self.match_length, self.source, branches)
+
+    @property
+    def size(self) -> int:
+        """Its tokens and its branches' tokens: the rows it adds to a forward pass."""
+        return len(self) + sum(len(branch.draft) for branch in self.branches)
+
     def chain(self) -> Draft:
         """The draft without its branches."""
         if not self.branches:

@@ -22,6 +22,9 @@ Each step:
 4. The cost-aware policy (:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths`)
    cuts the drafts to the lengths worth verifying in one pass over all rows: 0 for all when
    drafting does not pay (open-ended text), long drafts on trusted matches.
+   In a pass over several requests that joined the batch together, the bottleneck rule
+   (:mod:`.batch_policy`) counts only the drafts of the requests that set the batch's length
+   (and of those with a prediction): the batch lasts as long as its slowest request.
 
 Nothing here imports vLLM: the class reads the config's attributes only.
 """
@@ -29,6 +32,7 @@ Nothing here imports vLLM: the class reads the config's attributes only.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import weakref
@@ -36,6 +40,8 @@ from collections import OrderedDict
 
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..policy import SequenceDraft, SpeculationPolicy
+from . import batch_policy
+from .batch_policy import RowPace
 from .requests import RequestState, RequestTable
 
 #: Under vLLM's logger, so that its handlers (the server's log) show these lines.
@@ -48,6 +54,11 @@ PRIOR_SHAPE = {1: 1.0, 2: 1.05, 4: 1.12, 8: 1.25, 16: 1.5, 32: 2.0, 64: 3.0}
 PREDICTION_KEY = "prediction"
 #: Counts of the last requests that left, by request id (see :meth:`request_stats`).
 KEEP_STATS = 256
+
+#: The environment variable that chooses the rule for passes over several requests:
+#: ``bottleneck`` (the default: :mod:`.batch_policy`) or ``throughput`` (the policy's own).
+BATCH_RULE_ENV = "PROMPTLOOKUP_VLLM_BATCH_RULE"
+BATCH_RULES = ("bottleneck", "throughput")
 
 #: The live proposers of this process (tests and tools find the engine's one here).
 INSTANCES: weakref.WeakSet = weakref.WeakSet()
@@ -62,10 +73,19 @@ class PromptLookupProposer:
             ids and its tokenizer (for predictions given as text).
         min_match, max_match: suffix lengths the automaton matches (as in promptlookup).
         adaptive: False verifies whole drafts (every draft token the automaton finds).
+        batch_rule: ``"bottleneck"`` (:mod:`.batch_policy`: in a pass over several requests,
+            drafts only for the requests that set the batch's length, and for those with a
+            prediction) or ``"throughput"`` (the policy's tokens per second over all rows);
+            default: the environment's ``PROMPTLOOKUP_VLLM_BATCH_RULE``, else bottleneck.
     """
 
     def __init__(
-        self, vllm_config, min_match: int = 1, max_match: int = 64, adaptive: bool = True
+        self,
+        vllm_config,
+        min_match: int = 1,
+        max_match: int = 64,
+        adaptive: bool = True,
+        batch_rule: str | None = None,
     ) -> None:
         spec = vllm_config.speculative_config
         model = vllm_config.model_config
@@ -76,6 +96,12 @@ class PromptLookupProposer:
         self._tokenizer_name = getattr(model, "tokenizer", None) or getattr(model, "model", None)
         self._trust_remote_code = bool(getattr(model, "trust_remote_code", False))
         self._tokenizer = None
+        self.batch_rule = batch_rule or os.environ.get(BATCH_RULE_ENV) or "bottleneck"
+        if self.batch_rule not in BATCH_RULES:
+            raise ValueError(f"batch_rule must be one of {BATCH_RULES}, got {self.batch_rule!r}")
+        #: The bottleneck rule's parameters (:func:`.batch_policy.bottleneck_weights`).
+        self.slack, self.others = batch_policy.SLACK, batch_policy.OTHERS
+        self.scale = batch_policy.SCALE
         self.policy = SpeculationPolicy()
         for size, relative in PRIOR_SHAPE.items():
             self.policy.costs.record(size, relative * 0.01, level=0.01)
@@ -124,7 +150,7 @@ class PromptLookupProposer:
             )
             ready.append((i, state, draft))
         if self.adaptive and entries:
-            lengths = self.policy.joint_draft_lengths(entries)
+            lengths = self._draft_lengths(entries, [state for _, state, _ in ready])
         else:
             lengths = [len(draft) for _, _, draft in ready]
         for (i, state, draft), length in zip(ready, lengths):
@@ -135,6 +161,26 @@ class PromptLookupProposer:
         self.steps += 1
         self._last_call = self.clock()
         return drafts
+
+    def _draft_lengths(self, entries: list[SequenceDraft], states: list[RequestState]):
+        """The policy's lengths, through the bottleneck rule when it is on."""
+        if (
+            self.batch_rule == "throughput"
+            or len(entries) < 2
+            or not batch_policy.one_cohort([state.first_step for state in self.table.rows])
+        ):
+            return self.policy.joint_draft_lengths(entries)
+        paces = [
+            RowPace(
+                state.remaining(self.max_model_len),
+                state.produced(),
+                state.steps,
+                state.reference_tokens > 0,
+            )
+            for state in states
+        ]
+        weights = batch_policy.bottleneck_weights(paces, self.slack, self.others, self.scale)
+        return batch_policy.weighted_draft_lengths(self.policy, entries, weights)
 
     def _observe(self, assigned, sampled_token_ids, now: float) -> None:
         """Record what vLLM kept of each row's last draft, and the step's cost."""
@@ -180,7 +226,18 @@ class PromptLookupProposer:
         sampling = params is not None and float(getattr(params, "temperature", 0) or 0) > 0
         if reference:
             logger.info("request %s drafts from a prediction of %d tokens", key, len(reference))
-        return RequestState(drafter, key=key, sampling=sampling, reference_tokens=len(reference))
+        cached = self._cached_request(key)
+        prompt = getattr(cached, "num_prompt_tokens", None)
+        limit = getattr(params, "max_tokens", None)
+        return RequestState(
+            drafter,
+            key=key,
+            sampling=sampling,
+            reference_tokens=len(reference),
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            max_tokens=limit if isinstance(limit, int) else None,
+            first_step=self.steps,
+        )
 
     def _retire(self, req_ids) -> None:
         """Keep the counts of requests that left the batch (by id) for :meth:`request_stats`."""
@@ -226,11 +283,14 @@ class PromptLookupProposer:
             frame = frame.f_back
         return None
 
-    def _sampling_params(self, key: str | None):
+    def _cached_request(self, key: str | None):
+        """vLLM's record of the request (its prompt, sampling parameters), when known."""
         if key is None or self._runner is None:
             return None
-        cached = self._runner.requests.get(key)
-        return getattr(cached, "sampling_params", None)
+        return self._runner.requests.get(key)
+
+    def _sampling_params(self, key: str | None):
+        return getattr(self._cached_request(key), "sampling_params", None)
 
     def _prediction_ids(self, params) -> list[int]:
         """The request's prediction as token ids: ``extra_args["prediction"]`` as text

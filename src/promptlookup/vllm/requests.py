@@ -42,6 +42,22 @@ class RequestState:
     drafted: int = 0
     accepted: int = 0
     reference_tokens: int = 0
+    #: The request's prompt length and ``max_tokens`` (None: unknown, without vLLM's runner).
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    #: The proposer's step count when the request joined the batch (its cohort).
+    first_step: int = 0
+
+    def remaining(self, max_model_len: int) -> int | None:
+        """Tokens the request may still produce (None when its limit is unknown)."""
+        if self.prompt_tokens is None or self.max_tokens is None:
+            return None
+        produced = len(self.tokens) - self.prompt_tokens
+        return max(0, min(self.max_tokens - produced, max_model_len - len(self.tokens)))
+
+    def produced(self) -> int:
+        """Tokens produced since its first decoding step (the prefill's token not counted)."""
+        return max(0, len(self.tokens) - (self.prompt_tokens or 0) - 1)
 
     def fits(self, row, length: int) -> bool:
         """Whether the row's first ``length`` tokens start with this state's tokens."""
