@@ -197,3 +197,45 @@ def test_batched_trees_give_every_sequence_its_plain_tokens(monkeypatch):
         pass
     assert [s.tokens[len(p) :] for s, p in zip(sequences, prompts)] == plain
     assert copies, "no branch was accepted"
+
+
+def test_policy_stops_verifying_branches_that_are_not_taken():
+    """Branches recorded as wrong where they were the only hope (source "branch") lose
+    their gains: the same tree, verified whole before, is verified as a chain after."""
+    from promptlookup.drafters.base import BRANCH
+
+    policy = calibrated_policy(0.05)
+    branch = Branch(0, Draft([4, 5], match_length=2), weight=1.0)
+    draft = Draft([1, 2, 3], match_length=2, branches=[branch])
+    for _ in range(3):
+        policy.record_acceptance(2, 3, 0)  # the main drafts miss at once
+    assert policy.shape(draft).branches
+    for _ in range(50):
+        policy.record_acceptance(2, 2, 0, source=BRANCH)
+    assert policy.shape(draft).branches == ()
+
+
+def test_a_branch_is_recorded_only_where_it_was_the_only_hope():
+    from promptlookup.loop import DecodingSequence
+    from promptlookup.trees import accept_tree
+
+    recorded = []
+
+    class Policy:
+        def record_acceptance(self, *args, **kwargs):
+            recorded.append((args, kwargs.get("source")))
+
+    tree = TokenTree.of(7, example_draft())  # rows: 7, 8, 5, 6, 9
+    for choices, expected in [
+        ({0: 8, 1: 5, 2: 6, 3: 1}, [(2, 2)]),  # main's 9 rejected, the branch taken whole
+        ({0: 8, 1: 9, 4: 1}, []),  # main's 9 right: the branch had no chance
+        ({0: 3}, []),  # its parent 8 not reached
+    ]:
+        recorded.clear()
+        logits = torch.full((5, 16), -1.0)
+        for row, token in choices.items():
+            logits[row, token] = 1.0
+        sequence = DecodingSequence([7], max_new_tokens=10)
+        accept_tree(sequence, tree, example_draft(), logits, Policy())
+        branch = [(args[1], args[2]) for args, source in recorded if source == "branch"]
+        assert branch == expected, choices

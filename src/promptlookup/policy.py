@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .cost_model import CostModel
 from .cost_store import CostStore
-from .drafters.base import Branch, Draft
+from .drafters.base import BRANCH, Branch, Draft
 from .errors import InvalidParameterError
 
 __all__ = [
@@ -294,8 +294,10 @@ class SpeculationPolicy:
         of its main draft, then of each of its branches. A branch leaving at depth d gains
         ``miss(d) * weight * prod_{l<=j} a_b(l)`` for its token j, merged with the rest:
         ``miss(d)``, the chance that the main draft reaches depth d and its token there is
-        wrong; ``weight``, the drafter's estimate of the branch being right then; ``a_b``, its
-        source's acceptance. A branch is kept only with the main tokens before it."""
+        wrong; ``weight``, the drafter's estimate of the branch being right then; ``a_b``, the
+        acceptance of branches where they were the only hope (source ``"branch"``,
+        :func:`promptlookup.trees.accept_tree` records it), so that branches that do not pay
+        stop being verified. A branch is kept only with the main tokens before it."""
         costs = self.batch_costs(len(drafts))
         gains = [
             (gain, index, part) for index, entry in enumerate(drafts)
@@ -330,7 +332,7 @@ class SpeculationPolicy:
             miss = (reach[branch.depth] - reach[branch.depth + 1]) * branch.weight
             own = SequenceDraft(
                 len(branch.draft), branch.draft.match_length, entry.acceptance, entry.sampling,
-                branch.draft.source,
+                BRANCH,
             )  # fmt: skip
             yield from ((miss * gain, part) for gain in self._gains(own))
 

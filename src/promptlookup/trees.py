@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters.base import Draft
+from .drafters.base import BRANCH, Draft
 
 
 @dataclass(frozen=True)
@@ -45,29 +45,32 @@ class TokenTree:
     tokens: list[int]
     depths: list[int]
     parents: list[int]
+    #: Per row: 0 for the root and the main draft, i for the draft's branch i - 1.
+    parts: list[int]
 
     @classmethod
     def of(cls, root: int, draft: Draft) -> TokenTree:
         """The rows of ``draft`` and its branches after ``root``: at each depth the branches
         that leave there, each whole, before the main draft's token."""
-        tokens, depths, parents = [root], [0], [-1]
+        tree = cls([root], [0], [-1], [0])
         main_row = 0  # the main draft's row at the current depth
         for depth in range(len(draft) + 1):
-            for branch in draft.branches:
+            for part, branch in enumerate(draft.branches, start=1):
                 if branch.depth != depth:
                     continue
                 parent = main_row
                 for offset, token in enumerate(branch.draft):
-                    tokens.append(token)
-                    depths.append(depth + 1 + offset)
-                    parents.append(parent)
-                    parent = len(tokens) - 1
+                    parent = tree._add(token, depth + 1 + offset, parent, part)
             if depth < len(draft):
-                tokens.append(draft[depth])
-                depths.append(depth + 1)
-                parents.append(main_row)
-                main_row = len(tokens) - 1
-        return cls(tokens, depths, parents)
+                main_row = tree._add(draft[depth], depth + 1, main_row, 0)
+        return tree
+
+    def _add(self, token: int, depth: int, parent: int, part: int) -> int:
+        self.tokens.append(token)
+        self.depths.append(depth)
+        self.parents.append(parent)
+        self.parts.append(part)
+        return len(self.tokens) - 1
 
     def walk(self, choose: Callable[[int, list[int]], int]) -> tuple[list[int], int | None]:
         """The rows the target agrees with, root first, and the row of a rejected child of
@@ -100,7 +103,28 @@ def accept_tree(
     chain = Draft([tree.tokens[row] for row in rows[1:]], None, draft.match_length, draft.source)
     sequence.stats.drafted_tokens += len(tree.tokens) - len(rows)  # the branches not taken
     new_tokens = sequence.accept(chain, target_logits[rows], policy)
+    if policy is not None:
+        _record_branches(sequence, tree, draft, path, policy)
     return new_tokens, path[: len(new_tokens)]
+
+
+def _record_branches(sequence, tree: TokenTree, draft: Draft, path: list[int], policy) -> None:
+    """Tell the policy how each branch fared where it was the only hope: its parent on the
+    path and the main draft's token after that parent rejected (source :data:`BRANCH`)."""
+    on_path = set(path)
+    for part, branch in enumerate(draft.branches, start=1):
+        rows = [row for row, owner in enumerate(tree.parts) if owner == part]
+        parent = tree.parents[rows[0]]
+        main_child = next(
+            (r for r, p in enumerate(tree.parents) if p == parent and tree.parts[r] == 0), None
+        )
+        if parent not in on_path or (main_child is not None and main_child in on_path):
+            continue
+        accepted = sum(row in on_path for row in rows)
+        own = (sequence.acceptance, sequence.chooser.do_sample)
+        own = () if sequence.acceptance is None else own
+        policy.record_acceptance(branch.draft.match_length, len(rows), accepted, *own,
+                                 source=BRANCH)  # fmt: skip
 
 
 def greedy_chooser(chooser, tokens: list[int], target_logits: torch.Tensor):

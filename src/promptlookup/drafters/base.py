@@ -109,6 +109,11 @@ class Draft(list):
         return list.__repr__(self)
 
 
+#: The policy's statistics key of branches (:meth:`~promptlookup.policy.SpeculationPolicy.joint_shapes`):
+#: how often a branch's tokens are right where the main draft's token was wrong.
+BRANCH = "branch"
+
+
 @dataclass(frozen=True)
 class Branch:
     """An alternative continuation of a draft: ``draft`` (its tokens, match length and
