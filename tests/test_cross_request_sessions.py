@@ -38,7 +38,7 @@ def test_sessions_are_built_from_the_standard_library():
 def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     tiny_lm = long_tiny_lm
     built = workload.build_sessions(("extraction", "agent"), per_kind=1, requests=2)
-    modes = ("off", "per-key", "global", "global-chains")
+    modes = ("off", "per-key", "global", "global-trees")
     run = session_runs.run_sessions(
         tiny_lm, built, modes=modes, max_new_tokens=12, requests=2, log=lambda _: None
     )
@@ -46,7 +46,7 @@ def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     assert run.tallies[("all", "off")].requests == 4
     assert run.tallies[("all", "global")].new_tokens == run.tallies[("all", "off")].new_tokens
     # chains and trees keep indexes of their own, which hold the same outputs
-    assert run.index_tokens["global"] == run.index_tokens["global-chains"] > 0
+    assert run.index_tokens["global"] == run.index_tokens["global-trees"] > 0
     table = session_runs.report(run, modes)
     assert "| all | global |" in table and "identical" in table
     assert "global, trees over chains: tokens/s" in table

@@ -2,8 +2,8 @@
 
 Modes: ``off`` (prompt lookup, no index), ``per-key`` (one index per session, as the server
 shares one per API key, each session a client) and ``global`` (one index for all sessions);
-``per-key-chains`` and ``global-chains`` are the same without token trees (``branches=0``),
-each mode with indexes of its own.
+``per-key-trees`` and ``global-trees`` are the same with token trees (``branches=2``; the
+drafter's default is 0, chains), each mode with indexes of its own.
 Sessions run one after another (concurrency 1), or ``concurrency`` at a time with
 :meth:`~promptlookup.LanguageModel.generate_batch` (their n-th requests together). Modes are
 interleaved request by request in a rotating order, so a slow spell of a shared machine hits
@@ -29,6 +29,8 @@ from ..drafters import CrossRequestIndex
 from .sessions import KINDS, Session
 
 MODES = ("off", "per-key", "global")
+#: The branches a ``*-trees`` mode lets the drafter offer.
+TREE_BRANCHES = 2
 
 
 @dataclass
@@ -109,9 +111,9 @@ def run_sessions(
     records: list[dict] = []
 
     def index_of(mode: str, session: Session) -> CrossRequestIndex | None:
-        sharing = mode.removesuffix("-chains")
+        sharing = mode.removesuffix("-trees")
         if sharing not in MODES:
-            raise ValueError(f"unknown mode {mode!r}: off, per-key, global, or *-chains")
+            raise ValueError(f"unknown mode {mode!r}: off, per-key, global, or *-trees")
         if sharing == "off":
             return None
         key = (mode, session.name if sharing == "per-key" else "")
@@ -131,7 +133,7 @@ def run_sessions(
                     results = _ask(by_name[mode], prompts, max_new_tokens)
                 else:
                     held = [index_of(mode, session) for session in group]
-                    branches = 0 if mode.endswith("-chains") else None
+                    branches = TREE_BRANCHES if mode.endswith("-trees") else None
                     results = _generate(lm, prompts, held, max_new_tokens, branches)
                 seconds = (time.perf_counter() - start) / len(results)  # concurrency 1: all
                 outputs[mode], spent[mode] = results, seconds * len(results)
@@ -189,7 +191,7 @@ class _Output:
 def _generate(lm, prompts, indexes, max_new_tokens, branches=None) -> list[_Output]:
     """One request alone (``lm.generate``), or several in shared forward passes, each with its
     own index (``generate_batch`` takes one set of options for all its prompts); ``branches``:
-    the drafter's option where given (0: chains)."""
+    the drafter's option where given."""
     options = {} if branches is None or indexes[0] is None else {"branches": branches}
     if len(prompts) == 1:
         result = lm.generate(
@@ -267,10 +269,10 @@ def report(run: SessionRun, modes: Sequence[str] = MODES) -> str:
     verdict = "identical" if run.identical else f"DIFFERENT: {', '.join(run.mismatches)}"
     lines.append(f"\nOutputs with the index against without: {verdict}.")
     for mode in modes:
-        chains = run.tallies.get(("all", f"{mode}-chains"))
-        if chains is None:
+        trees = run.tallies.get(("all", f"{mode}-trees"))
+        if trees is None:
             continue
-        trees = run.tallies[("all", mode)]
+        chains = run.tallies[("all", mode)]
         lines.append(
             f"{mode}, trees over chains: tokens/s {_ratio(trees.tokens_per_second, chains.tokens_per_second)}"
             f", decode tokens/s {_ratio(trees.decode_tokens_per_second, chains.decode_tokens_per_second)}"

@@ -69,8 +69,8 @@ DRAFTER_OPTIONS = (
         ("prompt-lookup",),
         "Prompt lookup with a cross-request index: most alternative continuations verified "
         "beside the draft in the same forward pass (a token tree, where the target computes "
-        "trees exactly and decoding is greedy; the policy keeps those that pay) [2]; 0: "
-        "chains only.",
+        "trees exactly and decoding is greedy; the policy keeps those that pay) [0: chains; "
+        "trees measured no faster on a 2-core CPU, docs/cross_request.md].",
         flag="--branches",
     ),
     DrafterOption(

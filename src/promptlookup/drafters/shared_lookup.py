@@ -41,7 +41,7 @@ class SharedLookupDrafter(PromptLookupDrafter):
     OTHER_SOURCE_WEIGHT = 0.5
 
     def __init__(
-        self, index: CrossRequestIndex, *, policy=None, branches: int = 2, **options
+        self, index: CrossRequestIndex, *, policy=None, branches: int = 0, **options
     ) -> None:
         if not isinstance(index, CrossRequestIndex):
             raise InvalidParameterError(
