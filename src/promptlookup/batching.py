@@ -234,9 +234,7 @@ class BatchDecoder:
                 budget = 0
                 continue
             budget -= len(missing)
-            draft = sequence.propose()
-            if not self.trees or sequence.chooser.do_sample or draft.draft_probs is not None:
-                draft = draft.chain()
+            draft = sequence.propose(self.trees)
             entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
             if draft and sequence.adaptive and self.policy is not None:
                 decided.append(entries[-1])

@@ -107,11 +107,17 @@ class DecodingSequence:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def propose(self) -> Draft:
+    def propose(self, trees: bool = False) -> Draft:
         """Step 2: the drafter's draft, leaving room for the bonus token so that a step never
-        overshoots the token budget."""
+        overshoots the token budget; its branches kept only with ``trees`` (the target verifies
+        token trees) for a greedy sequence whose drafts are not sampled."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
-        return Draft.of(self.drafter.propose(self.tokens, room)).cut(room) if room > 0 else Draft()
+        if room <= 0:
+            return Draft()
+        draft = Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
+        if trees and not self.chooser.do_sample and draft.draft_probs is None:
+            return draft
+        return draft.chain()
 
     def accept(
         self, draft: Draft, target_logits: torch.Tensor, policy: SpeculationPolicy | None = None
@@ -231,15 +237,13 @@ def speculative_generate(
     target.prefill(tokens[:-1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
-    trees = getattr(target, "tree_passes", False) and not sequence.chooser.do_sample
+    trees = getattr(target, "tree_passes", False)
     while not sequence.done:
         if should_stop is not None and should_stop():
             break
         # 2. Draft, and keep only the part of it worth its verification cost: a chain, or a
         #    token tree (its branches) where the target verifies trees and decoding is greedy.
-        draft = sequence.propose()
-        if not trees or draft.draft_probs is not None:
-            draft = draft.chain()
+        draft = sequence.propose(trees)
         if policy is not None:
             draft = policy.shape(draft)
         # 3. One target forward pass over the last token and the draft, or the tree's rows
