@@ -159,10 +159,18 @@ class DecodingSequence:
         num_accepted = sum(self._accepted[len(self._accepted) - len(new_tokens) :])
         self.drafter.update(draft, num_accepted)
         if policy is not None and draft:
-            own = () if self.acceptance is None else (self.acceptance, self.chooser.do_sample)
-            source = {} if draft.source is None else {"source": draft.source}
-            policy.record_acceptance(draft.match_length, len(draft), num_accepted, *own, **source)
+            self.record(policy, draft.match_length, len(draft), num_accepted, draft.source)
         return new_tokens
+
+    def record(
+        self, policy: SpeculationPolicy, match_length: int | None, num_drafted: int,
+        num_accepted: int, source: str | None = None,
+    ) -> None:  # fmt: skip
+        """Tell ``policy`` how a draft fared, in this sequence's own statistics (with
+        ``acceptance``) and under ``source``'s (None: the request's own context)."""
+        own = () if self.acceptance is None else (self.acceptance, self.chooser.do_sample)
+        extra = {} if source is None else {"source": source}
+        policy.record_acceptance(match_length, num_drafted, num_accepted, *own, **extra)
 
     def forget(self, count: int) -> None:
         """Forget the last ``count`` new tokens, which came after a caller's stop (a stop

@@ -121,10 +121,7 @@ def _record_branches(sequence, tree: TokenTree, draft: Draft, path: list[int], p
         if parent not in on_path or (main_child is not None and main_child in on_path):
             continue
         accepted = sum(row in on_path for row in rows)
-        own = (sequence.acceptance, sequence.chooser.do_sample)
-        own = () if sequence.acceptance is None else own
-        policy.record_acceptance(branch.draft.match_length, len(rows), accepted, *own,
-                                 source=BRANCH)  # fmt: skip
+        sequence.record(policy, branch.draft.match_length, len(rows), accepted, BRANCH)
 
 
 def greedy_chooser(chooser, tokens: list[int], target_logits: torch.Tensor):

@@ -181,9 +181,9 @@ class TransformersTarget:
         waiting, self._pending = self._pending, []
         fed = [*waiting, *token_ids]
         if offsets is not None:  # the waiting prompt tokens first, the tree after them
+            start = self.cache.get_seq_length() + len(waiting)
+            self._trees = {id(self.cache): (len(waiting), start, list(offsets))}
             offsets = [*range(len(waiting)), *(len(waiting) + offset for offset in offsets)]
-            self._trees = {id(self.cache): (0, self.cache.get_seq_length(), offsets)}
-            self._waiting = len(waiting)
         # Logits of this call's tokens only (the waiting prompt tokens before them need none).
         logits = self._run(fed, len(token_ids), offsets).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
@@ -194,12 +194,14 @@ class TransformersTarget:
         """After a tree :meth:`forward`: make the cache hold ``rows`` (that call's row numbers:
         the root, then one row per depth) at their positions, where the pass wrote another
         path last. The caller then crops the cache to the accepted tokens."""
-        self.keep_tree_paths([(self.cache, [self._waiting + row for row in rows])])
+        self.keep_tree_paths([(self.cache, rows)])
 
     def keep_tree_paths(self, paths: Sequence[tuple[DynamicCache, Sequence[int]]]) -> None:
         """After a tree pass (:meth:`forward_batch` with ``offsets``): for each ``(cache,
         rows)``, that sequence's ``rows`` (its own row numbers in the pass, one per depth) put
-        in place, as :meth:`keep_tree_path` does for one."""
+        in place, as :meth:`keep_tree_path` does for one. Each tree's layout: ``(base, start,
+        offsets)``, its first row in the pass, the position of its depth 0 and its rows'
+        depths."""
         caches, copies = [], []
         for cache, rows in paths:
             base, start, offsets = self._trees[id(cache)]

@@ -73,15 +73,7 @@ class Draft(list):
         if length >= len(self) and all(b.depth + len(b.draft) <= length for b in self.branches):
             return self
         length = max(length, 0)
-        branches = [
-            Branch(b.depth, b.draft.cut(length - b.depth), b.weight)
-            for b in self.branches
-            if b.depth < length
-        ]
-        probs = self.draft_probs[:length] if self.draft_probs is not None else None
-        return Draft(
-            self[:length], probs, self.match_length, self.source, [b for b in branches if b.draft]
-        )
+        return self.shaped([length, *(max(length - b.depth, 0) for b in self.branches)])
 
     def shaped(self, lengths: Sequence[int]) -> Draft:
         """The draft cut to ``lengths``: its main tokens' count, then each branch's (0: left

@@ -251,7 +251,8 @@ class CrossRequestIndex:
             first = first or length
             token = _most_frequent(counts)
             if found is not None and type(counts) is not int:
-                total, others = sum(counts.values()), sum(counts.values()) - counts[token]
+                total = sum(counts.values())
+                others = total - counts[token]
                 found += [
                     (count / total, len(tokens), other, count / others)
                     for other, count in counts.items()
