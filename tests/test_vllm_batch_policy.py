@@ -16,7 +16,6 @@ from promptlookup.vllm.batch_policy import (
     bottleneck_weights,
     one_cohort,
     projected_steps,
-    weighted_draft_lengths,
 )
 from promptlookup.vllm.proposer import PRIOR_SHAPE
 
@@ -60,14 +59,14 @@ def test_bottleneck_rule_is_the_policys_own_rule_alone_or_when_limits_are_unknow
     policy = policy_with_costs()
     drafts = [entry(8, 12), entry(8, 2)]
     own = policy.joint_draft_lengths(drafts)
-    assert weighted_draft_lengths(policy, drafts, [1.0, 1.0]) == own
+    assert policy.joint_draft_lengths(drafts, weights=[1.0, 1.0]) == own
 
 
 def test_bottleneck_rule_gives_rows_ahead_no_draft_and_keeps_the_bottlenecks():
     policy = policy_with_costs()
     drafts = [entry(8, 12), entry(8, 12)]  # long trusted matches: both draft under the policy
     assert all(policy.joint_draft_lengths(drafts))
-    lengths = weighted_draft_lengths(policy, drafts, [1.0, 0.0])
+    lengths = policy.joint_draft_lengths(drafts, weights=[1.0, 0.0])
     assert lengths[0] > 0 and lengths[1] == 0
 
 
@@ -79,7 +78,7 @@ def test_bottleneck_rule_drafts_nothing_when_the_bottleneck_cannot_be_sped_up():
     for _ in range(20):
         weak.acceptance.record(match_bucket(1), 8, 0)
     drafts = [weak, entry(8, 12)]
-    assert weighted_draft_lengths(policy, drafts, [1.0, 0.0]) == [0, 0]
+    assert policy.joint_draft_lengths(drafts, weights=[1.0, 0.0]) == [0, 0]
 
 
 class FakeRunner:

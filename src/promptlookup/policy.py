@@ -266,7 +266,11 @@ class SpeculationPolicy:
             yield survive
 
     def joint_draft_lengths(
-        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0, draft_seconds: float = 0.0
+        self,
+        drafts: Sequence[SequenceDraft],
+        fixed_tokens: int = 0,
+        draft_seconds: float = 0.0,
+        weights: Sequence[float] | None = None,
     ) -> list[int]:
         """The decision rule: how many leading tokens of each sequence's draft to verify in one
         forward pass over all of them, which also carries ``fixed_tokens`` rows nobody decides
@@ -284,11 +288,20 @@ class SpeculationPolicy:
         Example: two sequences, one on a long trusted match (gains 0.9, 0.8, 0.7), one with no
         match (gain 0.2): with 4 tokens costing about as much as 3, the first gets all three
         draft tokens and the second none if ``cost(2 + 4)`` outweighs 0.2 more tokens.
+
+        ``weights`` (optional, one per sequence): each sequence's gains multiplied by its
+        weight, 0 leaving it no draft (how much its tokens are worth to the caller; vLLM's
+        bottleneck rule, :mod:`promptlookup.vllm.batch_policy`).
         """
-        return [shape[0] for shape in self.joint_shapes(drafts, fixed_tokens, draft_seconds)]
+        shapes = self.joint_shapes(drafts, fixed_tokens, draft_seconds, weights)
+        return [shape[0] for shape in shapes]
 
     def joint_shapes(
-        self, drafts: Sequence[SequenceDraft], fixed_tokens: int = 0, draft_seconds: float = 0.0
+        self,
+        drafts: Sequence[SequenceDraft],
+        fixed_tokens: int = 0,
+        draft_seconds: float = 0.0,
+        weights: Sequence[float] | None = None,
     ) -> list[list[int]]:
         """:meth:`joint_draft_lengths`' rule over token trees: per sequence, the kept length
         of its main draft, then of each of its branches. A branch leaving at depth d gains
@@ -299,8 +312,10 @@ class SpeculationPolicy:
         :func:`promptlookup.trees.accept_tree` records it), so that branches that do not pay
         stop being verified. A branch is kept only with the main tokens before it."""
         costs = self.batch_costs(len(drafts))
+        weights = [1.0] * len(drafts) if weights is None else weights
         gains = [
-            (gain, index, part) for index, entry in enumerate(drafts)
+            (gain * weight, index, part)
+            for index, (entry, weight) in enumerate(zip(drafts, weights)) if weight > 0
             for gain, part in self._tree_gains(entry)
         ]  # fmt: skip
         gains.sort(key=lambda gain: -gain[0])  # stable: each draft's own gains stay in order

@@ -16,7 +16,8 @@ tokens are known: each row's projected steps to its end are ``remaining / pace``
 per step so far, smoothed); the rows within ``SLACK`` steps of the longest projection set the
 batch's length (the *bottleneck*) and keep their full weight; every other row's gains are
 weighted by ``OTHERS`` (0: no drafts for rows that are ahead). The weighted gains go through the
-policy's own merge (largest first, the best prefix by tokens per second), so the pass's cost is
+policy's own merge (``joint_draft_lengths(..., weights=)``: largest first, the best prefix by
+tokens per second), so the pass's cost is
 judged as before, and a bottleneck row whose drafts do not pay gets none, and then no row
 drafts. With one row, rows that joined at different times (slots being refilled), or a row
 whose remaining tokens are unknown, every weight is 1: the policy's own rule, unchanged.
@@ -35,7 +36,6 @@ __all__ = [
     "bottleneck_weights",
     "one_cohort",
     "projected_steps",
-    "weighted_draft_lengths",
 ]
 
 #: Requests that joined the batch within this many engine steps of each other are one cohort.
@@ -104,31 +104,3 @@ def bottleneck_weights(
         1.0 if p.predicted else weight if slowest else float(others)
         for p, s, slowest in zip(paces, steps, bottleneck)
     ]
-
-
-def weighted_draft_lengths(policy, drafts, weights: Sequence[float], fixed_tokens: int = 0):
-    """:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths` with each
-    sequence's gains multiplied by its weight: the gains merged largest first, the prefix with
-    the best ``(B + sum of weighted gains) / cost(fixed + B + count)`` kept. Weights of 1 give
-    the policy's own answer; a row of weight 0 gets no draft."""
-    if all(w == 1.0 for w in weights):
-        return policy.joint_draft_lengths(drafts, fixed_tokens=fixed_tokens)
-    costs = policy.batch_costs(len(drafts))
-    gains = [
-        (gain * weight, index)
-        for index, (entry, weight) in enumerate(zip(drafts, weights))
-        if weight > 0
-        for gain in policy._gains(entry)
-    ]
-    gains.sort(key=lambda gain: -gain[0])  # stable: a sequence's own gains stay in order
-    base = fixed_tokens + len(drafts)
-    expected, best_count, best_rate = float(len(drafts)), 0, len(drafts) / costs.cost(base)
-    for count, (gain, _) in enumerate(gains, start=1):
-        expected += gain
-        rate = expected / costs.cost(base + count)
-        if rate > best_rate:
-            best_count, best_rate = count, rate
-    lengths = [0] * len(drafts)
-    for _, index in gains[:best_count]:
-        lengths[index] += 1
-    return lengths

@@ -180,7 +180,7 @@ class PromptLookupProposer:
             for state in states
         ]
         weights = batch_policy.bottleneck_weights(paces, self.slack, self.others, self.scale)
-        return batch_policy.weighted_draft_lengths(self.policy, entries, weights)
+        return self.policy.joint_draft_lengths(entries, weights=weights)
 
     def _observe(self, assigned, sampled_token_ids, now: float) -> None:
         """Record what vLLM kept of each row's last draft, and the step's cost."""
