@@ -1,0 +1,132 @@
+"""An exact prefix cache across requests: the keys and values of recent prompts and answers,
+reused by any later request that starts with the same tokens, so that it prefills only its
+new tokens (a conversation's next turn, an agent's next step, many requests with one system
+prompt).
+
+- *Exact*: reused only on a target with ``row_invariant`` passes
+  (:meth:`PrefixCache.applies`), whose keys and values of a token are bit for bit the same
+  however its prefix was chunked or batched; a request's output with the cache is token for
+  token its output without it (greedy, seeded sampling, logprobs:
+  ``tests/test_prefix_cache.py``). Other targets (other ``transformers`` models, CUDA,
+  llama.cpp) may round a prompt chunk's rows differently from decoding steps, so nothing is
+  reused there.
+- *Blocks*: sequences are kept in blocks of :data:`BLOCK_TOKENS` tokens, one tree per tenant
+  (:mod:`promptlookup.prefix_tree`): a request takes the longest cached prefix, to the token;
+  sequences that start alike share their blocks in the cache.
+- *Copy on join*: a request copies its prefix's keys and values into its own KV cache when it
+  starts (a few milliseconds per thousand tokens), and its prompt and answer are copied into
+  the cache's blocks once its prompt is in (so requests that join later reuse it) and when it
+  ends. Running requests therefore hold no block of the cache, and eviction (least recently
+  used first) can take any block; a request that copies holds its blocks' tensors alive until
+  its copy is made.
+- *Memory*: at most ``mib`` MiB of blocks (keys and values of every layer:
+  ``kv_bytes_per_token`` each token, 46 KB for SmolLM2-135M in float32), on top of the running
+  requests' own caches.
+- *Tenants*: a request reuses only entries of its own ``tenant`` (None is a tenant too), so
+  that the speed of a reply cannot confirm another tenant's prompt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from .errors import InvalidParameterError
+from .prefix_tree import BlockTree
+
+#: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 22,000
+#: tokens of SmolLM2-135M in float32.
+DEFAULT_MIB = 1024
+#: Tokens per block of the cache.
+BLOCK_TOKENS = 32
+
+
+class PrefixCache:
+    """Keys and values of earlier sequences, by tenant, within ``mib`` MiB (see the module doc).
+
+    >>> cache = PrefixCache(mib=512)
+    >>> lm.generate(messages, prefix_cache=cache)                 # doctest: +SKIP
+    >>> lm.prefix_cache = cache   # every generation's default   # doctest: +SKIP
+    """
+
+    def __init__(self, mib: float = DEFAULT_MIB, block_tokens: int = BLOCK_TOKENS) -> None:
+        if not mib > 0:
+            raise InvalidParameterError(f"a prefix cache needs a budget > 0 MiB, got {mib!r}")
+        if block_tokens < 1:
+            raise InvalidParameterError(f"block_tokens must be >= 1, got {block_tokens}")
+        self.budget_bytes, self.block_tokens = int(mib * 2**20), block_tokens
+        self._tree: BlockTree | None = None  # made by the first store (its block size known)
+        self._lock = threading.Lock()
+        #: Requests that looked up a prefix, and the prompt tokens they found cached.
+        self.lookups = self.cached_tokens = 0
+
+    @staticmethod
+    def applies(target) -> bool:
+        """Whether ``target``'s keys and values can be reused exactly: its passes are
+        row-invariant and its sequences' caches are ours."""
+        return bool(getattr(target, "row_invariant", False)) and hasattr(target, "new_sequence")
+
+    @property
+    def used_bytes(self) -> int:
+        return 0 if self._tree is None else self._tree.used_bytes
+
+    def restore(self, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
+        """Fill the empty sequence ``cache`` with the keys and values of the longest cached
+        prefix of ``token_ids`` (of ``tenant``); returns its length in tokens (0: none)."""
+        with self._lock:
+            self.lookups += 1
+            if self._tree is None:
+                return 0
+            payloads, matched = self._tree.match(tenant, token_ids)
+            self.cached_tokens += matched
+        if not matched:
+            return 0
+        # The payloads are never written, and held here: copied outside the lock.
+        size, first = self.block_tokens, payloads[0]
+        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
+        for index, layer in enumerate(cache.layers):
+            layer.make_room(matched, like)
+            for block, payload in enumerate(payloads):  # the last one possibly in part
+                start = block * size
+                count = min(size, matched - start)
+                layer.key_buffer[0, :, start : start + count] = payload[index, 0, :, :count]
+                layer.value_buffer[0, :, start : start + count] = payload[index, 1, :, :count]
+            layer.advance(matched)
+        return matched
+
+    def store(self, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
+        """Keep the keys and values of the whole blocks of ``token_ids`` that ``cache`` holds
+        (its first positions) and the cache lacks, for ``tenant``."""
+        length = min(cache.get_seq_length(), len(token_ids))
+        if length < self.block_tokens:
+            return
+        with self._lock:
+            if self._tree is None:
+                layer = cache.layers[0]
+                per_token = 2 * len(cache.layers) * layer.keys[0, :, 0].numel()
+                block_bytes = per_token * self.block_tokens * layer.keys.element_size()
+                self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
+            self._tree.insert(
+                tenant, token_ids[:length], lambda start, stop: self._blocks(cache, start, stop)
+            )
+
+    def _blocks(self, cache, start: int, stop: int) -> list[torch.Tensor]:
+        """Blocks ``start`` to ``stop - 1`` of ``cache``, each ``(layers, 2, kv_heads,
+        block_tokens, head_dim)`` in its own storage (evicting one frees it)."""
+        size, count = self.block_tokens, stop - start
+        first = cache.layers[0].keys
+        blocks = first.new_empty(
+            (count, len(cache.layers), 2, first.shape[1], size, first.shape[3])
+        )
+        for index, layer in enumerate(cache.layers):
+            for kind, states in enumerate((layer.keys, layer.values)):
+                rows = states[0, :, start * size : stop * size]  # (kv_heads, tokens, head_dim)
+                blocks[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
+        return [block.clone() for block in blocks]
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._tree = None

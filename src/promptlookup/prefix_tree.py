@@ -1,0 +1,148 @@
+"""The index of a prefix cache (:mod:`promptlookup.prefix_cache`): token sequences cut into
+blocks of ``block_tokens`` tokens, kept in one tree per namespace (a tenant), each block a node
+holding a payload (its keys and values) of ``block_bytes`` bytes.
+
+- *Longest prefix*: :meth:`BlockTree.match` walks the blocks that a sequence starts with, then
+  takes the longest common start of its next tokens with one of that node's children, so a
+  prefix is found to the token, not only to the block.
+- *Sharing*: sequences that start alike share their first blocks; :meth:`BlockTree.insert`
+  adds only the blocks not in the tree yet.
+- *Eviction*: the tree holds at most ``budget_bytes`` of payloads; the least recently used
+  block goes first. Every use touches a block and all its ancestors, the deepest first, so a
+  block is never used more recently than its parent and the least recently used block is a
+  leaf: evicting it never orphans another. A namespace whose last block goes is dropped.
+
+It holds no tensors itself (payloads come from the caller), so that it can be tested against a
+brute-force reference (``tests/test_prefix_tree.py``). Not thread-safe: its owner locks.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+
+class _Block:
+    __slots__ = ("tokens", "parent", "children", "payload")
+
+    def __init__(self, tokens: tuple[int, ...], parent: _Block | None, payload: Any = None):
+        self.tokens, self.parent, self.payload = tokens, parent, payload
+        self.children: dict[tuple[int, ...], _Block] = {}
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common start of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class BlockTree:
+    """Token blocks in a tree per namespace, within a byte budget (see the module doc)."""
+
+    def __init__(self, block_tokens: int, block_bytes: int, budget_bytes: int) -> None:
+        self.block_tokens, self.block_bytes, self.budget_bytes = (
+            block_tokens,
+            block_bytes,
+            budget_bytes,
+        )
+        self._roots: dict[Hashable, _Block] = {}
+        #: Every block, least recently used first (never before its descendants).
+        self._recency: collections.OrderedDict[_Block, Hashable] = collections.OrderedDict()
+
+    @property
+    def blocks(self) -> int:
+        return len(self._recency)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.blocks * self.block_bytes
+
+    def match(self, namespace: Hashable, tokens: Sequence[int]) -> tuple[list[Any], int]:
+        """The payloads of the blocks ``tokens`` starts with and how many of its tokens they
+        hold: whole blocks, then possibly the first tokens of one more (its payload last).
+        The whole blocks are touched (most recently used now)."""
+        node, size = self._roots.get(namespace), self.block_tokens
+        path: list[_Block] = []
+        # Whole blocks, as long as they are in the tree.
+        while node is not None:
+            child = node.children.get(tuple(tokens[len(path) * size : (len(path) + 1) * size]))
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        self._touch(path)
+        matched = len(path) * size
+        payloads = [block.payload for block in path]
+        # Then the child that shares the longest start with the next tokens, if any.
+        rest = tokens[matched : matched + size]
+        if node is not None and rest:
+            best, common = None, 0
+            for child in node.children.values():
+                n = _common(child.tokens, rest)
+                if n > common:
+                    best, common = child, n
+            if best is not None:
+                payloads.append(best.payload)
+                matched += common
+        return payloads, matched
+
+    def insert(
+        self,
+        namespace: Hashable,
+        tokens: Sequence[int],
+        payloads: Callable[[int, int], list[Any]],
+    ) -> int:
+        """Add the whole blocks of ``tokens`` that the tree lacks, evicting the least recently
+        used others to make room (as many as fit when not all do). ``payloads(start, stop)``
+        gives the payloads of blocks ``start`` to ``stop - 1`` of ``tokens``. Returns the
+        number of blocks added."""
+        size = self.block_tokens
+        node = self._roots.get(namespace)
+        # The blocks already there: touched, so that eviction spares them.
+        path: list[_Block] = []
+        while node is not None:
+            key = tuple(tokens[len(path) * size : (len(path) + 1) * size])
+            if len(key) < size or key not in node.children:
+                break
+            node = node.children[key]
+            path.append(node)
+        self._touch(path)
+        wanted = len(tokens) // size - len(path)
+        # Room: evict least recently used blocks outside the path, then add what fits.
+        room = self._make_room(wanted, set(path))
+        if room and not path:  # a namespace's first block (its root may have just gone)
+            node = self._roots.setdefault(namespace, _Block((), None))
+        start = len(path)
+        for offset, payload in enumerate(payloads(start, start + room) if room else ()):
+            key = tuple(tokens[(start + offset) * size : (start + offset + 1) * size])
+            node.children[key] = node = _Block(key, node, payload)
+            path.append(node)
+            self._recency[node] = namespace
+        self._touch(path)
+        return room
+
+    def _make_room(self, wanted: int, keep: set[_Block]) -> int:
+        """Evict until ``wanted`` more blocks fit (or only ``keep`` is left); how many fit."""
+        while (self.blocks + wanted) * self.block_bytes > self.budget_bytes and self._recency:
+            block, namespace = next(iter(self._recency.items()))
+            if block in keep:  # only the path being extended is left
+                break
+            self._evict(block, namespace)
+        return max(0, min(wanted, self.budget_bytes // self.block_bytes - self.blocks))
+
+    def _evict(self, block: _Block, namespace: Hashable) -> None:
+        del self._recency[block]
+        parent = block.parent
+        del parent.children[block.tokens]
+        if parent.parent is None and not parent.children:
+            del self._roots[namespace]
+
+    def _touch(self, path: list[_Block]) -> None:
+        """Mark ``path`` (root to leaf) used now, its deepest block first."""
+        for block in reversed(path):
+            self._recency.move_to_end(block)
