@@ -39,7 +39,9 @@ def test_each_sharing_mode_keeps_the_answers(lm):
         )
         with RunningServer(create_app(lm, settings)) as running:
             answers[sharing] = [ask(running, "k1"), ask(running, "k1")]
-            index = running.state.cross_request.for_tenant("Bearer k1")
+            index = running.state.cross_request.for_tenant(
+                running.state.tenants.tenant("Bearer k1")
+            )
             if sharing == "off":
                 assert index is None
             else:

@@ -48,6 +48,7 @@ from .drafters.base import Draft
 from .errors import InvalidParameterError
 from .loop import DecodingSequence
 from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
+from .prefix_cache import PrefixCache
 from .trees import TokenTree, accept_tree
 
 
@@ -74,11 +75,16 @@ class BatchSequence(DecodingSequence):
     :func:`~promptlookup.loop.speculative_generate` takes them, its state and its step) with
     its own acceptance statistics, and its KV cache once it joins. ``adaptive``: whether the
     policy trims its drafts (else they are verified whole). ``should_stop()``, asked before
-    every step, cancels it when true (as :meth:`cancel` does)."""
+    every step, cancels it when true (as :meth:`cancel` does). ``prefix_cache`` (for a target
+    it :meth:`~promptlookup.prefix_cache.PrefixCache.applies` to): its cache starts with the
+    keys and values of the longest cached prefix of its prompt (``tenant``'s), and its own
+    go there once its prompt is in and when it ends."""
 
     acceptance: AcceptanceModel | None = field(default_factory=AcceptanceModel)
     adaptive: bool = True
     should_stop: Callable[[], bool] | None = None
+    prefix_cache: PrefixCache | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -165,6 +171,10 @@ class BatchDecoder:
         while self.waiting and len(self.running) < self.max_batch:
             sequence = self.waiting.popleft()
             sequence.cache = self.target.new_sequence()
+            if sequence.prefix_cache is not None:  # its prompt's cached prefix is not fed
+                sequence.stats.cached_tokens = sequence.prefix_cache.restore(
+                    sequence.cache, sequence.tokens[:-1], sequence.tenant
+                )
             self.running.append(sequence)
         events = []
         for sequence in self.running:
@@ -210,6 +220,12 @@ class BatchDecoder:
                     self.target.keep_tree_paths([(sequence.cache, [before + r for r in path])])
                 # Crop the cache back to the accepted tokens (the bonus token is fed next step).
                 sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
+                # Its prompt (after its first pass) and, at its end, its answer go to the
+                # prefix cache, for sequences that join later.
+                if sequence.prefix_cache is not None and (
+                    sequence.done or sequence.stats.forward_passes == 1
+                ):
+                    sequence.prefix_cache.store(sequence.cache, sequence.tokens, sequence.tenant)
                 events.append((sequence, new_tokens))
         self.running = [sequence for sequence in self.running if not sequence.done]
         return events

@@ -20,6 +20,7 @@ from .errors import (
 )
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
+from .prefix_cache import PrefixCache
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
 
@@ -39,6 +40,8 @@ class _Request:
     policy: SpeculationPolicy | None  # None: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
+    prefix_cache: PrefixCache | None = None  # where the target can reuse keys and values
+    tenant: str | None = None  # whose entries of the prefix cache it reuses
 
 
 class LanguageModel:
@@ -59,6 +62,10 @@ class LanguageModel:
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
         #: Learned costs and acceptance statistics, shared by this model's requests.
         self.policy = SpeculationPolicy()
+        #: The :class:`~promptlookup.prefix_cache.PrefixCache` generations use unless told
+        #: otherwise (``prefix_cache=``); None: none. Used only where reuse is exact
+        #: (:meth:`~promptlookup.prefix_cache.PrefixCache.applies`).
+        self.prefix_cache: PrefixCache | None = None
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -134,6 +141,8 @@ class LanguageModel:
         speculation: str = "adaptive",
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        prefix_cache: PrefixCache | bool = True,
+        tenant: str | None = None,
         **drafter_options,
     ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
@@ -150,6 +159,7 @@ class LanguageModel:
             logprobs,
             drafter_options,
         )
+        request.prefix_cache, request.tenant = self._prefix_cache(prefix_cache), tenant
         stream = GenerationStream(iter(()))
         stream._request = request
         stream._events = self._events(stream, request)
@@ -205,6 +215,20 @@ class LanguageModel:
             prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
         )
 
+    def _prefix_cache(self, option: PrefixCache | bool | None) -> PrefixCache | None:
+        """The prefix cache a generation uses: ``True`` the model's own
+        (:attr:`prefix_cache`), ``False`` or None none, or the one given; none where the
+        target's keys and values cannot be reused exactly."""
+        if option is True:
+            option = self.prefix_cache
+        elif option is False:
+            option = None
+        if option is not None and not isinstance(option, PrefixCache):
+            raise InvalidParameterError(
+                f"prefix_cache must be a PrefixCache, True or False, got {type(option).__name__}"
+            )
+        return option if option is not None and PrefixCache.applies(self.target) else None
+
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()
         text = TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
@@ -219,6 +243,8 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            prefix_cache=request.prefix_cache,
+            tenant=request.tenant,
         )
         try:
             for token in tokens:
@@ -250,7 +276,12 @@ class LanguageModel:
         asked before every forward pass, ends the generation early when it returns true.
         ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
         alternatives in ``result.stats.logprobs`` (see
-        :class:`~promptlookup.sampling.TokenLogprob`). Extra keyword
+        :class:`~promptlookup.sampling.TokenLogprob`). ``prefix_cache``: a
+        :class:`~promptlookup.prefix_cache.PrefixCache` whose keys and values of an earlier
+        sequence that the prompt starts with are reused (the output is the same, token for
+        token; ``result.stats.cached_tokens`` counts them), ``True`` (default) the model's
+        :attr:`prefix_cache` if any, ``False`` none; ``tenant``: whose entries it reuses and
+        adds to (None is a tenant too). Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 
@@ -323,6 +354,8 @@ class LanguageModel:
             adaptive=request.policy is not None,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            prefix_cache=request.prefix_cache,
+            tenant=request.tenant,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 

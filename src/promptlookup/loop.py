@@ -28,6 +28,7 @@ from .backends.base import Target
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import AcceptanceModel, SpeculationPolicy
+from .prefix_cache import PrefixCache
 from .sampling import TokenChooser, TokenLogprob, token_logprob
 from .trees import TokenTree, accept_tree
 
@@ -37,9 +38,11 @@ class GenerationStats:
     """Counters of one generation. ``forward_passes`` counts the target passes that produced
     tokens (plain decoding: one per new token); the prompt's prefill is not counted.
     ``token_seconds[i]``: seconds from the start (prefill included) to new token ``i``'s
-    acceptance."""
+    acceptance. ``cached_tokens``: prompt tokens whose keys and values came from a prefix
+    cache (:mod:`promptlookup.prefix_cache`), not prefilled."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     new_tokens: int = 0
     forward_passes: int = 0
     drafted_tokens: int = 0
@@ -64,6 +67,7 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "forward_passes": self.forward_passes,
             "drafted_tokens": self.drafted_tokens,
@@ -203,6 +207,8 @@ def speculative_generate(
     policy: SpeculationPolicy | None = None,
     should_stop: Callable[[], bool] | None = None,
     logprobs: int | None = None,
+    prefix_cache: PrefixCache | None = None,
+    tenant: str | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine: the
@@ -219,7 +225,10 @@ def speculative_generate(
     it returns true the generator ends there (a cancelled request). ``logprobs=N`` records each
     yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
-    token gets exactly the value plain decoding computes from the same row."""
+    token gets exactly the value plain decoding computes from the same row. ``prefix_cache``
+    (for a target it :meth:`~promptlookup.prefix_cache.PrefixCache.applies` to) gives the
+    keys and values of the longest cached prefix of the prompt (``tenant``'s), which is then
+    not prefilled, and keeps the sequence's at the end."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -242,7 +251,9 @@ def speculative_generate(
     # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
     #    target may keep the prompt's last chunk back and run it in the first step's pass).
     target.reset()
-    target.prefill(tokens[:-1])
+    if prefix_cache is not None:  # the prompt's cached prefix, exactly as a prefill makes it
+        stats.cached_tokens = prefix_cache.restore(target.cache, tokens[:-1], tenant)
+    target.prefill(tokens[stats.cached_tokens : -1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
     trees = getattr(target, "tree_passes", False)
@@ -283,7 +294,10 @@ def speculative_generate(
                 sequence.forget(len(new_tokens) - position - 1)
                 raise
     stats.seconds = time.perf_counter() - sequence.started
-    # 6. Free the KV cache (each generation starts from an empty one).
+    # 6. Keep the sequence's keys and values for later prompts that start with it; free the
+    #    KV cache (each generation starts from an empty one).
+    if prefix_cache is not None:
+        prefix_cache.store(target.cache, tokens, tenant)
     target.reset()
 
 

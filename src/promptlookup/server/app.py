@@ -23,8 +23,9 @@ Policies:
   drafter's reference text (drafts come from it, the prompt, or the output so far).
 - *Limits*: a body over ``max_body_bytes`` is a 413, a body not received within
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
-  as are 503s while loading or shutting down; with ``api_key``, every ``/v1`` path needs
-  ``Authorization: Bearer <key>``, unknown ones included, else 401 (see :mod:`.edge`).
+  as are 503s while loading or shutting down; with API keys, every ``/v1`` path needs
+  ``Authorization: Bearer <key>``, unknown ones included, else 401 (see :mod:`.edge`); the
+  key names the request's tenant (:mod:`.tenants`).
   ``/health`` is always open.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
@@ -97,7 +98,7 @@ def create_app(
     app = FastAPI(title="promptlookup", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
     install_error_handlers(app)
-    app.add_middleware(APIKeyGate, key=settings.api_key)
+    app.add_middleware(APIKeyGate, tenants=state.tenants)
 
     v1 = APIRouter(prefix="/v1")
 
@@ -164,9 +165,9 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
             code="model_not_found",
         )
     _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
-    # The tenant whose cross-request index the request drafts from: its API key (one tenant
-    # without --api-key, whatever clients send).
-    tenant = request.headers.get("authorization") if settings.api_key else None
+    # The tenant whose cross-request index and prefix cache entries the request uses: its
+    # API key's (None without keys).
+    tenant = getattr(request.state, "tenant", None)
     job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
     job = GenerationJob(
         **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
@@ -289,7 +290,7 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
         "sampling": sampling,
         "drafter": drafter,
         "drafter_options": options,
-        "generation_options": state.settings.generation_options,
+        "generation_options": {**state.settings.generation_options, **state.cache_options(tenant)},
     }
 
 

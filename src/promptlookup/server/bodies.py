@@ -102,10 +102,15 @@ class CompletionTokensDetails(_Open):
     audio_tokens: int
 
 
+class PromptTokensDetails(_Open):
+    cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache
+
+
 class Usage(_Open):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails | None
     speculative: Speculative
 

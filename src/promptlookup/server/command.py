@@ -81,7 +81,7 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
     if settings.host not in LOOPBACK_HOSTS:
         click.echo(
             f"warning: listening on {settings.host}, reachable from other machines"
-            + ("" if settings.api_key else " and without --api-key"),
+            + ("" if settings.api_key or settings.api_keys_file else " and without --api-key"),
             err=True,
         )
     if settings.threads is not None:

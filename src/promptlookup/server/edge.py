@@ -1,9 +1,10 @@
 """What every request meets outside its route: the API key gate, and the error responses.
 
-- *API key*: with a key, every path under ``/v1`` needs ``Authorization: Bearer <key>``
-  (compared in constant time), checked before routing, so that an unknown ``/v1/*`` path or
-  method is a 401 too and reveals nothing without the key. Other paths (``/health``,
-  ``/openapi.json``) are open.
+- *API keys*: with keys, every path under ``/v1`` needs ``Authorization: Bearer <key>``
+  with one of them (compared in constant time), checked before routing, so that an unknown
+  ``/v1/*`` path or method is a 401 too and reveals nothing without a key; the key's tenant
+  (:mod:`.tenants`) goes to the route as ``request.state.tenant``. Other paths
+  (``/health``, ``/openapi.json``) are open.
 - *Errors* are OpenAI's JSON (:class:`~.schemas.APIError`), Starlette's own (404, 405) too;
   an unexpected exception is a 500 with its traceback logged once; a client that leaves
   while sending its body is one line in the log.
@@ -11,7 +12,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 
@@ -21,19 +21,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from .schemas import APIError
+from .tenants import Tenants
 
 log = logging.getLogger("promptlookup.server")
 
 
 class APIKeyGate:
-    """ASGI middleware: a 401 for any ``/v1`` request without the key (no key: all pass)."""
+    """ASGI middleware: a 401 for any ``/v1`` request without one of the keys (no keys: all
+    pass, as the tenant None)."""
 
-    def __init__(self, app, key: str | None) -> None:
-        self.app, self.key = app, key
+    def __init__(self, app, tenants: Tenants) -> None:
+        self.app, self.tenants = app, tenants
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.key is not None and scope["type"] == "http" and _under_v1(scope["path"]):
-            if not self._authorized(scope):
+        if self.tenants.required and scope["type"] == "http" and _under_v1(scope["path"]):
+            values = [v for k, v in scope["headers"] if k == b"authorization"]
+            tenant = self.tenants.tenant(values[0] if values else None)
+            if tenant is None:
                 error = APIError(
                     401,
                     "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
@@ -41,12 +45,8 @@ class APIKeyGate:
                 )
                 await error_response(error)(scope, receive, send)
                 return
+            scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
-
-    def _authorized(self, scope) -> bool:
-        values = [v for k, v in scope["headers"] if k == b"authorization"]
-        scheme, _, token = (values[0] if values else b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key.encode())
 
 
 def _under_v1(path: str) -> bool:

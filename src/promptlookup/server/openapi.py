@@ -69,7 +69,7 @@ def build_openapi(app: FastAPI) -> dict:
         }
         if state is not None and state.status == "ready":
             props["model"] = {"type": "string", "enum": [state.model_id]}
-    secured = state is not None and state.settings.api_key is not None
+    secured = state is not None and state.tenants.required
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     paths = doc["paths"]

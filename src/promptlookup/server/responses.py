@@ -163,7 +163,8 @@ def completion_body(
 
 
 def usage(choices: list[Choice], predicted: bool) -> B.Usage:
-    """OpenAI's token counts over all choices (the prompt counted once), OpenAI's
+    """OpenAI's token counts over all choices (the prompt counted once, its tokens found in
+    the prefix cache as ``prompt_tokens_details.cached_tokens``), OpenAI's
     ``completion_tokens_details`` for predicted outputs, and ``speculative`` statistics."""
     results = [c.result for c in choices]
     prompt = len(results[0].prompt_ids) if results else 0
@@ -183,6 +184,9 @@ def usage(choices: list[Choice], predicted: bool) -> B.Usage:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
+        prompt_tokens_details=B.PromptTokensDetails(
+            cached_tokens=results[0].stats.cached_tokens if results else 0
+        ),
         completion_tokens_details=details,
         speculative=B.Speculative(
             forward_passes=passes,

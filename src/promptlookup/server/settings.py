@@ -43,13 +43,24 @@ class ServerSettings:
     port: int = setting(
         8000, "--port", "Port to listen on (0 picks a free one).", click.IntRange(0, 65535)
     )
-    api_key: str | None = setting(
-        None,
+    api_key: tuple[str, ...] = setting(
+        (),
         "--api-key",
-        "Require 'Authorization: Bearer KEY' on /v1/* (else HTTP 401). "
-        "Also read from PROMPTLOOKUP_API_KEY, which keeps it out of `ps`.",
+        "Require 'Authorization: Bearer KEY' on /v1/* (else HTTP 401). Repeat it for several "
+        "keys, each its own tenant (see --api-keys-file). Also read from PROMPTLOOKUP_API_KEY "
+        "(keys separated by spaces), which keeps them out of `ps`.",
         envvar="PROMPTLOOKUP_API_KEY",
         metavar="KEY",
+        multiple=True,
+    )
+    api_keys_file: str | None = setting(
+        None,
+        "--api-keys-file",
+        "A file of 'TENANT KEY' lines: more keys, a request's tenant being its key's name. "
+        "Tenants never share a cross-request index or prefix cache entries, since the speed "
+        "of a reply could reveal another client's prompt or answer.",
+        click.Path(exists=True, dir_okay=False),
+        metavar="FILE",
     )
     model_id: str | None = setting(
         None, "--model-id", "The name clients send as 'model' [default: the model's name]."
@@ -107,8 +118,9 @@ class ServerSettings:
         "per-key",
         "--cross-request",
         "Prompt lookup also drafts from earlier requests' outputs (a bounded index): 'off'; "
-        "'per-key', an index per API key (one when no key is set), since acceptance speed "
-        "could reveal another client's answers; or 'global', one index for every request.",
+        "'per-key', an index per tenant (its API key's; one when no key is set), since "
+        "acceptance speed could reveal another client's answers; or 'global', one index for "
+        "every request.",
         click.Choice(["off", "per-key", "global"]),
     )
     cross_request_tokens: int = setting(
@@ -117,6 +129,23 @@ class ServerSettings:
         "Tokens each cross-request index holds (about 1.3 KB each at most), the oldest "
         "outputs evicted first; at most 16 indexes, the least recently used forgotten.",
         click.IntRange(min=1),
+    )
+    prefix_cache_mib: int = setting(
+        1024,
+        "--prefix-cache-mib",
+        "MiB of keys and values of recent prompts and answers kept for later requests that "
+        "start with the same tokens (a conversation's next turn prefills only its new "
+        "tokens); least recently used first out; 0 turns the cache off. Exact: only on "
+        "row-invariant targets (the default GGUF on the CPU).",
+        click.IntRange(min=0),
+    )
+    prefix_cache_scope: str = setting(
+        "per-tenant",
+        "--prefix-cache-scope",
+        "Whose cached prefixes a request reuses: its own tenant's ('per-tenant': one tenant "
+        "without keys) or every request's ('global', whose reply times may reveal whether "
+        "another client sent a prompt).",
+        click.Choice(["per-tenant", "global"]),
     )
     threads: int | None = setting(
         None,
@@ -139,6 +168,9 @@ class ServerSettings:
     generation_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.api_key is None or isinstance(self.api_key, str):  # one key, or none
+            self.api_key = (self.api_key,) if self.api_key else ()
+        self.api_key = tuple(self.api_key)
         for item in options():
             value = getattr(self, item.name)
             if value is None or item.metadata["type"] is None:
@@ -168,7 +200,7 @@ def settings_options(func):
             item.name,
             type=kind,
             default=item.default,
-            show_default=item.default is not None,
+            show_default=item.default not in (None, ()),
             **meta,
         )(func)
     return func

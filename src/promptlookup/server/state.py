@@ -15,11 +15,13 @@ from ..batching import PREFILL_TOKENS, default_max_batch
 from ..drafters import TenantIndexes
 from ..errors import PromptLookupError
 from ..generation import LanguageModel
+from ..prefix_cache import PrefixCache
 from .batch_worker import BatchWorker
 from .bodies import ModelCard
 from .protocol import http_protocol
 from .schemas import APIError
 from .settings import ServerSettings
+from .tenants import Tenants
 from .worker import GenerationWorker, shutting_down
 
 log = logging.getLogger("promptlookup.server")
@@ -50,8 +52,13 @@ class ServerState:
         self.status = "loading"
         self.load_error: str | None = None
         self.tokenizer_lock = threading.Lock()  # request threads encode one at a time
-        #: The cross-request indexes by tenant (API key), per ``--cross-request``.
+        #: The API keys and their tenants (``--api-key``, ``--api-keys-file``).
+        self.tenants = Tenants.of(settings.api_key, settings.api_keys_file)
+        #: The cross-request indexes by tenant, per ``--cross-request``.
         self.cross_request = TenantIndexes(settings.cross_request, settings.cross_request_tokens)
+        #: Keys and values of recent sequences (``--prefix-cache-mib``; None: off, or a
+        #: target where reuse would not be exact), made when the model is ready.
+        self.prefix_cache: PrefixCache | None = None
         self.fingerprint: str | None = None
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
@@ -87,6 +94,8 @@ class ServerState:
         else:  # a target that runs one sequence at a time (llama.cpp)
             max_batch = 1
         self.max_batch = max_batch
+        if self.settings.prefix_cache_mib and PrefixCache.applies(lm.target):
+            self.prefix_cache = PrefixCache(self.settings.prefix_cache_mib)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         self.worker = (
             BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
@@ -108,6 +117,12 @@ class ServerState:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+
+    def cache_options(self, tenant: str | None) -> dict:
+        """The prefix cache arguments of a generation of ``tenant`` (its entries only, unless
+        ``--prefix-cache-scope global``)."""
+        shared = self.settings.prefix_cache_scope == "global"
+        return {"prefix_cache": self.prefix_cache or False, "tenant": None if shared else tenant}
 
     def ready_model(self) -> LanguageModel:
         if self.shutting_down:
