@@ -83,16 +83,15 @@ class PrefixCache:
             self.cached_tokens += matched
         if not matched:
             return 0
-        # The payloads are never written, and held here: copied outside the lock.
-        size, first = self.block_tokens, payloads[0]
+        # The payloads are never written, and held here: copied outside the lock, a layer's
+        # keys (then values) of every block in one piece, then into the cache in one copy.
+        first = payloads[0]
         like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
         for index, layer in enumerate(cache.layers):
             layer.make_room(matched, like)
-            for block, payload in enumerate(payloads):  # the last one possibly in part
-                start = block * size
-                count = min(size, matched - start)
-                layer.key_buffer[0, :, start : start + count] = payload[index, 0, :, :count]
-                layer.value_buffer[0, :, start : start + count] = payload[index, 1, :, :count]
+            for kind, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
+                rows = torch.cat([payload[index, kind] for payload in payloads], dim=1)
+                buffer[0, :, :matched] = rows[:, :matched]  # the last block possibly in part
             layer.advance(matched)
         return matched
 

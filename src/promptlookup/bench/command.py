@@ -94,6 +94,23 @@ QUICK_TOKENS = 64
     "llamacpp=http://127.0.0.1:8080.",
 )
 @click.option(
+    "--sessions",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="The multi-turn session mode: N editing conversations, each turn the whole "
+    "conversation so far with the method's own answers; time to first token per turn and "
+    "end-to-end tokens/s of promptlookup in process (with a prefix cache; --methods none "
+    "leaves it out) and the --against servers, each with its own defaults and prompt cache.",
+)
+@click.option(
+    "--turns",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="With --sessions: turns per conversation.",
+)
+@click.option(
     "--sweep",
     is_flag=True,
     help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
@@ -164,6 +181,8 @@ def bench(
     methods,
     drafter_methods,
     against,
+    sessions,
+    turns,
     sweep,
     repeat,
     sampling,
@@ -241,6 +260,14 @@ def bench(
         limit = limit or 1
         max_new_tokens = max_new_tokens or QUICK_TOKENS
     max_new_tokens = max_new_tokens or DEFAULT_TOKENS
+    if sessions:
+        from .conversations import session_bench
+
+        session_bench(
+            sessions, turns, max_new_tokens, methods, against, model, dtype, device, threads,
+            out_dir, command="promptlookup " + shlex.join(sys.argv[1:]),
+        )  # fmt: skip
+        return
     rows, data = prompts(data_files, limit)
     servers = [parse_against(item) for item in against]
     specs = split_methods(methods)

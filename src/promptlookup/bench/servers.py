@@ -8,7 +8,9 @@ methods in the same balanced order, and reports in the same tables. Policies:
   tokens, greedy (``temperature`` 0) or the run's sampling settings and per-prompt seed,
   streamed with ``stream_options.include_usage``; ``cache_prompt: false`` too (llama-server
   would otherwise reuse the previous request's prompt cache), dropped for the rest of the run
-  when a server refuses it. The model is the first one ``/v1/models`` lists.
+  when a server refuses it; but not in the multi-turn session mode (``keep_cache``,
+  :mod:`~promptlookup.bench.conversations`), where each server keeps its own defaults, its
+  prompt cache included. The model is the first one ``/v1/models`` lists.
 - Timing: from sending the request to the end of the stream; each content chunk's arrival time
   goes to the tokens it holds. New tokens are the server's ``usage.completion_tokens``.
 - The server's text is compared with ``plain``'s (and ``promptlookup-none``'s) decoded text for
@@ -57,7 +59,9 @@ def parse_against(item: str) -> tuple[str, str]:
 class ServerMethod:
     """One OpenAI-compatible server, as a bench method named ``name``."""
 
-    def __init__(self, name: str, url: str, lm=None, api_key: str | None = None) -> None:
+    def __init__(
+        self, name: str, url: str, lm=None, api_key: str | None = None, keep_cache: bool = False
+    ) -> None:
         self.name = name
         self.url = url
         self.lm = lm
@@ -70,7 +74,7 @@ class ServerMethod:
         self._headers = {"Content-Type": "application/json"}
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
-        self._extra = {"cache_prompt": False}
+        self._extra = {} if keep_cache else {"cache_prompt": False}
         self.model_id = self._first_model()
         #: The server's process on this machine, for its peak RSS (None: unknown).
         self.pid = pid_listening_on(self._host, self._port)
@@ -137,6 +141,25 @@ class ServerMethod:
             text=text,
             new_tokens=new_tokens if isinstance(new_tokens, int) else len(token_ids),
         )
+
+    def chat(self, messages: list, max_tokens: int) -> dict:
+        """One turn of the session mode (:mod:`~promptlookup.bench.conversations`): greedy,
+        streamed; its text, time to first token, seconds and the usage's token counts."""
+        status, chunks, usage, seconds = self._stream(
+            self.body(messages, Settings(max_new_tokens=max_tokens))
+        )
+        if status != 200:
+            detail = "".join(text for _, text in chunks)[:300]
+            raise ServerError(f"{self.name}: HTTP {status} from {self.url}: {detail}")
+        usage = usage or {}
+        return {
+            "text": "".join(piece for _, piece in chunks),
+            "first_token_seconds": chunks[0][0] if chunks else seconds,
+            "seconds": seconds,
+            "completion_tokens": usage.get("completion_tokens") or 0,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        }
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
         raise InvalidParameterError(f"{self.name}: a server method needs the prompt's messages")

@@ -1,0 +1,270 @@
+"""The bench's multi-turn session mode (``promptlookup bench --sessions N``): editing
+conversations in which every turn sends the whole conversation so far, with the method's own
+earlier answers, as a chat client or an agent does.
+
+- *Material*, generated at run time like the built-in suite: each session edits one file, the
+  short documented functions of one module of the installed Python standard library
+  (:func:`~promptlookup.bench.sessions.stdlib_functions`) up to about ``file_chars``
+  characters; turn 1 asks for one change and the whole file back, each later turn for another
+  change (:data:`~promptlookup.bench.sessions.EDITS`), after the earlier turns and answers.
+- *Methods*: servers raced with ``--against`` (sent as they are, so each keeps its own prompt
+  cache: llama-server's is on by default; nothing like ``cache_prompt: false`` is sent) and
+  ``promptlookup`` in process, with a prefix cache of its own. Each method carries its own
+  conversation: its own answers go into its next turns.
+- *Order*: session by session, turn by turn, the methods in a rotating order each turn, so a
+  slow spell of a shared machine hits all alike.
+- *Measured* per turn: time to first token (from sending to the first content chunk), the
+  whole turn's seconds, completion tokens (the server's usage), prompt tokens and, where the
+  server reports it, ``usage.prompt_tokens_details.cached_tokens``. Per method: end-to-end
+  completion tokens/s over all turns (prefill included, as a client waits for it), median
+  time to first token on turn 1 and on turns 2 and later, and how many turns' texts equal
+  the first method's (greedy).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from .sessions import EDITS, stdlib_functions
+
+
+@dataclass
+class Conversation:
+    """One editing session: its name, its file and the change each turn asks for."""
+
+    name: str
+    file: str
+    edits: list[str]
+
+    def messages(self, answers: Sequence[str]) -> list[dict]:
+        """The messages of the turn after ``answers`` (a method's own answers so far)."""
+        messages = [
+            {
+                "role": "user",
+                "content": f"{self.edits[0]}. Output the whole new file in one ```python "
+                f"block.\n```python\n{self.file}\n```",
+            }
+        ]
+        for turn, answer in enumerate(answers, start=1):
+            messages += [
+                {"role": "assistant", "content": answer},
+                {
+                    "role": "user",
+                    "content": f"{self.edits[turn % len(self.edits)]}. Output the whole new "
+                    "file again.",
+                },
+            ]
+        return messages
+
+
+def build_conversations(count: int, file_chars: int = 6000) -> list[Conversation]:
+    """``count`` sessions, each over its own module's functions (the modules with the most
+    source first, so each file reaches about ``file_chars`` characters)."""
+    by_module: dict[str, list[str]] = {}
+    for function in stdlib_functions():
+        by_module.setdefault(function.module, []).append(function.source)
+    modules = sorted(by_module, key=lambda name: -sum(map(len, by_module[name])))
+    conversations = []
+    for number in range(count):
+        module = modules[number % len(modules)]
+        parts, size = [], 0
+        for source in by_module[module]:
+            if size >= file_chars:
+                break
+            parts.append(source)
+            size += len(source) + 3
+        edits = [EDITS[(number + turn) % len(EDITS)] for turn in range(len(EDITS))]
+        conversations.append(Conversation(f"{module}-{number + 1}", "\n\n\n".join(parts), edits))
+    return conversations
+
+
+@dataclass
+class Turn:
+    """One answered turn of one method."""
+
+    session: str
+    turn: int  # 1-based
+    method: str
+    prompt_tokens: int | None
+    cached_tokens: int | None  # None: not reported
+    completion_tokens: int
+    first_token_seconds: float
+    seconds: float
+    text: str
+
+
+class LocalChat:
+    """``promptlookup`` in this process: ``lm.stream`` with a prefix cache of its own."""
+
+    def __init__(self, lm, name: str = "promptlookup", prefix_cache=None) -> None:
+        from ..prefix_cache import PrefixCache
+
+        self.name, self.lm = name, lm
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
+
+    def chat(self, messages: list[dict], max_tokens: int) -> dict:
+        start = time.perf_counter()
+        stream = self.lm.stream(messages, max_new_tokens=max_tokens, prefix_cache=self.prefix_cache)
+        first, pieces = None, []
+        for piece in stream:
+            first = first if first is not None else time.perf_counter() - start
+            pieces.append(piece)
+        seconds = time.perf_counter() - start
+        stats = stream.result.stats
+        return {
+            "text": "".join(pieces),
+            "first_token_seconds": first if first is not None else seconds,
+            "seconds": seconds,
+            "completion_tokens": stats.new_tokens,
+            "prompt_tokens": stats.prompt_tokens,
+            "cached_tokens": stats.cached_tokens,
+        }
+
+
+def run_conversations(
+    methods: Sequence,
+    conversations: Sequence[Conversation],
+    turns: int,
+    max_tokens: int,
+    log: Callable[[str], None] = print,
+) -> list[Turn]:
+    """Every conversation's ``turns`` turns through every method (see the module doc);
+    ``methods``: objects with ``name`` and ``chat(messages, max_tokens) -> dict``
+    (:class:`LocalChat`, :class:`~promptlookup.bench.servers.ServerMethod`)."""
+    records: list[Turn] = []
+    rotation = 0
+    for conversation in conversations:
+        answers: dict[str, list[str]] = {method.name: [] for method in methods}
+        for turn in range(1, turns + 1):
+            order = [*methods[rotation % len(methods) :], *methods[: rotation % len(methods)]]
+            rotation += 1
+            for method in order:
+                messages = conversation.messages(answers[method.name])
+                answer = method.chat(messages, max_tokens)
+                answers[method.name].append(answer["text"])
+                records.append(Turn(conversation.name, turn, method.name, **answer))
+            log(
+                f"{conversation.name} turn {turn}/{turns}: "
+                + ", ".join(
+                    f"{r.method} {r.completion_tokens} tokens, first after "
+                    f"{r.first_token_seconds:.2f} s, {r.seconds:.2f} s"
+                    + ("" if r.cached_tokens is None else f", {r.cached_tokens} cached")
+                    for r in records[-len(methods) :]
+                )
+            )
+    return records
+
+
+def summary(records: Sequence[Turn], methods: Sequence[str]) -> dict[str, dict]:
+    """Per method: end-to-end completion tokens/s, median time to first token on turn 1 and
+    on later turns, prompt and cached tokens, and the turns whose text equals the first
+    method's."""
+    first = {(r.session, r.turn): r.text for r in records if r.method == methods[0]}
+    table = {}
+    for method in methods:
+        own = [r for r in records if r.method == method]
+        seconds = sum(r.seconds for r in own)
+        later = [r.first_token_seconds for r in own if r.turn > 1]
+        table[method] = {
+            "turns": len(own),
+            "completion_tokens": sum(r.completion_tokens for r in own),
+            "seconds": round(seconds, 3),
+            "tokens_per_second": round(sum(r.completion_tokens for r in own) / seconds, 2)
+            if seconds
+            else 0.0,
+            "median_ttft_turn_1": round(
+                statistics.median([r.first_token_seconds for r in own if r.turn == 1]), 3
+            )
+            if own
+            else None,
+            "median_ttft_later_turns": round(statistics.median(later), 3) if later else None,
+            "prompt_tokens": sum(r.prompt_tokens or 0 for r in own),
+            "cached_tokens": None
+            if any(r.cached_tokens is None for r in own)
+            else sum(r.cached_tokens for r in own),
+            "same_text_as_first": sum(first.get((r.session, r.turn)) == r.text for r in own),
+        }
+    return table
+
+
+def report(records: Sequence[Turn], methods: Sequence[str]) -> str:
+    """A markdown table of :func:`summary`, each method's ratios to the last method's."""
+    table = summary(records, methods)
+    base = table[methods[-1]]
+    lines = [
+        f"| method | turns | completion tokens | tokens/s | x {methods[-1]} | median TTFT turn 1 "
+        f"(s) | median TTFT turns 2+ (s) | prompt tokens | cached | same text as {methods[0]} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method in methods:
+        row = table[method]
+        ratio = row["tokens_per_second"] / base["tokens_per_second"]
+        cached = "-" if row["cached_tokens"] is None else row["cached_tokens"]
+        lines.append(
+            f"| {method} | {row['turns']} | {row['completion_tokens']} | "
+            f"{row['tokens_per_second']:.1f} | {ratio:.2f} | {row['median_ttft_turn_1']} | "
+            f"{row['median_ttft_later_turns']} | {row['prompt_tokens']} | {cached} | "
+            f"{row['same_text_as_first']}/{row['turns']} |"
+        )
+    return "\n".join(lines)
+
+
+def records_json(records: Sequence[Turn]) -> list[dict]:
+    return [asdict(record) for record in records]
+
+
+def session_bench(
+    sessions: int, turns: int, max_tokens: int, methods: str, against: Sequence[str],
+    model, dtype: str, device: str, threads: int | None, out_dir: str, command: str,
+) -> None:  # fmt: skip
+    """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
+    OUT/sessions.md) the session mode."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from ..errors import InvalidParameterError
+    from .servers import ServerMethod, parse_against
+
+    local = [name for name in methods.split(",") if name.strip() and name.strip() != "none"]
+    if any(name.strip() != "promptlookup" for name in local):
+        raise InvalidParameterError(
+            "with --sessions, --methods is promptlookup (in process) or none; race servers "
+            "with --against"
+        )
+    racing = [ServerMethod(*parse_against(item), keep_cache=True) for item in against]
+    chats: list = list(racing)
+    if local:
+        import torch
+
+        import promptlookup
+
+        if threads:
+            torch.set_num_threads(threads)
+        lm = promptlookup.load_model(model, dtype=dtype, device=device)
+        lm.warm_up()
+        chats.insert(0, LocalChat(lm))
+    if not chats:
+        raise InvalidParameterError("--sessions needs a method: promptlookup or --against")
+    names = [chat.name for chat in chats]
+    records = run_conversations(
+        chats,
+        build_conversations(sessions),
+        turns,
+        max_tokens,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    text = (
+        f"Session mode: {sessions} conversation(s) x {turns} turns, max_tokens {max_tokens}, "
+        f"greedy.\nCommand: `{command}`\n\n{report(records, names)}\n"
+    )
+    print(text)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sessions.md").write_text(text, encoding="utf-8")
+    with open(out / "sessions.jsonl", "w", encoding="utf-8") as handle:
+        for record in records_json(records):
+            handle.write(json.dumps(record) + "\n")
