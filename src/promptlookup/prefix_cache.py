@@ -59,8 +59,6 @@ class PrefixCache:
         self.budget_bytes, self.block_tokens = int(mib * 2**20), block_tokens
         self._tree: BlockTree | None = None  # made by the first store (its block size known)
         self._lock = threading.Lock()
-        #: Requests that looked up a prefix, and the prompt tokens they found cached.
-        self.lookups = self.cached_tokens = 0
 
     @staticmethod
     def applies(target) -> bool:
@@ -76,11 +74,9 @@ class PrefixCache:
         """Fill the empty sequence ``cache`` with the keys and values of the longest cached
         prefix of ``token_ids`` (of ``tenant``); returns its length in tokens (0: none)."""
         with self._lock:
-            self.lookups += 1
             if self._tree is None:
                 return 0
             payloads, matched = self._tree.match(tenant, token_ids)
-            self.cached_tokens += matched
         if not matched:
             return 0
         # The payloads are never written, and held here: copied outside the lock, a layer's

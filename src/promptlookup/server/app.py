@@ -54,7 +54,7 @@ from ..drafters import check_drafter_spec, parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
-from .bodies import Health, HealthQueue, ModelList, dump
+from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
@@ -113,6 +113,11 @@ def create_app(
                 waiting=state.worker.waiting,
                 capacity=state.settings.max_queue,
                 max_batch=state.max_batch,
+            )
+        if (cache := state.prefix_cache) is not None:
+            body.prefix_cache = HealthPrefixCache(
+                budget_mib=round(cache.budget_bytes / 2**20, 3),
+                used_mib=round(cache.used_bytes / 2**20, 3),
             )
         if state.load_error:
             body.error = state.load_error

@@ -55,10 +55,16 @@ class HealthQueue(_Open):
     max_batch: int | None
 
 
+class HealthPrefixCache(_Open):
+    budget_mib: float
+    used_mib: float  # keys and values held now
+
+
 class Health(_Open):
     status: str
     model: str
     queue: HealthQueue | None = None  # once the model is ready
+    prefix_cache: HealthPrefixCache | None = None  # when the server has one
     error: str | None = None  # why loading failed
 
 
