@@ -42,6 +42,7 @@ _LAZY = {
     ".loading": ("from_transformers", "load_model"),
     ".cache_files": ("cost_file_for",),
     ".loop": ("GenerationStats", "speculative_generate"),
+    ".prefix_cache": ("PrefixCache",),
     ".sampling": ("SamplingParams", "TokenChooser"),
 }
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
@@ -76,6 +77,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFoundError",
     "NoDrafter",
+    "PrefixCache",
     "PromptLookupDrafter",
     "PromptLookupError",
     "PromptTooLongError",

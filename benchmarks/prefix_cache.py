@@ -1,0 +1,196 @@
+"""The prefix cache of ``promptlookup serve``, measured through its API: whether one tenant's
+reply times reveal another tenant's prompt (``isolation``), and whether memory stays within
+the budget under a mixed load of many tenants (``soak``). Each starts its own servers on free
+127.0.0.1 ports (the default model, ``--threads``), with a keys file of tenants, and stops
+them; loopback only, bounded in requests and time.
+
+    python benchmarks/prefix_cache.py isolation --out benchmarks/runs/prefix-isolation
+    python benchmarks/prefix_cache.py soak --minutes 5 --out benchmarks/runs/prefix-soak
+
+``isolation``: for each of ``--prompts`` fresh prompts (a standard-library module's source,
+about 1,500 tokens), tenant A sends it, then tenant B, then A again, one token each (the time
+of a request is then its prefill); under ``--prefix-cache-scope per-tenant`` (the default)
+and ``global``. Reports the median seconds of each.
+
+``soak``: ``--clients`` clients hold conversations, each of a tenant drawn among
+``--tenants`` (each turn the last one's messages, its answer and a new question) for
+``--minutes``, with a small ``--prefix-cache-mib``; the server's RSS and the cache's use
+(``GET /health``) are sampled every few seconds. Reports their maxima against the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_test import free_port, wait_healthy  # noqa: E402  (benchmarks/ is not a package)
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def start(keys: Path, threads: int, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    command = [sys.executable, "-m", "promptlookup", "serve", "--port", str(port)]
+    command += ["--threads", str(threads), "--api-keys-file", str(keys), *flags]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, time.monotonic() + 300, process)
+    return process, url
+
+
+def ask(url: str, key: str, messages: list, max_tokens: int) -> tuple[float, dict]:
+    start = time.perf_counter()
+    response = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=600,
+    )
+    response.raise_for_status()
+    return time.perf_counter() - start, response.json()
+
+
+def sources(count: int, chars: int = 6000) -> list[str]:
+    """Fresh prompts: the first ``chars`` characters of standard-library modules' sources."""
+    import importlib
+
+    found = []
+    for name in ("textwrap", "shlex", "fnmatch", "calendar", "difflib", "statistics", "pprint"):
+        source = inspect.getsource(importlib.import_module(name))
+        found += [source[i : i + chars] for i in range(0, len(source) - chars, chars)]
+    return found[:count]
+
+
+def isolation(args, keys: Path) -> dict:
+    results = {}
+    for scope in ("per-tenant", "global"):
+        process, url = start(keys, args.threads, "--prefix-cache-scope", scope)
+        try:
+            ask(url, "key-a", [{"role": "user", "content": "Hello"}], 1)  # warm up
+            times = {"A first": [], "B after A": [], "A again": []}
+            for text in sources(args.prompts):
+                messages = [{"role": "user", "content": f"Summarize this file.\n{text}"}]
+                for label, key in (("A first", "key-a"), ("B after A", "key-b"), ("A again", "key-a")):  # fmt: skip
+                    seconds, body = ask(url, key, messages, 1)
+                    cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    times[label].append((seconds, cached))
+                    print(scope, label, round(seconds, 3), cached, file=sys.stderr, flush=True)
+            results[scope] = {
+                label: {
+                    "median_seconds": round(statistics.median(s for s, _ in runs), 3),
+                    "median_cached_tokens": statistics.median(c for _, c in runs),
+                }
+                for label, runs in times.items()
+            }
+        finally:
+            process.terminate()
+            process.wait(30)
+    return results
+
+
+def soak(args, keys: Path) -> dict:
+    process, url = start(keys, args.threads, "--prefix-cache-mib", str(args.prefix_cache_mib))
+    server = psutil.Process(process.pid)
+    stop_at = time.monotonic() + 60 * args.minutes
+    samples, counts, errors = [], {"requests": 0, "cached_tokens": 0}, []
+    texts = sources(64, chars=2000)
+
+    def client(number: int) -> None:
+        rng = random.Random(number)
+        while time.monotonic() < stop_at:
+            key = f"key-{rng.randrange(args.tenants)}"  # each conversation a tenant's
+            messages = [{"role": "user", "content": f"Explain this code.\n{rng.choice(texts)}"}]
+            for _ in range(rng.randint(1, 4)):  # a conversation of 1-4 turns
+                if time.monotonic() >= stop_at:
+                    return
+                try:
+                    _, body = ask(url, key, messages, 48)
+                except httpx.HTTPError as exc:
+                    errors.append(str(exc))
+                    return
+                counts["requests"] += 1
+                counts["cached_tokens"] += body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                answer = body["choices"][0]["message"]["content"]
+                messages += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": "Now say it more briefly."},
+                ]
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(thread.is_alive() for thread in threads):
+            health = httpx.get(url + "/health", timeout=30).json()
+            samples.append(
+                {
+                    "seconds": round(time.monotonic() - stop_at + 60 * args.minutes, 1),
+                    "rss_mib": round(server.memory_info().rss / 2**20, 1),
+                    "cache_used_mib": health["prefix_cache"]["used_mib"],
+                }
+            )
+            print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
+            time.sleep(5)
+        for thread in threads:
+            thread.join()
+    finally:
+        process.terminate()
+        process.wait(30)
+    return {
+        "minutes": args.minutes,
+        "clients": args.clients,
+        "tenants": args.tenants,
+        "prefix_cache_mib": args.prefix_cache_mib,
+        **counts,
+        "errors": errors,
+        "max_cache_used_mib": max(s["cache_used_mib"] for s in samples),
+        "max_rss_mib": max(s["rss_mib"] for s in samples),
+        "rss_mib_first_sample": samples[0]["rss_mib"],
+        "samples": samples,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["isolation", "soak"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=5, help="isolation: prompts [5]")
+    parser.add_argument("--minutes", type=float, default=5.0, help="soak: duration [5]")
+    parser.add_argument("--clients", type=int, default=4, help="soak: clients at once [4]")
+    parser.add_argument("--tenants", type=int, default=16, help="soak: tenants [16]")
+    parser.add_argument("--prefix-cache-mib", type=int, default=128, help="soak: budget [128]")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    folder = args.out or Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = folder / "keys.txt"  # throwaway keys of this run's local servers
+    keys.write_text(
+        "\n".join(
+            [f"tenant-{n} key-{n}" for n in range(args.tenants)] + ["alice key-a", "bob key-b"]
+        )
+    )
+    result = isolation(args, keys) if args.what == "isolation" else soak(args, keys)
+    result["command"] = "python benchmarks/prefix_cache.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        (args.out / f"{args.what}.json").write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
