@@ -6,6 +6,8 @@ them; loopback only, bounded in requests and time.
 
     python benchmarks/prefix_cache.py isolation --out benchmarks/runs/prefix-isolation
     python benchmarks/prefix_cache.py soak --minutes 5 --out benchmarks/runs/prefix-soak
+    python benchmarks/prefix_cache.py shared --against pl=http://127.0.0.1:8000 \
+        --against llama-server=http://127.0.0.1:8080 --out benchmarks/runs/prefix-shared
 
 ``isolation``: for each of ``--prompts`` fresh prompts (a standard-library module's source,
 about 1,500 tokens), tenant A sends it, then tenant B, then A again, one token each (the time
@@ -16,6 +18,12 @@ and ``global``. Reports the median seconds of each.
 ``--tenants`` (each turn the last one's messages, its answer and a new question) for
 ``--minutes``, with a small ``--prefix-cache-mib``; the server's RSS and the cache's use
 (``GET /health``) are sampled every few seconds. Reports their maxima against the budget.
+
+``shared``: 8 requests that share a long prefix (a module's source, then each its own
+question), against servers already running (``--against NAME=URL``, each with its own
+defaults): one by one first (so that every server has seen the prompts), then all 8 at once,
+twice; reports the aggregate completion tokens/s at once (the better of the two rounds) and
+how many answers equal the one-by-one ones.
 """
 
 from __future__ import annotations
@@ -162,15 +170,58 @@ def soak(args, keys: Path) -> dict:
     }
 
 
+def shared(args) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    head = f"Here is a file.\n{sources(1, chars=args.prefix_chars)[0]}\n"
+    questions = [
+        "List its functions.", "What does the first function return?",
+        "Summarize it in one sentence.", "Which modules does it import?",
+        "Name one possible bug.", "Suggest a better name for one function.",
+        "Which function is the longest?", "Write a docstring for the first function.",
+    ]  # fmt: skip
+    requests = [[{"role": "user", "content": head + question}] for question in questions]
+    results = {}
+    for item in args.against:
+        name, _, url = item.partition("=")
+        one_by_one = [ask(url, "none", messages, args.max_tokens)[1] for messages in requests]
+        rounds = []
+        for _ in range(2):
+            start = time.perf_counter()
+            with ThreadPoolExecutor(len(requests)) as pool:
+                answers = list(
+                    pool.map(lambda m, u=url: ask(u, "none", m, args.max_tokens), requests)
+                )
+            wall = time.perf_counter() - start
+            tokens = sum(body["usage"]["completion_tokens"] for _, body in answers)
+            same = sum(
+                a[1]["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+                for a, b in zip(answers, one_by_one)
+            )
+            rounds.append({"tokens": tokens, "seconds": round(wall, 3), "same_as_one_by_one": same})
+            print(name, rounds[-1], file=sys.stderr, flush=True)
+        best = max(rounds, key=lambda r: r["tokens"] / r["seconds"])
+        results[name] = {
+            "url": url,
+            "prompt_tokens": one_by_one[0]["usage"]["prompt_tokens"],
+            "tokens_per_second": round(best["tokens"] / best["seconds"], 2),
+            "rounds": rounds,
+        }
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["isolation", "soak"])
+    parser.add_argument("what", choices=["isolation", "soak", "shared"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=5, help="isolation: prompts [5]")
     parser.add_argument("--minutes", type=float, default=5.0, help="soak: duration [5]")
     parser.add_argument("--clients", type=int, default=4, help="soak: clients at once [4]")
     parser.add_argument("--tenants", type=int, default=16, help="soak: tenants [16]")
     parser.add_argument("--prefix-cache-mib", type=int, default=128, help="soak: budget [128]")
+    parser.add_argument("--against", action="append", default=[], metavar="NAME=URL")
+    parser.add_argument("--max-tokens", type=int, default=128, help="shared: per answer [128]")
+    parser.add_argument("--prefix-chars", type=int, default=6000, help="shared: prefix [6000]")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     folder = args.out or Path(".")
@@ -181,7 +232,10 @@ def main(argv=None) -> int:
             [f"tenant-{n} key-{n}" for n in range(args.tenants)] + ["alice key-a", "bob key-b"]
         )
     )
-    result = isolation(args, keys) if args.what == "isolation" else soak(args, keys)
+    if args.what == "shared":
+        result = shared(args)
+    else:
+        result = isolation(args, keys) if args.what == "isolation" else soak(args, keys)
     result["command"] = "python benchmarks/prefix_cache.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
