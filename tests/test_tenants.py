@@ -147,3 +147,10 @@ def test_the_flags_are_documented():
     help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
     assert "--prefix-cache-mib" in help_text and "--api-keys-file FILE" in help_text
     assert "--prefix-cache-scope [per-tenant|global]" in help_text
+
+
+def test_one_generation_at_a_time_reuses_prefixes_too(lm):
+    settings = ServerSettings(max_batch=1, model_id=MODEL, generation_options=FIXED)
+    with RunningServer(create_app(lm, settings)) as running:
+        first, again = chat(running, "Bearer none"), chat(running, "Bearer none", stream=True)
+        assert cached(first) == 0 and cached(again) >= 32 and text(first) == text(again)
