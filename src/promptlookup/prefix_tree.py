@@ -22,6 +22,8 @@ import collections
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from .drafters.draft_model import common_prefix_length
+
 
 class _Block:
     __slots__ = ("tokens", "parent", "children", "payload")
@@ -29,16 +31,6 @@ class _Block:
     def __init__(self, tokens: tuple[int, ...], parent: _Block | None, payload: Any = None):
         self.tokens, self.parent, self.payload = tokens, parent, payload
         self.children: dict[tuple[int, ...], _Block] = {}
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the common start of ``a`` and ``b``."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class BlockTree:
@@ -83,7 +75,7 @@ class BlockTree:
         if node is not None and rest:
             best, common = None, 0
             for child in node.children.values():
-                n = _common(child.tokens, rest)
+                n = common_prefix_length(child.tokens, rest)
                 if n > common:
                     best, common = child, n
             if best is not None:
