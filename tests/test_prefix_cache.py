@@ -79,19 +79,22 @@ def test_the_cache_keeps_keys_and_values_bit_for_bit():
         assert torch.equal(after.values, before.values[:, :, :70])
 
 
-@pytest.mark.parametrize("kind", ["float32", "quantized"])
-def test_batched_requests_sharing_a_prefix_get_what_they_get_alone(kind):
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "quantized"])
+@pytest.mark.parametrize("options", [{}, SAMPLING], ids=["greedy", "sampled"])
+def test_batched_requests_sharing_a_prefix_get_what_they_get_alone(kind, options):
     lm = tiny(kind)
+    options = {**options, "logprobs": 2, "max_new_tokens": 20}
     rng = random.Random(5)
     vocab = lm.tokenizer.vocab_size
     shared = [rng.randrange(1, vocab) for _ in range(120)]
     prompts = [[*shared, *(rng.randrange(1, vocab) for _ in range(n))] for n in (1, 5, 9, 30, 3)]
-    alone = [lm.generate(p, max_new_tokens=20, prefix_cache=False).token_ids for p in prompts]
+    alone = [lm.generate(p, prefix_cache=False, **options) for p in prompts]
     cache = PrefixCache(mib=64, block_tokens=16)
     lm.generate(shared, max_new_tokens=4, prefix_cache=cache)  # the prefix, seen before
     # Two slots: later prompts join as earlier ones end, the cache filled meanwhile.
-    results = lm.generate_batch(prompts, max_new_tokens=20, max_batch=2, prefix_cache=cache)
-    assert [r.token_ids for r in results] == alone
+    results = lm.generate_batch(prompts, max_batch=2, prefix_cache=cache, **options)
+    assert [r.token_ids for r in results] == [r.token_ids for r in alone]
+    assert [r.stats.logprobs for r in results] == [r.stats.logprobs for r in alone]
     assert all(r.stats.cached_tokens >= 112 for r in results)  # whole 16-token blocks
 
 
