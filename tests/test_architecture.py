@@ -24,7 +24,15 @@ LAYERS = [
         "drafters.prompt_lookup",
     ],
     ["backends"],  # the target backends: forward passes over a KV cache
-    ["drafters", "drafters.draft_model", "policy", "loop", "batching"],
+    [
+        "drafters",
+        "drafters.draft_model",
+        "prefix_tree",
+        "prefix_cache",
+        "policy",
+        "loop",
+        "batching",
+    ],
     ["results", "generation"],
     ["loading", "hf_batch", "hf_generate"],
     ["cli", "demo", "server", "bench", "vllm", "__main__", ""],  # "": the package face
