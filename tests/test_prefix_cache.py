@@ -68,12 +68,12 @@ def test_a_conversation_with_the_cache_is_the_conversation_without_it(kind, opti
 def test_the_cache_keeps_keys_and_values_bit_for_bit():
     lm = tiny("float32")
     target, prompt = lm.target, list(range(1, 31)) * 3
-    cache = PrefixCache(mib=8, block_tokens=16)
+    cache = PrefixCache(mib=8, block_tokens=4)  # 22 blocks: copied out in two parts
     sequence = target.new_sequence()
     target.forward_batch([sequence], [prompt], [0])
-    cache.store(sequence, prompt)
+    cache.store(target, sequence, prompt)
     restored = target.new_sequence()
-    assert cache.restore(restored, [*prompt[:70], 31]) == 70  # to the token, mid-block
+    assert cache.restore(target, restored, [*prompt[:70], 31]) == 70  # to the token, mid-block
     for before, after in zip(sequence.layers, restored.layers):
         assert torch.equal(after.keys, before.keys[:, :, :70])
         assert torch.equal(after.values, before.values[:, :, :70])
@@ -142,6 +142,14 @@ def test_targets_without_row_invariant_passes_reuse_nothing():
     lm.generate(prompt, max_new_tokens=4, prefix_cache=cache)
     assert lm.generate(prompt, max_new_tokens=4, prefix_cache=cache).stats.cached_tokens == 0
     assert cache.used_bytes == 0
+
+
+def test_a_cache_holds_one_models_keys_and_values():
+    small, other = tiny("float32"), tiny("quantized")
+    cache, prompt = PrefixCache(mib=8, block_tokens=16), list(range(1, 31)) * 2
+    small.generate(prompt, max_new_tokens=4, prefix_cache=cache)
+    with pytest.raises(InvalidParameterError, match="one model"):
+        other.generate(prompt, max_new_tokens=4, prefix_cache=cache)
 
 
 @pytest.mark.parametrize("mib", [0, -1])

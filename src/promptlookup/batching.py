@@ -170,7 +170,7 @@ class BatchDecoder:
             sequence.cache = self.target.new_sequence()
             if sequence.prefix_cache is not None:  # its prompt's cached prefix is not fed
                 sequence.stats.cached_tokens = sequence.prefix_cache.restore(
-                    sequence.cache, sequence.tokens[:-1], sequence.tenant
+                    self.target, sequence.cache, sequence.tokens[:-1], sequence.tenant
                 )
             self.running.append(sequence)
         events = []
@@ -216,12 +216,13 @@ class BatchDecoder:
         self.running = [sequence for sequence in self.running if not sequence.done]
         return events
 
-    @staticmethod
-    def _keep(sequence: BatchSequence) -> None:
+    def _keep(self, sequence: BatchSequence) -> None:
         """The sequence's keys and values into its prefix cache, if it has one, for sequences
         that join later."""
         if sequence.prefix_cache is not None and sequence.cache is not None:
-            sequence.prefix_cache.store(sequence.cache, sequence.tokens, sequence.tenant)
+            sequence.prefix_cache.store(
+                self.target, sequence.cache, sequence.tokens, sequence.tenant
+            )
 
     def _calibrate(self, probe_token: int) -> None:
         """Measure the one-sequence cost curve (once per policy, or never with a cost file)

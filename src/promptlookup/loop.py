@@ -247,7 +247,7 @@ def speculative_generate(
     #    target may keep the prompt's last chunk back and run it in the first step's pass).
     target.reset()
     if prefix_cache is not None:  # the prompt's cached prefix, exactly as a prefill makes it
-        stats.cached_tokens = prefix_cache.restore(target.cache, tokens[:-1], tenant)
+        stats.cached_tokens = prefix_cache.restore(target, target.cache, tokens[:-1], tenant)
     target.prefill(tokens[stats.cached_tokens : -1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
@@ -279,7 +279,7 @@ def speculative_generate(
     # 6. Keep the sequence's keys and values for later prompts that start with it; free the
     #    KV cache (each generation starts from an empty one).
     if prefix_cache is not None:
-        prefix_cache.store(target.cache, tokens, tenant)
+        prefix_cache.store(target, target.cache, tokens, tenant)
     target.reset()
 
 

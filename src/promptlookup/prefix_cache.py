@@ -41,6 +41,8 @@ from .prefix_tree import BlockTree
 DEFAULT_MIB = 1024
 #: Tokens per block of the cache.
 BLOCK_TOKENS = 32
+#: Blocks a store copies out of a sequence's cache at a time.
+COPY_BLOCKS = 16
 
 
 class PrefixCache:
@@ -62,17 +64,32 @@ class PrefixCache:
 
     @staticmethod
     def applies(target) -> bool:
-        """Whether ``target``'s keys and values can be reused exactly: its passes are
-        row-invariant and its sequences' caches are ours."""
-        return bool(getattr(target, "row_invariant", False)) and hasattr(target, "new_sequence")
+        """Whether ``target``'s keys and values can be reused exactly: a
+        :class:`~promptlookup.backends.transformers_backend.TransformersTarget` (its sequences'
+        caches are ours) whose passes are row-invariant."""
+        from .backends.transformers_backend import TransformersTarget
+
+        return isinstance(target, TransformersTarget) and target.row_invariant
+
+    def _check(self, target) -> None:
+        """A named error for a target of another model than the cache's first (whose keys and
+        values would not fit its sequences' caches)."""
+        shape = (target.config.num_hidden_layers, *target.attention.shape)
+        signature = (*shape, target.kv_bytes_per_token)
+        with self._lock:
+            self._signature = getattr(self, "_signature", None) or signature
+            if signature != self._signature:
+                raise InvalidParameterError("a PrefixCache holds the keys and values of one model")
 
     @property
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
 
-    def restore(self, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
-        """Fill the empty sequence ``cache`` with the keys and values of the longest cached
-        prefix of ``token_ids`` (of ``tenant``); returns its length in tokens (0: none)."""
+    def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
+        """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
+        longest cached prefix of ``token_ids`` (of ``tenant``); returns its length in tokens
+        (0: none)."""
+        self._check(target)
         with self._lock:
             if self._tree is None:
                 return 0
@@ -91,17 +108,17 @@ class PrefixCache:
             layer.advance(matched)
         return matched
 
-    def store(self, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
-        """Keep the keys and values of the whole blocks of ``token_ids`` that ``cache`` holds
-        (its first positions) and the cache lacks, for ``tenant``."""
+    def store(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
+        """Keep the keys and values of the whole blocks of ``token_ids`` that ``cache`` (a
+        sequence of ``target``) holds in its first positions and the cache lacks, for
+        ``tenant``."""
+        self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
         if length < self.block_tokens:
             return
         with self._lock:
             if self._tree is None:
-                layer = cache.layers[0]
-                per_token = 2 * len(cache.layers) * layer.keys[0, :, 0].numel()
-                block_bytes = per_token * self.block_tokens * layer.keys.element_size()
+                block_bytes = target.kv_bytes_per_token * self.block_tokens
                 self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
             self._tree.insert(
                 tenant, token_ids[:length], lambda start, stop: self._blocks(cache, start, stop)
@@ -109,19 +126,15 @@ class PrefixCache:
 
     def _blocks(self, cache, start: int, stop: int) -> list[torch.Tensor]:
         """Blocks ``start`` to ``stop - 1`` of ``cache``, each ``(layers, 2, kv_heads,
-        block_tokens, head_dim)`` in its own storage (evicting one frees it)."""
-        size, count = self.block_tokens, stop - start
-        first = cache.layers[0].keys
-        blocks = first.new_empty(
-            (count, len(cache.layers), 2, first.shape[1], size, first.shape[3])
-        )
-        for index, layer in enumerate(cache.layers):
-            for kind, states in enumerate((layer.keys, layer.values)):
-                rows = states[0, :, start * size : stop * size]  # (kv_heads, tokens, head_dim)
-                blocks[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
-        return [block.clone() for block in blocks]
-
-    def clear(self) -> None:
-        """Forget every entry."""
-        with self._lock:
-            self._tree = None
+        block_tokens, head_dim)`` in its own storage (evicting one frees it), copied out
+        :data:`COPY_BLOCKS` at a time (so that a long sequence needs little memory besides)."""
+        size, keys, blocks = self.block_tokens, cache.layers[0].keys, []
+        for first in range(start, stop, COPY_BLOCKS):
+            count = min(COPY_BLOCKS, stop - first)
+            part = keys.new_empty((count, len(cache.layers), 2, keys.shape[1], size, keys.shape[3]))
+            for index, layer in enumerate(cache.layers):
+                for kind, states in enumerate((layer.keys, layer.values)):
+                    rows = states[0, :, first * size : (first + count) * size]  # (heads, n, dim)
+                    part[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
+            blocks += [block.clone() for block in part]
+        return blocks
