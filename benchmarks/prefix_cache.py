@@ -224,9 +224,9 @@ def main(argv=None) -> int:
     parser.add_argument("--prefix-chars", type=int, default=6000, help="shared: prefix [6000]")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    folder = args.out or Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    keys = folder / "keys.txt"  # throwaway keys of this run's local servers
+    import tempfile
+
+    keys = Path(tempfile.mkdtemp()) / "keys.txt"  # throwaway keys of this run's local servers
     keys.write_text(
         "\n".join(
             [f"tenant-{n} key-{n}" for n in range(args.tenants)] + ["alice key-a", "bob key-b"]
@@ -242,6 +242,7 @@ def main(argv=None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{args.what}.json").write_text(text + "\n", encoding="utf-8")
     return 0
 
