@@ -131,7 +131,7 @@ def _summed(stats: Sequence[GenerationStats]) -> GenerationStats:
     """The counters of a batch's rows added up (``seconds``: the longest row's)."""
     names = ("prompt_tokens", "new_tokens", "forward_passes", "drafted_tokens", "accepted_tokens")
     return GenerationStats(
-        *(sum(getattr(row, name) for row in stats) for name in names),
+        **{name: sum(getattr(row, name) for row in stats) for name in names},
         seconds=max(row.seconds for row in stats),
     )
 

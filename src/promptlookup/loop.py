@@ -41,7 +41,6 @@ class GenerationStats:
     cache (:mod:`promptlookup.prefix_cache`), not prefilled."""
 
     prompt_tokens: int = 0
-    cached_tokens: int = 0
     new_tokens: int = 0
     forward_passes: int = 0
     drafted_tokens: int = 0
@@ -50,6 +49,7 @@ class GenerationStats:
     token_seconds: list[float] = field(default_factory=list, repr=False)
     #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
+    cached_tokens: int = 0
 
     @property
     def tokens_per_second(self) -> float:
