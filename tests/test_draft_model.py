@@ -20,6 +20,7 @@ from promptlookup.drafters import (
 )
 from promptlookup.drafters.draft_model import common_prefix_length
 from promptlookup.loop import GenerationStats, speculative_generate
+from promptlookup.policy import NO_POLICY
 from promptlookup.sampling import SamplingParams, TokenChooser
 
 PROMPTS = [[3, 5, 7, 9, 2, 4], [1, 2, 3, 1, 2, 3, 1], [17, 4, 30, 8, 8, 12, 5, 21, 6]]
@@ -54,7 +55,7 @@ def one_thread(request):
     torch.set_num_threads(threads)
 
 
-def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=None):
+def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=NO_POLICY):
     stats = GenerationStats()
     tokens = list(
         speculative_generate(

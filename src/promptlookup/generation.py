@@ -19,7 +19,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy, check_speculation
+from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
 
@@ -36,7 +36,7 @@ class _Request:
     drafter: Drafter
     chooser: TokenChooser
     stops: list[str]
-    policy: SpeculationPolicy | None  # None: whole drafts are verified
+    policy: SpeculationPolicy | NoPolicy  # NO_POLICY: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
 
@@ -179,7 +179,7 @@ class LanguageModel:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens"
             )
-        check_speculation(speculation)
+        policy = policy_for_speculation(speculation, self.policy)
         if logprobs is not None and (
             not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0
         ):
@@ -187,20 +187,18 @@ class LanguageModel:
         stops = [stop] if isinstance(stop, str) else list(stop)
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
-        adaptive = self.policy if speculation == "adaptive" else None
-        # A draft model is loaded on the target's device and dtype, samples with `chooser` and
-        # sizes its drafts by their cost with the policy.
+        # A draft model is loaded on the target's device and dtype and samples with `chooser`.
         drafter_obj = make_drafter(
             drafter,
             eos_token_ids=self.eos_token_ids,
             tokenizer=self.tokenizer,
             chooser=chooser,
-            policy=adaptive,
             device=str(device),
             dtype=str(getattr(self.model, "dtype", "float32")),
             **drafter_options,
         )
-        policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
+        if isinstance(drafter_obj, NoDrafter):
+            policy = NO_POLICY  # plain decoding: nothing to decide, no costs to time
         return _Request(
             prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
         )
@@ -320,7 +318,7 @@ class LanguageModel:
             request.drafter,
             request.chooser,
             self.eos_token_ids,
-            adaptive=request.policy is not None,
+            policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
         )

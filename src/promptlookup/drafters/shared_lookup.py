@@ -19,9 +19,9 @@ class SharedLookupDrafter(PromptLookupDrafter):
     Each step drafts from the request's own prompt and output first (exactly as
     :class:`PromptLookupDrafter`) and from the shared index, and proposes the shared draft only
     where it is worth more: with the speculation policy, more expected accepted tokens by each
-    source's own acceptance statistics (:meth:`~promptlookup.policy.SpeculationPolicy.expected_accepted`),
-    so a source whose drafts are not accepted stops being drafted from; without it, a strictly
-    longer match. The generation's accepted tokens join the index as one document after every
+    source's own acceptance statistics (:meth:`~promptlookup.policy.Speculation.expected_accepted`),
+    so a source whose drafts are not accepted stops being drafted from (with
+    ``speculation="fixed"``: the longer draft); without one, a strictly longer match. The generation's accepted tokens join the index as one document after every
     step (its last step's when it ends on an end-of-sequence token is left out).
 
     >>> index = CrossRequestIndex()
@@ -37,7 +37,7 @@ class SharedLookupDrafter(PromptLookupDrafter):
             )
         super().__init__(**options)
         self.shared = index
-        #: The generation's speculation policy (handed by make_drafter or bind_generation).
+        #: The sequence's side of the speculation policy (handed by bind_generation).
         self.policy = policy
         self._published_list: Sequence[int] | None = None
         self._published = 0
