@@ -89,7 +89,7 @@ def test_a_draft_carries_its_probabilities_through_cuts():
 def test_prompt_lookup_drafts_carry_their_match_length():
     drafter = PromptLookupDrafter(num_tokens=3)
     draft = drafter.propose([1, 2, 3, 4, 5, 9, 1, 2], max_tokens=10)
-    assert draft == [3, 4, 5] and draft.match_length == drafter.last_match.length == 2
+    assert draft == [3, 4, 5] and draft.match_length == drafter.index.match().length == 2
 
 
 def test_a_draft_model_receives_its_sampler_when_built_and_its_policy_from_the_sequence():

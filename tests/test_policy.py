@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 from conftest import TinyTokenizer, tiny_llama
 
@@ -496,3 +497,28 @@ def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passe
         policy.record_forward(1, short.cost(1), context=5000)
         policy.record_forward(8, 2.0 * short.cost(8), context=5000)
     assert copy.cost(8) / copy.cost(1) > 1.5 * short.cost(8) / short.cost(1)
+
+
+def test_each_tenant_drafts_by_its_own_history():
+    """One tenant's rejected drafts never make another's shorter: the history that requests
+    share is kept per tenant (the cost curves, facts of the machine, are shared)."""
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    fresh = verified(Speculation(policy, tenant="b"), 16, 8)
+    for _ in range(50):  # tenant a's requests: every draft rejected
+        request = Speculation(policy, tenant="a")
+        policy.learn(request.entry(16, 8), num_accepted=0)
+    assert verified(Speculation(policy, tenant="a"), 16, 8) < fresh
+    assert verified(Speculation(policy, tenant="b"), 16, 8) == fresh > 0
+
+
+def test_generate_passes_its_tenant_to_the_policy():
+    lm = pl.from_transformers(tiny_llama(seed=2), TinyTokenizer(32))
+    prompt = list(range(1, 13)) * 4
+    plain = lm.generate(prompt, max_new_tokens=24, drafter="none").token_ids
+    seen = []
+    learn = lm.policy.learn
+    lm.policy.learn = lambda draft, accepted: seen.append(draft.tenant) or learn(draft, accepted)
+    assert lm.generate(prompt, max_new_tokens=24, tenant="key-1").token_ids == plain
+    assert seen and set(seen) == {"key-1"}
+    with pytest.raises(pl.InvalidParameterError, match="tenant"):
+        lm.generate(prompt, max_new_tokens=4, tenant=7)

@@ -16,7 +16,10 @@ the default adaptive policy and (``--fixed``) every fixed setting of the ``--swe
         --costs ~/.cache/promptlookup/costs/SmolLM2-...-bfloat16-cpu-1threads-v0.6.3-....json \\
         --data ../shared/data/code_edit.jsonl --data ../shared/data/summarization.jsonl \\
         --data ../shared/data/qa.jsonl --data ../shared/data/chat.jsonl \\
-        --data benchmarks/data/open_ended.jsonl
+        --data open_ended.jsonl
+
+(``open_ended.jsonl``: the built-in suite's ``open_ended`` prompts, rows with ``id``, ``task``
+and ``messages``; the file such runs read is in commit 0cb8297.)
 """
 
 from __future__ import annotations

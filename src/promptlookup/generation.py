@@ -22,6 +22,7 @@ from .loop import GenerationStats, speculative_generate
 from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
+from .text import eos_token_ids
 
 #: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
 Prompt = Union[str, Sequence[dict], Sequence[int]]
@@ -39,6 +40,7 @@ class _Request:
     policy: SpeculationPolicy | NoPolicy  # NO_POLICY: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
+    tenant: str | None
 
 
 class LanguageModel:
@@ -54,9 +56,8 @@ class LanguageModel:
         self.tokenizer = tokenizer
         self.name = name
         self.model = model  # the underlying framework model, when there is one
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = eos_token_ids(configured, tokenizer.eos_token_id)
         #: Learned costs and acceptance statistics, shared by this model's requests.
         self.policy = SpeculationPolicy()
 
@@ -134,6 +135,7 @@ class LanguageModel:
         speculation: str = "adaptive",
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        tenant: str | None = None,
         **drafter_options,
     ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
@@ -148,6 +150,7 @@ class LanguageModel:
             speculation,
             should_stop,
             logprobs,
+            tenant,
             drafter_options,
         )
         stream = GenerationStream(iter(()))
@@ -166,6 +169,7 @@ class LanguageModel:
         speculation,
         should_stop,
         logprobs,
+        tenant,
         drafter_options,
     ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
@@ -199,8 +203,18 @@ class LanguageModel:
         )
         if isinstance(drafter_obj, NoDrafter):
             policy = NO_POLICY  # plain decoding: nothing to decide, no costs to time
+        if tenant is not None and not isinstance(tenant, str):
+            raise InvalidParameterError(f"tenant must be a string, got {tenant!r}")
         return _Request(
-            prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
+            prompt_ids,
+            max_new_tokens,
+            drafter_obj,
+            chooser,
+            stops,
+            policy,
+            should_stop,
+            logprobs,
+            tenant,
         )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
@@ -217,6 +231,7 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
         )
         try:
             for token in tokens:
@@ -248,7 +263,9 @@ class LanguageModel:
         asked before every forward pass, ends the generation early when it returns true.
         ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
         alternatives in ``result.stats.logprobs`` (see
-        :class:`~promptlookup.sampling.TokenLogprob`). Extra keyword
+        :class:`~promptlookup.sampling.TokenLogprob`). ``tenant`` (an opaque string, e.g. a
+        server's client): whose acceptance history the policy weighs this request's drafts
+        with; requests of other tenants never shape them. Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 
@@ -321,6 +338,7 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 

@@ -50,6 +50,7 @@ from .hf_batch import PaddedChooser, decode_batch
 from .loading import transformers_cost_file
 from .loop import GenerationStats, speculative_generate
 from .policy import NO_POLICY, SpeculationPolicy, policy_for_speculation
+from .text import eos_token_ids
 
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
 
@@ -163,10 +164,9 @@ class CustomGenerate:
                     "promptlookup's custom_generate streams one sequence "
                     "at a time; drop the streamer or the batch"
                 )
-            eos = generation_config.eos_token_id
-            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            eos_ids = eos_token_ids(generation_config.eos_token_id)
             drafters = [
-                make_drafter(self.drafter, eos_token_ids=eos_token_ids, **self.drafter_options)
+                make_drafter(self.drafter, eos_token_ids=eos_ids, **self.drafter_options)
                 for _ in pads
             ]
             # The model's policy (NO_POLICY: whole drafts, or plain decoding).

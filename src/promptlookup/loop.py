@@ -27,6 +27,7 @@ import torch
 from .backends.base import Target
 from .calibration import calibrate
 from .drafters.base import Draft, Drafter, NoDrafter, bind_generation
+from .drafters.prompt_lookup import REFERENCE
 from .errors import UnsupportedModelError
 from .policy import NO_POLICY, NoPolicy, Speculation, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
@@ -48,6 +49,9 @@ class GenerationStats:
     token_seconds: list[float] = field(default_factory=list, repr=False)
     #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
+    #: Per new token: whether it was an accepted draft token from the reference (a predicted
+    #: output, :data:`~promptlookup.drafters.prompt_lookup.REFERENCE`).
+    from_reference: list[bool] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_second(self) -> float:
@@ -81,7 +85,8 @@ class DecodingSequence:
     (:mod:`promptlookup.batching`) both run: :meth:`propose` a draft, then, after a forward
     pass over the last token and (part of) it, :meth:`accept` what the target agrees with.
 
-    ``policy`` sizes its drafts (:data:`~promptlookup.policy.NO_POLICY`: verified whole);
+    ``policy`` sizes its drafts (:data:`~promptlookup.policy.NO_POLICY`: verified whole),
+    weighing them with the acceptance history of ``tenant``'s requests;
     ``speculation`` holds the sequence's side of it, its own acceptance statistics, and is
     its drafter's ``policy`` (:func:`~promptlookup.drafters.base.bind_generation`).
     ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
@@ -96,11 +101,14 @@ class DecodingSequence:
     stats: GenerationStats = field(default_factory=GenerationStats)
     finish_reason: str | None = None
     policy: SpeculationPolicy | NoPolicy = NO_POLICY
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
         self.stats.prompt_tokens = len(self.tokens)
-        self.speculation = Speculation(self.policy, self.chooser.do_sample, len(self.tokens))
+        self.speculation = Speculation(
+            self.policy, self.chooser.do_sample, len(self.tokens), self.tenant
+        )
         bind_generation(self.drafter, policy=self.speculation)
         self.started = time.perf_counter()
         self._eos = frozenset(self.eos_token_ids)
@@ -132,6 +140,7 @@ class DecodingSequence:
         stats.drafted_tokens += len(draft)
         new_tokens: list[int] = []
         probs = draft.draft_probs if draft else None
+        referenced = draft.source == REFERENCE
         for i, token in enumerate(
             verified_tokens(self.chooser, self.tokens, draft, target_logits, probs)
         ):
@@ -148,6 +157,7 @@ class DecodingSequence:
             stats.accepted_tokens += accepted
             stats.seconds = time.perf_counter() - self.started
             stats.token_seconds.append(stats.seconds)
+            stats.from_reference.append(accepted and referenced)
             if token in self._eos:
                 self.finish_reason = "stop"
                 break
@@ -167,6 +177,7 @@ class DecodingSequence:
         stats.accepted_tokens -= sum(self._accepted[-count:])
         stats.new_tokens -= count
         del self.tokens[-count:], self._accepted[-count:], stats.token_seconds[-count:]
+        del stats.from_reference[-count:]
         del stats.logprobs[max(0, len(stats.logprobs) - count) :]
 
     def finish(self, reason: str, drop: int = 0) -> None:
@@ -189,6 +200,7 @@ def speculative_generate(
     policy: SpeculationPolicy | NoPolicy = NO_POLICY,
     should_stop: Callable[[], bool] | None = None,
     logprobs: int | None = None,
+    tenant: str | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine: the
@@ -205,7 +217,9 @@ def speculative_generate(
     it returns true the generator ends there (a cancelled request). ``logprobs=N`` records each
     yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
-    token gets exactly the value plain decoding computes from the same row."""
+    token gets exactly the value plain decoding computes from the same row. ``tenant``: whose
+    acceptance history the policy weighs this request's drafts with (an opaque key; a server
+    passes its client's)."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -215,6 +229,7 @@ def speculative_generate(
         logprobs,
         stats if stats is not None else GenerationStats(),
         policy=policy,
+        tenant=tenant,
     )
     tokens, stats = sequence.tokens, sequence.stats  # tokens: the prompt and every accepted one
     if not tokens or max_new_tokens < 1:

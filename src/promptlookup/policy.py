@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,13 +132,22 @@ class SequenceDraft:
     sampling: bool
     source: str | None = None
     context: int = 0
+    #: Whose requests' history it is weighed with (an opaque key, e.g. a server's API key).
+    tenant: str | None = None
+
+
+#: Most tenants whose acceptance history a policy keeps (the least recently used forgotten).
+MAX_TENANTS = 64
 
 
 class SpeculationPolicy:
     """Chooses each step's draft lengths from measured costs and learned acceptance.
 
     One policy lives with a loaded model: its cost curves (``cost_file``: where they are kept
-    between runs) and the acceptance history of all its requests carry over between requests.
+    between runs) and the acceptance history of its requests carry over between requests. The
+    history is kept per tenant (:attr:`SequenceDraft.tenant`), so that one tenant's drafts are
+    never sized by what another's were accepted at (which would reveal that traffic, though
+    not its content); the cost curves, facts of the machine, are shared.
     """
 
     def __init__(
@@ -152,7 +161,8 @@ class SpeculationPolicy:
         self.global_weight = global_weight
         self.prior_weight = prior_weight
         self._costs = CostStore(cost_file)
-        self._history = {False: AcceptanceModel(), True: AcceptanceModel()}  # by sampling
+        #: Acceptance history by tenant (the most recently used last), then by sampling.
+        self._histories: OrderedDict[str | None, dict[bool, AcceptanceModel]] = OrderedDict()
 
     @property
     def cost_file(self) -> Path | None:
@@ -230,7 +240,7 @@ class SpeculationPolicy:
         does."""
         bucket = match_bucket(draft.match_length, draft.source)
         draft.acceptance.record(bucket, draft.length, num_accepted)
-        self._history[draft.sampling].record(bucket, draft.length, num_accepted)
+        self._history(draft).record(bucket, draft.length, num_accepted)
 
     def record_forward(
         self, num_tokens: int, seconds: float, context: int = 0, batch_size: int = 1
@@ -253,12 +263,24 @@ class SpeculationPolicy:
         before were (the sequence's statistics over the history's over the prior), plus an
         exploration bonus that shrinks as evidence accumulates (so a pessimistic start cannot
         keep the policy from ever trying, and learning)."""
-        own, history = draft.acceptance, self._history[draft.sampling]
+        own, history = draft.acceptance, self._history(draft)
         rate = history.rate(bucket, position, prior_acceptance(bucket), self.prior_weight)
         rate = own.rate(bucket, position, rate, self.global_weight)
         evidence = history.evidence(bucket, position) + own.evidence(bucket, position)
         bonus = self.exploration * math.sqrt(rate * (1 - rate) / (evidence + 1))
         return min(rate + bonus, 0.999)
+
+    def _history(self, draft: SequenceDraft) -> AcceptanceModel:
+        """The acceptance history of ``draft``'s tenant, of requests that sample or not as it
+        does (a tenant's first request starts one; beyond :data:`MAX_TENANTS` the least
+        recently used is forgotten)."""
+        histories = self._histories.pop(draft.tenant, None)
+        if histories is None:
+            histories = {False: AcceptanceModel(), True: AcceptanceModel()}
+        self._histories[draft.tenant] = histories
+        while len(self._histories) > MAX_TENANTS:
+            self._histories.popitem(last=False)
+        return histories[draft.sampling]
 
     def _gains(self, draft: SequenceDraft) -> Iterator[float]:
         """What each of the draft's tokens adds to the expected accepted tokens, in order:
@@ -323,19 +345,20 @@ def policy_for_speculation(
 @dataclass(eq=False)
 class Speculation:
     """One sequence's side of a policy: the sequence's own acceptance statistics (requests
-    keep theirs here, not in the shared policy), whether it samples and its context length
-    when it started. Its drafters consult the policy through it (a drafter's ``policy``,
+    keep theirs here, not in the shared policy), whether it samples, its context length when
+    it started and its tenant (whose history the policy weighs it with). Its drafters consult the policy through it (a drafter's ``policy``,
     :func:`~promptlookup.drafters.base.bind_generation`)."""
 
     policy: SpeculationPolicy | NoPolicy
     sampling: bool = False
     context: int = 0
+    tenant: str | None = None
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
 
     def entry(self, length: int, match_length: int | None = None, source=None) -> SequenceDraft:
         """A draft of this sequence, as :meth:`SpeculationPolicy.decide` takes it."""
         return SequenceDraft(
-            length, match_length, self.acceptance, self.sampling, source, self.context
+            length, match_length, self.acceptance, self.sampling, source, self.context, self.tenant
         )
 
     def of(self, draft: Draft) -> SequenceDraft:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .figures import bar_figure, headline_methods, sweep_figure
 from .summary import (
-    SUMMARY_KEYS,
+    SUMMARY_COLUMNS,
     agreed_summary,
     best_promptlookup,
     held_out_ratio,
@@ -28,58 +28,33 @@ def _cell(value) -> str:
     return str(value)
 
 
-TABLE_HEADERS = (
-    "task",
-    "method",
-    "prompts",
-    "tokens/s",
-    "speed-up",
-    "median speed-up",
-    "tokens/forward",
-    "acceptance",
-    "identical",
-    "identical to -none",
-    "first token s",
-    "decode speed-up",
-    "peak RSS MiB",
+#: Columns of the agreed-prefix table (rows of :func:`agreed_summary`): key, header.
+AGREED_COLUMNS = (
+    ("task", "task"),
+    ("method", "method"),
+    ("prompts", "prompts"),
+    ("agreed_share", "share"),
+    ("tokens_per_second", "tokens/s"),
+    ("speedup", "speed-up"),
+    ("median_speedup", "median speed-up"),
+    ("decode_speedup", "decode speed-up"),
 )
-#: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
-AGREED_KEYS = (
-    "task",
-    "method",
-    "prompts",
-    "agreed_share",
-    "tokens_per_second",
-    "speedup",
-    "median_speedup",
-    "decode_speedup",
-)
-AGREED_HEADERS = (
-    "task",
-    "method",
-    "prompts",
-    "share",
-    "tokens/s",
-    "speed-up",
-    "median speed-up",
-    "decode speed-up",
-)
+Columns = Sequence[tuple[str, str]]
 
 
-def _known_columns(rows: Sequence[dict], keys: Sequence[str], headers: Sequence[str]):
-    """The columns to show: all but a peak-RSS column that no row measured (older runs)."""
+def _known_columns(rows: Sequence[dict], columns: Columns):
+    """The columns to show (keys, headers): all but a peak-RSS column that no row measured
+    (older runs)."""
     shown = [
         (k, h)
-        for k, h in zip(keys, headers)
+        for k, h in columns
         if k != "peak_rss_mib" or any(row.get(k) is not None for row in rows)
     ]
     return [k for k, _ in shown], [h for _, h in shown]
 
 
-def markdown_table(
-    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
-) -> str:
-    keys, headers = _known_columns(rows, keys, headers)
+def markdown_table(rows: Sequence[dict], columns: Columns = SUMMARY_COLUMNS) -> str:
+    keys, headers = _known_columns(rows, columns)
     lines = [
         "| " + " | ".join(headers) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|",
@@ -88,11 +63,9 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def text_table(
-    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
-) -> str:
+def text_table(rows: Sequence[dict], columns: Columns = SUMMARY_COLUMNS) -> str:
     """Summary rows as aligned plain text (printed at the end of a run)."""
-    keys, headers = _known_columns(rows, keys, headers)
+    keys, headers = _known_columns(rows, columns)
     cells = [list(headers)] + [[_cell(row[k]) for k in keys] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
@@ -111,7 +84,7 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
         text += (
             "\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
             "plain's tokens):\n"
-            + text_table([r for r in agreed if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS)
+            + text_table([r for r in agreed if r["method"] in shown], AGREED_COLUMNS)
         )
     return text
 
@@ -207,7 +180,7 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
         "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
         "agreed tokens / plain's new tokens.",
         "",
-        markdown_table([r for r in rows if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS),
+        markdown_table([r for r in rows if r["method"] in shown], AGREED_COLUMNS),
     ]
     return lines + best_lines(rows, agreed, ", on agreed prefixes")
 

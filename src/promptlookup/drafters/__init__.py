@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Union
 from ..errors import InvalidParameterError
 from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
 from .cross_request import CrossRequestIndex
-from .options import OPTIONS
+from .options import DRAFT_MODEL_DEFAULTS, OPTIONS, check_draft_model_options
 from .prompt_lookup import PromptLookupDrafter
 from .shared_lookup import SharedLookupDrafter, TenantIndexes
 from .suffix_index import Match, SuffixIndex
@@ -219,22 +219,11 @@ def _lookup_drafter(eos_token_ids, options: dict) -> PromptLookupDrafter:
 
 
 def _draft_model_options(options: dict) -> dict:
-    """Check the draft model's options (the same checks as its constructor, without a model)."""
-    num_tokens = options.get("num_tokens", 16)
-    start_tokens = options.get("start_tokens", 5)
-    threshold = options.get("confidence_threshold", 0.4)
-    if not isinstance(num_tokens, int) or num_tokens < 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: num_tokens must be >= 1, got {num_tokens!r}"
-        )
-    if not isinstance(start_tokens, int) or start_tokens < 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: start_tokens must be >= 1, got {start_tokens!r}"
-        )
-    if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: confidence_threshold must be in [0, 1], got {threshold!r}"
-        )
+    """Check the draft model's options (its constructor's checks, without a model)."""
+    try:
+        check_draft_model_options(**{**DRAFT_MODEL_DEFAULTS, **options})
+    except ValueError as exc:
+        raise InvalidParameterError(f"draft-model drafter: {exc}") from exc
     return options
 
 

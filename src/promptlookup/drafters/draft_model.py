@@ -39,6 +39,7 @@ import torch
 from ..backends.transformers_backend import TransformersTarget
 from ..errors import UnsupportedModelError
 from .base import Draft
+from .options import DRAFT_MODEL_DEFAULTS, check_draft_model_options
 
 
 class DraftModelDrafter:
@@ -72,19 +73,14 @@ class DraftModelDrafter:
         self,
         model: torch.nn.Module,
         *,
-        num_tokens: int = 16,
-        start_tokens: int = 5,
-        confidence_threshold: float = 0.4,
+        num_tokens: int = DRAFT_MODEL_DEFAULTS["num_tokens"],
+        start_tokens: int = DRAFT_MODEL_DEFAULTS["start_tokens"],
+        confidence_threshold: float = DRAFT_MODEL_DEFAULTS["confidence_threshold"],
         eos_token_ids: Iterable[int] = (),
         chooser=None,
         policy=None,
     ) -> None:
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if start_tokens < 1:
-            raise ValueError(f"start_tokens must be >= 1, got {start_tokens}")
-        if not 0 <= confidence_threshold <= 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        check_draft_model_options(num_tokens, start_tokens, confidence_threshold)
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_tokens = num_tokens

@@ -9,8 +9,13 @@ from collections.abc import Sequence
 
 from ..errors import InvalidParameterError
 from .base import Draft
-from .cross_request import SHARED, CrossRequestIndex, Document
+from .cross_request import INDEX_TOKENS, SHARED, CrossRequestIndex, Document
 from .prompt_lookup import PromptLookupDrafter
+
+#: How a server shares cross-request indexes between its tenants (see :class:`TenantIndexes`).
+SHARING = ("off", "per-key", "global")
+#: Most indexes a server keeps (one per tenant with ``"per-key"``).
+MAX_TENANTS = 16
 
 
 class SharedLookupDrafter(PromptLookupDrafter):
@@ -95,12 +100,15 @@ class TenantIndexes:
     True
     """
 
-    SHARING = ("off", "per-key", "global")
-
-    def __init__(self, sharing: str = "per-key", max_tokens: int = 32768, max_tenants: int = 16):
-        if sharing not in self.SHARING:
+    def __init__(
+        self,
+        sharing: str = "per-key",
+        max_tokens: int = INDEX_TOKENS,
+        max_tenants: int = MAX_TENANTS,
+    ) -> None:
+        if sharing not in SHARING:
             raise InvalidParameterError(
-                f"cross-request sharing must be one of {', '.join(self.SHARING)}, got {sharing!r}"
+                f"cross-request sharing must be one of {', '.join(SHARING)}, got {sharing!r}"
             )
         self.sharing, self.max_tokens, self.max_tenants = sharing, max_tokens, max_tenants
         self._indexes: collections.OrderedDict[str | None, CrossRequestIndex] = (

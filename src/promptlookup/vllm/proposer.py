@@ -40,6 +40,7 @@ from collections import OrderedDict
 
 from ..drafters.prompt_lookup import PromptLookupDrafter
 from ..policy import NO_POLICY, SequenceDraft, SpeculationPolicy
+from ..text import eos_token_ids
 from . import batch_policy
 from .batch_policy import RowPace
 from .requests import RequestState, RequestTable
@@ -92,7 +93,8 @@ class PromptLookupProposer:
         self.max_draft = max(1, int(spec.num_speculative_tokens or 1))
         self.max_model_len = int(model.max_model_len)
         self.min_match, self.max_match = min_match, max_match
-        self.eos_token_ids = _eos_token_ids(model)
+        config = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
+        self.eos_token_ids = eos_token_ids(getattr(config, "eos_token_id", None))
         self._tokenizer_name = getattr(model, "tokenizer", None) or getattr(model, "model", None)
         self._trust_remote_code = bool(getattr(model, "trust_remote_code", False))
         self._tokenizer = None
@@ -309,14 +311,3 @@ class PromptLookupProposer:
                 self._tokenizer_name, trust_remote_code=self._trust_remote_code
             )
         return self._tokenizer
-
-
-def _eos_token_ids(model_config) -> list[int]:
-    """The model's end-of-sequence ids, from its Hugging Face config (none when unknown)."""
-    config = getattr(model_config, "hf_text_config", None) or getattr(
-        model_config, "hf_config", None
-    )
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
