@@ -46,6 +46,10 @@ BACKEND_MODULES = {
 
 #: The baseline every speed-up and identity check is measured against.
 BASELINE = "plain"
+#: promptlookup's own plain decoding (its engine without a drafter): every drafting method must
+#: write its text, sampling too, and a speed-up over ``plain`` splits into its part and
+#: drafting's (:func:`~promptlookup.bench.summary.speedup_parts`).
+OWN_PLAIN = "promptlookup-none"
 #: The summaries' row of every task together.
 ALL_TASKS = "all"
 

@@ -16,6 +16,7 @@ from .summary import (
     held_out_ratio,
     read_results,
     repeat_spread,
+    speedup_parts,
     summarize,
 )
 
@@ -38,6 +39,20 @@ AGREED_COLUMNS = (
     ("speedup", "speed-up"),
     ("median_speedup", "median speed-up"),
     ("decode_speedup", "decode speed-up"),
+)
+#: Columns of the speed-up's parts (rows of :func:`speedup_parts`): key, header.
+PARTS_COLUMNS = (
+    ("task", "task"),
+    ("method", "method"),
+    ("speedup", "speed-up vs plain"),
+    ("engine", "engine's part (promptlookup-none vs plain)"),
+    ("drafting", "drafting's part (method vs promptlookup-none)"),
+)
+#: The bars of the parts figure: each row's value and its label.
+PART_LABELS = (
+    ("speedup", "total vs plain"),
+    ("engine", "engine's part (promptlookup-none vs plain)"),
+    ("drafting", "drafting's part (vs promptlookup-none)"),
 )
 Columns = Sequence[tuple[str, str]]
 
@@ -78,6 +93,10 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
     """What a finished run prints: the summary, and speeds on agreed prefixes where greedy
     outputs parted from plain's (a sweep's grid left to the report)."""
     text = text_table(summary)
+    parts = speedup_parts(summary)
+    if parts:
+        text += "\n\nWhat the speed-up is made of (engine x drafting):\n"
+        text += text_table(parts, PARTS_COLUMNS)
     agreed, _ = agreed_summary(records)
     if agreed:
         shown = set(headline_methods(agreed))
@@ -166,6 +185,26 @@ def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = ""
     ]
 
 
+def parts_lines(summary: Sequence[dict]) -> list[str]:
+    """The section saying what each promptlookup speed-up is made of (when
+    ``promptlookup-none`` ran)."""
+    parts = speedup_parts(summary)
+    if not parts:
+        return []
+    return [
+        "",
+        "## What the speed-up is made of",
+        "",
+        "`plain` is `transformers`' `generate` over the same model; `promptlookup-none` is "
+        "promptlookup's loop and forward passes without a drafter. So a speed-up over `plain` "
+        "is the product of two parts: the *engine's* (`promptlookup-none` against `plain`: "
+        "our forward passes and loop, one token per pass) and *drafting's* (the method "
+        "against `promptlookup-none`: more tokens per pass on the same engine).",
+        "",
+        markdown_table(parts, PARTS_COLUMNS),
+    ]
+
+
 def agreed_lines(records: Sequence[dict]) -> list[str]:
     rows, agreed = agreed_summary(records)
     if not rows:
@@ -212,6 +251,7 @@ def render_markdown(
             else ""
         ),
     ]
+    parts += parts_lines(summary)
     parts += best_lines(summary, records)
     parts += agreed_lines(records)
     if figures:
@@ -248,6 +288,22 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
             out / "tokens_per_forward.png",
         )
         figures = ["speedup.png", "tokens_per_forward.png"]
+        parts = speedup_parts(summary)
+        if parts:  # each promptlookup method's speed-up, its engine's part and drafting's
+            bar_figure(
+                [
+                    {**row, "method": f"{row['method']}: {label}", "part": row[key]}
+                    for row in parts
+                    for key, label in PART_LABELS
+                ],
+                "part",
+                "speed-up (tokens/s ratio)",
+                "The speed-up and its parts: engine x drafting",
+                out / "speedup_parts.png",
+            )
+            figures.append("speedup_parts.png")
+        else:
+            (out / "speedup_parts.png").unlink(missing_ok=True)  # from an earlier run here
         if sweep_figure(summary, out / "sweep.png"):
             figures.append("sweep.png")
         else:

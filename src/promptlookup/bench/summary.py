@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .agreed import agreed_records, agreed_share
 from .data import BenchDataError
-from .methods import ALL_TASKS, BASELINE
+from .methods import ALL_TASKS, BASELINE, OWN_PLAIN
 
 #: The summary's columns, in order: each row's key and the header the report's tables show.
 SUMMARY_COLUMNS = (
@@ -303,3 +303,23 @@ def agreed_summary(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
     for row in rows:
         row["agreed_share"] = _round(agreed_share(records, agreed, row["task"]))
     return rows, agreed
+
+
+def speedup_parts(summary: Sequence[dict]) -> list[dict]:
+    """What each promptlookup method's speed-up over ``plain`` is made of, per task, when
+    ``promptlookup-none`` (the same engine, no drafter) ran: ``engine``, its own speed-up
+    (promptlookup's forward passes against ``transformers``' ``generate``), and ``drafting``,
+    the method's over ``promptlookup-none`` (what drafting adds on that engine). Their product
+    is the method's speed-up (every ratio is of totals over the same prompts)."""
+    speedups = {(r["task"], r["method"]): r["speedup"] for r in summary}
+    parts = []
+    for row in summary:
+        engine = speedups.get((row["task"], OWN_PLAIN))
+        method, total = row["method"], row["speedup"]
+        if method.split(":")[0] != "promptlookup" or method == OWN_PLAIN or not engine:
+            continue
+        if total is not None:
+            drafting = _round(total / engine)
+            parts.append(dict(task=row["task"], method=method, speedup=total, engine=engine,
+                              drafting=drafting))  # fmt: skip
+    return parts
