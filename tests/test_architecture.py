@@ -30,6 +30,7 @@ LAYERS = [
         "prefix_tree",
         "prefix_cache",
         "policy",
+        "calibration",
         "loop",
         "batching",
     ],

@@ -23,7 +23,8 @@ prompt).
   ``kv_bytes_per_token`` each token, 46 KB for SmolLM2-135M in float32), on top of the running
   requests' own caches.
 - *Tenants*: a request reuses only entries of its own ``tenant`` (None is a tenant too), so
-  that the speed of a reply cannot confirm another tenant's prompt.
+  that the speed of a reply cannot confirm another tenant's prompt; unless the cache is
+  ``shared``.
 """
 
 from __future__ import annotations
@@ -53,12 +54,17 @@ class PrefixCache:
     >>> lm.prefix_cache = cache   # every generation's default   # doctest: +SKIP
     """
 
-    def __init__(self, mib: float = DEFAULT_MIB, block_tokens: int = BLOCK_TOKENS) -> None:
+    def __init__(
+        self, mib: float = DEFAULT_MIB, block_tokens: int = BLOCK_TOKENS, shared: bool = False
+    ) -> None:
         if not mib > 0:
             raise InvalidParameterError(f"a prefix cache needs a budget > 0 MiB, got {mib!r}")
         if block_tokens < 1:
             raise InvalidParameterError(f"block_tokens must be >= 1, got {block_tokens}")
         self.budget_bytes, self.block_tokens = int(mib * 2**20), block_tokens
+        #: Whether every tenant reuses every entry (one namespace; reply times then reveal
+        #: whether someone sent a prompt before).
+        self.shared = shared
         self._tree: BlockTree | None = None  # made by the first store (its block size known)
         self._lock = threading.Lock()
 
@@ -93,7 +99,7 @@ class PrefixCache:
         with self._lock:
             if self._tree is None:
                 return 0
-            payloads, matched = self._tree.match(tenant, token_ids)
+            payloads, matched = self._tree.match(None if self.shared else tenant, token_ids)
         if not matched:
             return 0
         # The payloads are never written, and held here: copied outside the lock, a layer's
@@ -121,7 +127,9 @@ class PrefixCache:
                 block_bytes = target.kv_bytes_per_token * self.block_tokens
                 self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
             self._tree.insert(
-                tenant, token_ids[:length], lambda start, stop: self._blocks(cache, start, stop)
+                None if self.shared else tenant,
+                token_ids[:length],
+                lambda start, stop: self._blocks(cache, start, stop),
             )
 
     def _blocks(self, cache, start: int, stop: int) -> list[torch.Tensor]:

@@ -95,7 +95,8 @@ class ServerState:
             max_batch = 1
         self.max_batch = max_batch
         if self.settings.prefix_cache_mib and PrefixCache.applies(lm.target):
-            self.prefix_cache = PrefixCache(self.settings.prefix_cache_mib)
+            shared = self.settings.prefix_cache_scope == "global"
+            self.prefix_cache = PrefixCache(self.settings.prefix_cache_mib, shared=shared)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         self.worker = (
             BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
@@ -117,12 +118,6 @@ class ServerState:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
-
-    def cache_options(self, tenant: str | None) -> dict:
-        """The prefix cache arguments of a generation of ``tenant`` (its entries only, unless
-        ``--prefix-cache-scope global``)."""
-        shared = self.settings.prefix_cache_scope == "global"
-        return {"prefix_cache": self.prefix_cache or False, "tenant": None if shared else tenant}
 
     def ready_model(self) -> LanguageModel:
         if self.shutting_down:
