@@ -160,7 +160,7 @@ class LanguageModel:
             tenant,
             drafter_options,
         )
-        request.prefix_cache = self._prefix_cache(prefix_cache)
+        request.prefix_cache = PrefixCache.chosen(prefix_cache, self.prefix_cache, self.target)
         stream = GenerationStream(iter(()))
         stream._request = request
         stream._events = self._events(stream, request)
@@ -224,20 +224,6 @@ class LanguageModel:
             logprobs,
             tenant,
         )
-
-    def _prefix_cache(self, option: PrefixCache | bool | None) -> PrefixCache | None:
-        """The prefix cache a generation uses: ``True`` the model's own
-        (:attr:`prefix_cache`), ``False`` or None none, or the one given; none where the
-        target's keys and values cannot be reused exactly."""
-        if option is True:
-            option = self.prefix_cache
-        elif option is False:
-            option = None
-        if option is not None and not isinstance(option, PrefixCache):
-            raise InvalidParameterError(
-                f"prefix_cache must be a PrefixCache, True or False, got {type(option).__name__}"
-            )
-        return option if option is not None and PrefixCache.applies(self.target) else None
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()

@@ -68,6 +68,21 @@ class PrefixCache:
         self._tree: BlockTree | None = None  # made by the first store (its block size known)
         self._lock = threading.Lock()
 
+    @classmethod
+    def chosen(cls, option, default: PrefixCache | None, target) -> PrefixCache | None:
+        """The prefix cache a generation of ``target`` uses, from its ``prefix_cache``
+        option: ``True`` the model's ``default``, ``False`` or None none, or the one given;
+        none where :meth:`applies` says no."""
+        if option is True:
+            option = default
+        elif option is False:
+            option = None
+        if option is not None and not isinstance(option, cls):
+            raise InvalidParameterError(
+                f"prefix_cache must be a PrefixCache, True or False, got {type(option).__name__}"
+            )
+        return option if option is not None and cls.applies(target) else None
+
     @staticmethod
     def applies(target) -> bool:
         """Whether ``target``'s keys and values can be reused exactly: a
