@@ -5,7 +5,7 @@
 set -e
 GGUF=$(python -c "from promptlookup.models import resolve_model as r; s=r(None); print(s.location + '/' + s.gguf_file)")
 LLAMA=${LLAMA_SERVER:-/work/llamacpp/build/bin/llama-server}
-OUT=${OUT:-benchmarks/runs/prefix-cache-shared}
+OUT=${OUT:-prefix-cache-shared}
 python -m promptlookup serve --port 18011 --threads ${THREADS:-2} > /tmp/pl-shared.log 2>&1 & P1=$!
 $LLAMA -m "$GGUF" -t ${THREADS:-2} -np 8 --no-repack --port 18012 > /tmp/llama-shared.log 2>&1 & P2=$!
 trap 'kill $P1 $P2' EXIT
