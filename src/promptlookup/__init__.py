@@ -15,6 +15,7 @@ import importlib
 from ._version import __version__ as __version__
 from .errors import (
     EmptyPromptError,
+    GrammarError,
     InvalidParameterError,
     ModelLoadError,
     ModelNotFoundError,
@@ -37,6 +38,7 @@ _LAZY = {
         "PromptLookupDrafter",
         "make_drafter",
     ),
+    ".grammar": ("Grammar",),
     ".generation": ("GenerationResult", "GenerationStream", "LanguageModel"),
     ".hf_generate": ("custom_generate", "make_custom_generate"),
     ".loading": ("from_transformers", "load_model"),
@@ -71,6 +73,8 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "GenerationStream",
+    "Grammar",
+    "GrammarError",
     "InvalidParameterError",
     "LanguageModel",
     "ModelLoadError",

@@ -18,6 +18,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedModelError,
 )
+from .grammar import Grammar, GrammarState, engine_tokenizer
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
@@ -39,6 +40,7 @@ class _Request:
     policy: SpeculationPolicy | None  # None: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
+    grammar: GrammarState | None = None  # this generation's own state of its grammar
 
 
 class LanguageModel:
@@ -134,6 +136,8 @@ class LanguageModel:
         speculation: str = "adaptive",
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        response_format: dict | None = None,
+        grammar: Grammar | None = None,
         **drafter_options,
     ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
@@ -149,6 +153,7 @@ class LanguageModel:
             should_stop,
             logprobs,
             drafter_options,
+            grammar if grammar is not None else Grammar.of_response_format(response_format),
         )
         stream = GenerationStream(iter(()))
         stream._request = request
@@ -167,6 +172,7 @@ class LanguageModel:
         should_stop,
         logprobs,
         drafter_options,
+        grammar=None,
     ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -201,9 +207,31 @@ class LanguageModel:
             **drafter_options,
         )
         policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
+        if grammar is not None and not isinstance(grammar, Grammar):
+            raise InvalidParameterError(
+                f"grammar must be a promptlookup.Grammar (Grammar.regex(...), Grammar.lark(...), "
+                f"Grammar.json_schema(...)), got {type(grammar).__name__}"
+            )
+        state = grammar.start(self.grammar_tokenizer) if grammar is not None else None
         return _Request(
-            prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
+            prompt_ids,
+            max_new_tokens,
+            drafter_obj,
+            chooser,
+            stops,
+            policy,
+            should_stop,
+            logprobs,
+            state,
         )
+
+    @property
+    def grammar_tokenizer(self):
+        """The grammar engine's view of the tokenizer (built on first use, about half a
+        second; see :func:`~promptlookup.grammar.engine_tokenizer`)."""
+        if getattr(self, "_grammar_tokenizer", None) is None:
+            self._grammar_tokenizer = engine_tokenizer(self.tokenizer, self.eos_token_ids)
+        return self._grammar_tokenizer
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()
@@ -219,6 +247,7 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            grammar=request.grammar,
         )
         try:
             for token in tokens:
@@ -250,13 +279,21 @@ class LanguageModel:
         asked before every forward pass, ends the generation early when it returns true.
         ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
         alternatives in ``result.stats.logprobs`` (see
-        :class:`~promptlookup.sampling.TokenLogprob`). Extra keyword
+        :class:`~promptlookup.sampling.TokenLogprob`). ``response_format``: OpenAI's
+        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema":
+        {...}}}``; ``grammar``: any :class:`~promptlookup.grammar.Grammar` (a JSON schema, a
+        regular expression or a Lark grammar): the output matches it, token for token what
+        ``drafter="none"`` gives under it, and the tokens it forces are drafted for free
+        (``stats.forced_tokens``); a schema that cannot compile raises
+        :class:`~promptlookup.errors.GrammarError`. Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 
         >>> lm.generate(prompt, drafter="draft-model:SmolLM2-135M.gguf")     # doctest: +SKIP
         >>> lm.generate(prompt, drafter="prompt-lookup", reference_text=old_code)  # doctest: +SKIP
         >>> lm.generate(prompt, drafter=lambda tokens: tokens[-4:])          # doctest: +SKIP
+        >>> lm.generate(prompt, response_format={"type": "json_object"})     # doctest: +SKIP
+        >>> lm.generate(prompt, grammar=Grammar.regex(r"(yes|no)\\."))        # doctest: +SKIP
         """
         stream = self.stream(prompt, **options)
         for _ in stream:
@@ -323,6 +360,7 @@ class LanguageModel:
             adaptive=request.policy is not None,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            grammar=request.grammar,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 

@@ -27,6 +27,7 @@ import torch
 from .backends.base import Target
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
+from .grammar import GrammarState, forced_count
 from .policy import AcceptanceModel, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
 from .trees import TokenTree, accept_tree
@@ -44,6 +45,8 @@ class GenerationStats:
     forward_passes: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    #: Accepted draft tokens that a grammar forced (:mod:`promptlookup.grammar`).
+    forced_tokens: int = 0
     seconds: float = 0.0
     token_seconds: list[float] = field(default_factory=list, repr=False)
     #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
@@ -68,6 +71,7 @@ class GenerationStats:
             "forward_passes": self.forward_passes,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_tokens": self.forced_tokens,
             "seconds": round(self.seconds, 6),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "tokens_per_forward": round(self.tokens_per_forward, 3),
@@ -84,7 +88,9 @@ class DecodingSequence:
     ``acceptance``: the sequence's own acceptance statistics for the policy (None: the
     policy's current request's, :meth:`~promptlookup.policy.SpeculationPolicy.start`).
     ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
-    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``."""
+    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``. ``grammar``: the state of
+    the grammar the output must match (:mod:`promptlookup.grammar`), which drafts the tokens
+    it forces, cuts drafts where it forbids a token and masks every verified position."""
 
     prompt_ids: Sequence[int]
     max_new_tokens: int
@@ -95,6 +101,7 @@ class DecodingSequence:
     stats: GenerationStats = field(default_factory=GenerationStats)
     finish_reason: str | None = None
     acceptance: AcceptanceModel | None = None
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
@@ -102,6 +109,7 @@ class DecodingSequence:
         self.started = time.perf_counter()
         self._eos = frozenset(self.eos_token_ids)
         self._accepted: list[bool] = []  # per new token: whether it was an accepted draft token
+        self._forced: list[bool] = []  # per new token: whether it was accepted and forced
 
     @property
     def done(self) -> bool:
@@ -114,6 +122,8 @@ class DecodingSequence:
         room = self.max_new_tokens - self.stats.new_tokens - 1
         if room <= 0:
             return Draft()
+        if self.grammar is not None:  # forced tokens, then the drafter's: a chain
+            return self.grammar.draft(self.drafter, self.tokens, room)
         draft = Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
         if trees and not self.chooser.do_sample and draft.draft_probs is None:
             return draft
@@ -135,8 +145,11 @@ class DecodingSequence:
         stats.drafted_tokens += len(draft)
         new_tokens: list[int] = []
         probs = draft.draft_probs if draft else None
+        forced = forced_count(draft)
+        if self.grammar is not None:  # its rows get masked in place (logprobs read them too)
+            target_logits = target_logits.clone()
         for i, token in enumerate(
-            verified_tokens(self.chooser, self.tokens, draft, target_logits, probs)
+            verified_tokens(self.chooser, self.tokens, draft, target_logits, probs, self.grammar)
         ):
             if self.logprobs is not None:
                 logprob = token_logprob(
@@ -146,9 +159,11 @@ class DecodingSequence:
             accepted = i < len(draft) and token == draft[i]
             self.tokens.append(token)
             self._accepted.append(accepted)
+            self._forced.append(accepted and i < forced)
             new_tokens.append(token)
             stats.new_tokens += 1
             stats.accepted_tokens += accepted
+            stats.forced_tokens += accepted and i < forced
             stats.seconds = time.perf_counter() - self.started
             stats.token_seconds.append(stats.seconds)
             if token in self._eos:
@@ -157,7 +172,8 @@ class DecodingSequence:
         if self.finish_reason is None and stats.new_tokens >= self.max_new_tokens:
             self.finish_reason = "length"
         num_accepted = sum(self._accepted[len(self._accepted) - len(new_tokens) :])
-        self.drafter.update(draft, num_accepted)
+        # The drafter drafted after the forced tokens (all of the draft without a grammar).
+        self.drafter.update(draft[forced:], max(num_accepted - forced, 0))
         if policy is not None and draft:
             self.record(policy, draft.match_length, len(draft), num_accepted, draft.source)
         return new_tokens
@@ -179,8 +195,12 @@ class DecodingSequence:
             return
         stats = self.stats
         stats.accepted_tokens -= sum(self._accepted[-count:])
+        stats.forced_tokens -= sum(self._forced[-count:])
         stats.new_tokens -= count
         del self.tokens[-count:], self._accepted[-count:], stats.token_seconds[-count:]
+        del self._forced[-count:]
+        if self.grammar is not None:
+            self.grammar.rollback(count)
         del stats.logprobs[max(0, len(stats.logprobs) - count) :]
 
     def finish(self, reason: str, drop: int = 0) -> None:
@@ -203,6 +223,7 @@ def speculative_generate(
     policy: SpeculationPolicy | None = None,
     should_stop: Callable[[], bool] | None = None,
     logprobs: int | None = None,
+    grammar: GrammarState | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine: the
@@ -219,7 +240,8 @@ def speculative_generate(
     it returns true the generator ends there (a cancelled request). ``logprobs=N`` records each
     yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
-    token gets exactly the value plain decoding computes from the same row."""
+    token gets exactly the value plain decoding computes from the same row. ``grammar``: the
+    output must match it (see :class:`DecodingSequence`)."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -228,6 +250,7 @@ def speculative_generate(
         eos_token_ids,
         logprobs,
         stats if stats is not None else GenerationStats(),
+        grammar=grammar,
     )
     tokens, stats = sequence.tokens, sequence.stats  # tokens: the prompt and every accepted one
     if not tokens or max_new_tokens < 1:
@@ -293,6 +316,7 @@ def verified_tokens(
     draft: Sequence[int],
     target_logits: torch.Tensor,
     draft_probs: torch.Tensor | None = None,
+    grammar: GrammarState | None = None,
 ) -> Iterator[int]:
     """The target's tokens for one forward pass: each accepted draft token, then the bonus token.
 
@@ -300,13 +324,15 @@ def verified_tokens(
     ``tokens`` must be extended by the caller with each yielded token before the next is chosen
     (the repetition penalty sees them). ``draft_probs`` (len(draft), vocab), given by drafters
     that sample their drafts, switches sampling to the speculative-sampling rejection rule.
+    With a ``grammar``, each row is masked (in place) to the tokens it allows before the choice,
+    which then advances it.
     """
     if draft_probs is not None and chooser.do_sample:
         from .rejection import verify_sampled_draft
 
         yield from verify_sampled_draft(chooser, tokens, draft, draft_probs, target_logits)
         return
-    if chooser.plain_argmax:
+    if chooser.plain_argmax and grammar is None:
         target_choice = target_logits.argmax(dim=-1).tolist()  # (len(draft) + 1,)
         for i, token in enumerate(target_choice):
             yield token
@@ -315,7 +341,11 @@ def verified_tokens(
         return
     for i in range(len(draft) + 1):
         input_ids = torch.tensor([tokens], dtype=torch.long, device=target_logits.device)
+        if grammar is not None:  # the target's distribution, masked to what the grammar allows
+            grammar.mask_(target_logits[i])
         token = chooser.choose(input_ids, target_logits[i])
+        if grammar is not None:
+            grammar.advance(token)
         yield token
         if i == len(draft) or token != draft[i]:
             return
