@@ -67,6 +67,7 @@ from .schemas import (
 )
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
+from .tools import ToolStream
 from .worker import GenerationJob, QueueFull
 
 log = logging.getLogger("promptlookup.server")
@@ -187,9 +188,10 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
         "model": state.model_id,
     }
     predicted = req.prediction is not None
+    tools = chat and req.tool_plan() is not None  # the answer is read back into tool calls
     if req.stream:
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = _sse_events(job, writer, req.choices, req.include_usage, predicted)
+        events = _sse_events(job, writer, req.choices, req.include_usage, predicted, tools)
         return StreamingResponse(
             events,
             media_type="text/event-stream",
@@ -198,7 +200,8 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     choices = await _outcome_unless_disconnected(job, request)
     if choices is None:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(completion_body(meta, chat, choices, state.fingerprint, predicted))
+    body = completion_body(meta, chat, choices, state.fingerprint, predicted, tools)
+    return JSONResponse(body)
 
 
 def _check_characters(state: ServerState, req, chat: bool) -> None:
@@ -232,7 +235,7 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     param = "messages" if chat else "prompt"
     with state.tokenizer_lock:
         try:
-            prompt_ids = lm.encode([m.as_dict() for m in req.messages] if chat else req.prompt)
+            prompt_ids = lm.encode(req.prompt_messages() if chat else req.prompt)
             reference_ids = None
             if req.prediction is not None:
                 reference_ids = list(
@@ -283,13 +286,17 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     index = state.cross_request.for_tenant(tenant)
     if index is not None and _looks_up(drafter):
         options = {**options, "cross_request": index}
+    generation_options = state.settings.generation_options
+    grammar = req.grammar() if chat else None  # a 400 for a schema that cannot compile
+    if grammar is not None:
+        generation_options = {**generation_options, "grammar": grammar}
     return {
         "prompt_ids": prompt_ids,
         "max_new_tokens": max_new_tokens,
         "sampling": sampling,
         "drafter": drafter,
         "drafter_options": options,
-        "generation_options": state.settings.generation_options,
+        "generation_options": generation_options,
     }
 
 
@@ -321,10 +328,17 @@ async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
 
 
 async def _sse_events(
-    job: GenerationJob, writer: ChunkWriter, n: int, include_usage: bool, predicted: bool
+    job: GenerationJob,
+    writer: ChunkWriter,
+    n: int,
+    include_usage: bool,
+    predicted: bool,
+    tools: bool = False,
 ):
-    """The stream's server-sent events. If the client disconnects, Starlette cancels this
-    generator; its ``finally`` cancels the job."""
+    """The stream's server-sent events (with ``tools``, each choice's text read into content
+    and tool call deltas as it comes, :class:`.tools.ToolStream`). If the client disconnects,
+    Starlette cancels this generator; its ``finally`` cancels the job."""
+    streams = [ToolStream() for _ in range(n)] if tools else None
     try:
         if writer.chat:
             for index in range(n):
@@ -333,10 +347,17 @@ async def _sse_events(
             kind, value = await job.events.get()
             if kind == "delta":
                 index, text, infos = value
-                if text or infos:
+                calls = []
+                if streams is not None:
+                    text, calls = streams[index].feed(text)
+                if calls:
+                    yield sse(writer.tool_calls(index, calls, infos))
+                elif text or infos:
                     yield sse(writer.delta(index, text, infos))
             elif kind == "choice":
-                yield sse(writer.finish(value.index, value.result.finish_reason))
+                called = streams is not None and streams[value.index].called
+                finish_reason = "tool_calls" if called else value.result.finish_reason
+                yield sse(writer.finish(value.index, finish_reason))
             elif kind == "done":
                 if include_usage:
                     yield sse(writer.usage(value, predicted))
