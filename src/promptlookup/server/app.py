@@ -2,6 +2,7 @@
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
+``POST /v1/messages`` (Anthropic's Messages API, :mod:`.anthropic`),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``.
 The complete list of what is supported and refused is ``docs/server.md``.
 
@@ -53,6 +54,7 @@ from ..drafters import check_drafter_spec, parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
+from .anthropic import serve_messages
 from .bodies import Health, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
@@ -144,6 +146,10 @@ def create_app(
     async def completions(request: Request):
         return await _serve(state, request, chat=False)
 
+    @v1.post("/messages")
+    async def messages(request: Request):
+        return await serve_messages(state, request)
+
     app.include_router(v1)
     install_openapi(app)
     return app
@@ -156,6 +162,37 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     settings = state.settings
     body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+    job = await start_job(state, request, req, chat)
+    meta = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        "created": int(time.time()),
+        "model": state.model_id,
+    }
+    predicted = req.prediction is not None
+    tools = chat and req.tool_plan() is not None  # the answer is read back into tool calls
+    if req.stream:
+        writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
+        events = _sse_events(job, writer, req.choices, req.include_usage, predicted, tools)
+        return event_stream(events)
+    choices = await outcome_unless_disconnected(job, request)
+    if choices is None:  # the client is gone; nobody reads this
+        return Response(status_code=499)
+    body = completion_body(meta, chat, choices, state.fingerprint, predicted, tools)
+    return JSONResponse(body)
+
+
+def event_stream(events) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def start_job(state: ServerState, request: Request, req, chat: bool) -> GenerationJob:
+    """Check a parsed request against the model, prepare it and queue its job (429 when the
+    queue is full)."""
+    settings = state.settings
     state.ready_model()
     if req.model != state.model_id:
         raise APIError(
@@ -182,26 +219,7 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
             code="queue_full",
             headers={"Retry-After": str(state.worker.retry_after())},
         ) from None
-    meta = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": state.model_id,
-    }
-    predicted = req.prediction is not None
-    tools = chat and req.tool_plan() is not None  # the answer is read back into tool calls
-    if req.stream:
-        writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = _sse_events(job, writer, req.choices, req.include_usage, predicted, tools)
-        return StreamingResponse(
-            events,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    choices = await _outcome_unless_disconnected(job, request)
-    if choices is None:  # the client is gone; nobody reads this
-        return Response(status_code=499)
-    body = completion_body(meta, chat, choices, state.fingerprint, predicted, tools)
-    return JSONResponse(body)
+    return job
 
 
 def _check_characters(state: ServerState, req, chat: bool) -> None:
@@ -307,7 +325,7 @@ def _looks_up(drafter) -> bool:
     )
 
 
-async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
+async def outcome_unless_disconnected(job: GenerationJob, request: Request):
     """The job's result, or None (and the job cancelled) if the client disconnects first."""
 
     async def disconnected() -> None:

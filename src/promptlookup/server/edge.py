@@ -1,7 +1,7 @@
 """What every request meets outside its route: the API key gate, and the error responses.
 
 - *API key*: with a key, every path under ``/v1`` needs ``Authorization: Bearer <key>``
-  (compared in constant time), checked before routing, so that an unknown ``/v1/*`` path or
+  (or Anthropic's ``x-api-key: <key>``; compared in constant time), checked before routing, so that an unknown ``/v1/*`` path or
   method is a 401 too and reveals nothing without the key. Other paths (``/health``,
   ``/openapi.json``) are open.
 - *Errors* are OpenAI's JSON (:class:`~.schemas.APIError`), Starlette's own (404, 405) too;
@@ -44,8 +44,10 @@ class APIKeyGate:
         await self.app(scope, receive, send)
 
     def _authorized(self, scope) -> bool:
-        values = [v for k, v in scope["headers"] if k == b"authorization"]
-        scheme, _, token = (values[0] if values else b"").partition(b" ")
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        if b"x-api-key" in headers:  # Anthropic's clients
+            scheme, token = b"bearer", headers[b"x-api-key"]
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key.encode())
 
 
