@@ -203,6 +203,23 @@ class GrammarState:
         return Draft(candidate[:valid], None, proposed.match_length, proposed.source)
 
 
+class GrammarLogitsProcessor:
+    """A ``transformers`` logits processor that constrains ``model.generate`` (one sequence)
+    with a grammar state: plain constrained decoding in transformers (the bench's ``plain``
+    on the structured task). ``prompt_length``: the tokens before the first generated one."""
+
+    def __init__(self, state: GrammarState, prompt_length: int) -> None:
+        self.state, self.seen = state, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for token in input_ids[0, self.seen :].tolist():  # the tokens generated since
+            self.state.advance(token)
+        self.seen = input_ids.shape[1]
+        scores = scores.clone()  # (1, vocab)
+        self.state.mask_(scores[0])
+        return scores
+
+
 def forced_count(draft: Draft) -> int:
     """How many leading tokens of ``draft`` the grammar forced (see :meth:`GrammarState.draft`)."""
     return min(draft.match_length or 0, len(draft)) if draft.source == GRAMMAR else 0

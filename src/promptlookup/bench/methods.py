@@ -60,6 +60,15 @@ class Settings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    #: The prompt's OpenAI request fields (``response_format``, ``tools``; the structured
+    #: task, :mod:`.structured`): set per prompt by the runner.
+    request: dict | None = None
+
+    def grammar(self, lm):
+        """The grammar of the prompt's request (None: unconstrained)."""
+        from .structured import constraint
+
+        return constraint([], self.request)[1] if self.request else None
 
     @property
     def sampling(self) -> bool:
@@ -84,6 +93,8 @@ class MethodOutput:
     text: str | None = None
     new_tokens: int | None = None
     peak_rss_mib: float | None = None
+    #: A server's tool calls (OpenAI's shape), where the request had tools.
+    tool_calls: list[dict] | None = None
 
 
 class Method(Protocol):
@@ -279,11 +290,13 @@ class PromptLookupMethod:
             if settings.sampling
             else {}
         )
+        grammar = settings.grammar(self.lm)
         with Timer() as timer:
             result = self.lm.generate(
                 list(prompt_ids),
                 max_new_tokens=settings.max_new_tokens,
                 drafter=self.drafter,
+                grammar=grammar,
                 **sampling,
                 **self.generate_options,
                 **self.options,

@@ -39,6 +39,7 @@ TABLE_HEADERS = (
     "acceptance",
     "identical",
     "identical to -none",
+    "valid",
     "first token s",
     "decode speed-up",
     "peak RSS MiB",
@@ -228,7 +229,8 @@ def render_markdown(
         "totals); median speed-up: median of per-prompt ratios; tokens/forward: new tokens "
         "per target forward pass; acceptance: accepted / drafted tokens; identical: share "
         "of outputs token-identical to `plain` (– when sampling); identical to -none: "
-        "share identical to `promptlookup-none`'s; first token s: median "
+        "share identical to `promptlookup-none`'s; valid: share of answers that match their "
+        "schema (structured task); first token s: median "
         "seconds to the first new token (mostly the prompt's prefill); decode speed-up: "
         "speed-up after each request's first forward pass that produced tokens (prefill "
         "left out)."

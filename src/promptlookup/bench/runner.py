@@ -48,6 +48,7 @@ from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongErro
 from .data import BenchRow
 from .memory import PeakMeter, weights_format
 from .methods import BASELINE, Method, MethodOutput, Settings, make_method
+from .structured import constraint, valid
 
 RESULT_KEYS = (
     "task",
@@ -112,7 +113,7 @@ def encode_rows(model, rows: Sequence[BenchRow], max_new_tokens: int) -> list[li
     encoded = []
     for row in rows:
         try:
-            ids = list(model.encode(row.messages))
+            ids = list(model.encode(constraint(row.messages, row.request)[0]))
         except PromptLookupError as exc:
             raise type(exc)(f"{row.source}: {exc}") from None
         if context and len(ids) + max_new_tokens > context:
@@ -285,7 +286,11 @@ def run_bench(
         for record in records:
             handle.write(json.dumps(record) + "\n")
         if warmup and prompts:
-            warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
+            warm = replace(
+                settings,
+                max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS),
+                request=rows[0].request,  # a grammar's one-off set-up is not timed either
+            )
             for method in method_objs:
                 generate(method, prompts[0], rows[0], warm)
         todo = [
@@ -308,6 +313,7 @@ def run_bench(
                 prompt_settings = (
                     replace(settings, seed=settings.seed + index) if settings.sampling else settings
                 )
+                prompt_settings = replace(prompt_settings, request=row.request)
                 runs: dict[str, list[MethodOutput]] = {m.name: [] for m in method_objs}
                 for round_ in range(repeat):
                     for i in method_order(len(method_objs), index * repeat + round_):
@@ -350,6 +356,8 @@ def run_bench(
                     )
                     if repeat > 1:
                         record["repeat_seconds"] = [round(o.seconds, 6) for o in runs[method.name]]
+                    if row.request:  # the structured task: does the answer match its schema?
+                        record["valid"] = valid(record["text"], row.request, output.tool_calls)
                     records.append(record)
                     if handle is not None:
                         handle.write(json.dumps(record) + "\n")

@@ -10,6 +10,8 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
 - ``identical_to_none_fraction``: share equal to ``promptlookup-none``'s, promptlookup's own
   plain decoding (null unless it ran): 1.0 wherever passes are row-invariant, in any dtype.
+- ``valid_fraction``: share of answers that match their schema (the structured task; null
+  for the others).
 - ``first_token_seconds``: median over prompts of the time to the first new token (the prompt's
   prefill, mostly: the same work for every method, and with short answers most of the time).
 - ``decode_speedup``: the speed-up after the first forward pass that produced tokens (tokens
@@ -45,6 +47,7 @@ SUMMARY_KEYS = (
     "acceptance_rate",
     "identical_fraction",
     "identical_to_none_fraction",
+    "valid_fraction",
     "first_token_seconds",
     "decode_speedup",
     "peak_rss_mib",
@@ -138,6 +141,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
     identical = [r["identical_to_plain"] for r in mine if r["identical_to_plain"] is not None]
     same_as_none = [r["identical_to_none"] for r in mine if r.get("identical_to_none") is not None]
+    valid = [r["valid"] for r in mine if r.get("valid") is not None]
     firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
@@ -160,6 +164,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
                 else None,
                 _round(sum(identical) / len(identical)) if identical else None,
                 _round(sum(same_as_none) / len(same_as_none)) if same_as_none else None,
+                _round(sum(valid) / len(valid)) if valid else None,
                 _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
                 _round(_ratio(decode, plain_decode))
                 if decode is not None and plain_decode
