@@ -7,6 +7,7 @@ a grammar forces are drafted and counted; bad grammars are named errors."""
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import replace
 
@@ -197,3 +198,35 @@ def test_sampling_under_a_grammar_keeps_the_masked_distribution():
     assert two_sample(drafted, plain, joint) > 0.001
     assert goodness_of_fit(drafted, joint) > 0.001
     assert goodness_of_fit(plain, joint) > 0.001
+
+
+# -- the real default model ------------------------------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 40},
+        "skills": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 5},
+    },
+    "required": ["name", "age", "city", "skills"],
+    "additionalProperties": False,
+}
+
+
+def test_default_model_json_schema_equals_plain_constrained_decoding(default_lm):
+    document = (
+        "Maria Gonzalez is a 34 year old engineer living in Barcelona. She is skilled in "
+        "Python, Rust and distributed systems."
+    )
+    messages = [{"role": "user", "content": f"Extract the person as JSON.\n\n{document}"}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    options = dict(max_new_tokens=120, response_format=response_format)
+    plain = default_lm.generate(messages, drafter="none", **options)
+    fast = default_lm.generate(messages, **options)
+    assert fast.token_ids == plain.token_ids and fast.finish_reason == "stop"
+    answer = json.loads(fast.text)
+    assert set(answer) == set(PERSON["properties"]) and answer["city"] == "Barcelona"
+    assert fast.stats.forced_tokens > 0
+    assert fast.stats.forward_passes < plain.stats.forward_passes

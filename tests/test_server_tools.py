@@ -276,3 +276,32 @@ def test_what_cannot_be_served_is_a_400_with_one_readable_line(server, extra, pa
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
     assert "\n" not in error["message"] and "Input should be 'none'" not in error["message"]
+
+
+def test_the_default_model_calls_a_tool_through_the_openai_client(default_lm):
+    """The real model and chat template, served by the batch decoder: the call comes back with
+    arguments that parse, whole and streamed alike."""
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+        TOOLS[1],
+    ]
+    request = dict(
+        model=default_lm.name,
+        messages=MESSAGES,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
+    )
+    with RunningServer(create_app(default_lm)) as running:
+        client = running.client()
+        whole = client.chat.completions.create(**request)
+        content, calls, finish = streamed(client, **request)
+    (call,) = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == finish == "tool_calls"
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and arguments["city"] == "Paris"
+    assert [(name, args) for _, name, args in calls.values()] == [
+        (call.function.name, call.function.arguments)
+    ]
