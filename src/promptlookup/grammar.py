@@ -160,10 +160,11 @@ class GrammarState:
         """Set ``row`` (the target's logits, (vocab,)) to -inf, in place, wherever the grammar
         forbids the next token; tokens past the tokenizer's vocabulary are forbidden."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little").view(np.bool_))
-        width = min(row.shape[-1], allowed.shape[0])
-        row[:width].masked_fill_(~allowed[:width].to(row.device), float("-inf"))
-        row[width:] = float("-inf")
+        forbidden = torch.from_numpy(np.unpackbits(~bits, bitorder="little").view(np.bool_))
+        width = min(row.shape[-1], forbidden.shape[0])
+        with torch.inference_mode():  # a target's logits may be inference tensors
+            row[:width].masked_fill_(forbidden[:width].to(row.device), float("-inf"))
+            row[width:] = float("-inf")
         return row
 
     def advance(self, token: int) -> None:

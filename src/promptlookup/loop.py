@@ -141,8 +141,6 @@ class DecodingSequence:
         new_tokens: list[int] = []
         probs = draft.draft_probs if draft else None
         forced = forced_count(draft)
-        if self.grammar is not None:  # its rows get masked in place (logprobs read them too)
-            target_logits = target_logits.clone()
         for i, token in enumerate(
             verified_tokens(self.chooser, self.tokens, draft, target_logits, probs, self.grammar)
         ):
@@ -306,8 +304,8 @@ def verified_tokens(
     ``tokens`` must be extended by the caller with each yielded token before the next is chosen
     (the repetition penalty sees them). ``draft_probs`` (len(draft), vocab), given by drafters
     that sample their drafts, switches sampling to the speculative-sampling rejection rule.
-    With a ``grammar``, each row is masked (in place) to the tokens it allows before the choice,
-    which then advances it.
+    With a ``grammar``, each row is masked in place to the tokens it allows before the choice
+    (so logprobs read the masked row), which then advances it.
     """
     if draft_probs is not None and chooser.do_sample:
         from .rejection import verify_sampled_draft
