@@ -18,7 +18,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedModelError,
 )
-from .grammar import Grammar, GrammarState, engine_tokenizer
+from .grammar import Grammar, GrammarState, grammar_state
 from .loop import GenerationStats, speculative_generate
 from .policy import SpeculationPolicy, check_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
@@ -153,7 +153,7 @@ class LanguageModel:
             should_stop,
             logprobs,
             drafter_options,
-            grammar if grammar is not None else Grammar.of_response_format(response_format),
+            (grammar, response_format),
         )
         stream = GenerationStream(iter(()))
         stream._request = request
@@ -172,7 +172,7 @@ class LanguageModel:
         should_stop,
         logprobs,
         drafter_options,
-        grammar=None,
+        constraint=(None, None),
     ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -207,12 +207,7 @@ class LanguageModel:
             **drafter_options,
         )
         policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
-        if grammar is not None and not isinstance(grammar, Grammar):
-            raise InvalidParameterError(
-                f"grammar must be a promptlookup.Grammar (Grammar.regex(...), Grammar.lark(...), "
-                f"Grammar.json_schema(...)), got {type(grammar).__name__}"
-            )
-        state = grammar.start(self.grammar_tokenizer) if grammar is not None else None
+        state = grammar_state(*constraint, self.tokenizer, self.eos_token_ids)
         return _Request(
             prompt_ids,
             max_new_tokens,
@@ -224,14 +219,6 @@ class LanguageModel:
             logprobs,
             state,
         )
-
-    @property
-    def grammar_tokenizer(self):
-        """The grammar engine's view of the tokenizer (built on first use, about half a
-        second; see :func:`~promptlookup.grammar.engine_tokenizer`)."""
-        if getattr(self, "_grammar_tokenizer", None) is None:
-            self._grammar_tokenizer = engine_tokenizer(self.tokenizer, self.eos_token_ids)
-        return self._grammar_tokenizer
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         stats = stream.stats = GenerationStats()

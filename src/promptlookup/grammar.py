@@ -25,6 +25,7 @@ token, greedy or seeded sampling.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from .drafters.base import Draft, Drafter, NoDrafter
-from .errors import GrammarError
+from .errors import GrammarError, InvalidParameterError
 
 #: The policy's source of drafts that start with tokens the grammar forces.
 GRAMMAR = "grammar"
@@ -119,16 +120,42 @@ class Grammar:
         return GrammarState(matcher, tokenizer.eos_token)
 
 
+def grammar_state(
+    grammar: Grammar | None, response_format: Mapping | None, tokenizer, eos_token_ids
+) -> GrammarState | None:
+    """A new generation's state of ``grammar``, or of OpenAI's ``response_format`` when it is
+    None (both None: unconstrained), over ``tokenizer`` (:func:`engine_tokenizer`)."""
+    if grammar is None:
+        grammar = Grammar.of_response_format(response_format)
+        if grammar is None:
+            return None
+    if not isinstance(grammar, Grammar):
+        raise InvalidParameterError(
+            "grammar must be a promptlookup.Grammar (Grammar.regex(...), Grammar.lark(...), "
+            f"Grammar.json_schema(...)), got {type(grammar).__name__}"
+        )
+    return grammar.start(engine_tokenizer(tokenizer, eos_token_ids))
+
+
+#: Each tokenizer's engine view, built once (:func:`engine_tokenizer`).
+_ENGINE_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def engine_tokenizer(tokenizer, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
-    """llguidance's view of a tokenizer (about half a second for a Hugging Face one: build it
-    once per model), whose end of sequence is the model's first EOS token. A tokenizer
+    """llguidance's view of a tokenizer, whose end of sequence is the model's first EOS token;
+    built once per tokenizer and EOS (about half a second for a Hugging Face one). A tokenizer
     without a fast (Rust) backend is read token by token: each id's decoded text."""
     import llguidance.hf
 
     eos = list(eos_token_ids) or [tokenizer.eos_token_id]
-    if hasattr(tokenizer, "backend_tokenizer"):
-        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=eos)
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(tokenizer, eos)))
+    built = _ENGINE_TOKENIZERS.get(tokenizer)
+    if built is None or built[0] != eos:
+        if hasattr(tokenizer, "backend_tokenizer"):
+            view = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer), eos_token=eos)
+        else:
+            view = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(tokenizer, eos)))
+        built = _ENGINE_TOKENIZERS[tokenizer] = (eos, view)
+    return built[1]
 
 
 class _TokenTable:

@@ -34,7 +34,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from ..errors import InvalidParameterError
-from ..grammar import GrammarLogitsProcessor
+from ..grammar import GrammarLogitsProcessor, grammar_state
 from .methods import (
     LOOKUP_PARAMS,
     MethodOutput,
@@ -158,7 +158,7 @@ class HFGenerate:
         kwargs = dict(self.kwargs)
         grammar = settings.grammar(self.lm)
         if grammar is not None:  # plain constrained decoding
-            state = grammar.start(self.lm.grammar_tokenizer)
+            state = grammar_state(grammar, None, self.lm.tokenizer, self.lm.eos_token_ids)
             processor = GrammarLogitsProcessor(state, len(prompt_ids))
             kwargs["logits_processor"] = LogitsProcessorList([processor])
         clock = TokenClock()

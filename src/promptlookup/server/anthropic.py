@@ -187,24 +187,24 @@ def error_body(error: APIError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
-async def serve_messages(state, request: Request) -> Response:
-    """``POST /v1/messages`` (see the module doc)."""
-    from .app import event_stream, outcome_unless_disconnected, start_job  # app imports this
+async def serve_messages(state, request: Request, serving) -> Response:
+    """``POST /v1/messages`` (see the module doc). ``serving``: the app's request path
+    (:mod:`.app`'s ``start_job``, ``outcome_unless_disconnected`` and ``event_stream``)."""
 
     try:
         settings = state.settings
         body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         anthropic_request = parse_request(MessagesRequest, body)
         req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
-        job = await start_job(state, request, req, chat=True)
+        job = await serving.start_job(state, request, req, chat=True)
     except APIError as error:
         return JSONResponse(error_body(error), error.status, headers=error.headers)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools = req.tool_plan() is not None
     if req.stream:
         writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
-        return event_stream(writer.events(job))
-    choices = await outcome_unless_disconnected(job, request)
+        return serving.event_stream(writer.events(job))
+    choices = await serving.outcome_unless_disconnected(job, request)
     if choices is None:
         return Response(status_code=499)
     result = choices[0].result

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -148,7 +149,7 @@ def create_app(
 
     @v1.post("/messages")
     async def messages(request: Request):
-        return await serve_messages(state, request)
+        return await serve_messages(state, request, sys.modules[__name__])
 
     app.include_router(v1)
     install_openapi(app)
@@ -202,9 +203,11 @@ async def start_job(state: ServerState, request: Request, req, chat: bool) -> Ge
             code="model_not_found",
         )
     _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
-    # The tenant whose cross-request index the request drafts from: its API key (one tenant
-    # without --api-key, whatever clients send).
-    tenant = request.headers.get("authorization") if settings.api_key else None
+    # The tenant whose cross-request index the request drafts from: its API key (Anthropic's
+    # clients send it as x-api-key; one tenant without --api-key, whatever clients send).
+    headers = request.headers
+    key = headers.get("authorization") or headers.get("x-api-key")
+    tenant = key if settings.api_key else None
     job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
     job = GenerationJob(
         **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
