@@ -467,7 +467,8 @@ def prompts_line(meta: dict) -> str:
         "Prompts: the first 12 (sweeps: 4) rows of each of the project's evaluation files "
         "(`code_edit`, `summarization`, `qa`, `chat`; rows with `id`, `task`, `messages`; not "
         "public, written `DATA/` below) and of `benchmarks/data/open_ended.jsonl` (prompts with "
-        "nothing to copy). These runs predate the built-in suite; its command, which any reader "
+        "nothing to copy: the built-in suite's `open_ended` task; the file is in commit "
+        "0cb8297). These runs predate the built-in suite; its command, which any reader "
         f"can run, is `{REPRODUCE}` (and `--dtype float32`)."
     )
 

@@ -13,7 +13,7 @@ from conftest import AsciiTokenizer, tiny_llama
 
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.bench import BenchRow, Settings, run_bench
-from promptlookup.bench.structured import EXTRACTION, TOOLS, constraint, valid
+from promptlookup.bench.structured import EXTRACTION, TOOLS, constraint, matches_schema
 from promptlookup.bench.suite import suite_rows
 from promptlookup.generation import LanguageModel
 
@@ -35,17 +35,17 @@ def test_rows_alternate_extraction_and_tool_calls_on_the_functions_source():
 def test_valid_checks_answers_against_their_schema():
     extraction = suite_rows(2, tasks=("structured",))[0].request
     good = {"function": "f", "module": "m", "parameters": ["x"], "raises": [], "summary": "s"}
-    assert valid(json.dumps(good), extraction) is True
-    assert valid(json.dumps({**good, "extra": 1}), extraction) is False
-    assert valid('{"function": "f"', extraction) is False
+    assert matches_schema(json.dumps(good), extraction) is True
+    assert matches_schema(json.dumps({**good, "extra": 1}), extraction) is False
+    assert matches_schema('{"function": "f"', extraction) is False
     tools = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
     args = {"module": "m", "symbol": "s"}
     call = {"tool_calls": [{"name": "find_usages", "arguments": args}]}
-    assert valid(json.dumps(call, separators=(", ", ": ")), tools) is True
+    assert matches_schema(json.dumps(call, separators=(", ", ": ")), tools) is True
     server_call = [{"function": {"name": "find_usages", "arguments": json.dumps(args)}}]
-    assert valid("", tools, server_call) is True
-    assert valid("", tools, [{"function": {"name": "nope", "arguments": "{}"}}]) is False
-    assert valid("free text", None) is None
+    assert matches_schema("", tools, server_call) is True
+    assert matches_schema("", tools, [{"function": {"name": "nope", "arguments": "{}"}}]) is False
+    assert matches_schema("free text", None) is None
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,21 @@ from __future__ import annotations
 import importlib
 
 from ._version import __version__ as __version__
-from .errors import (
-    EmptyPromptError,
-    GrammarError,
-    InvalidParameterError,
-    ModelLoadError,
-    ModelNotFoundError,
-    PromptLookupError,
-    PromptTooLongError,
-    UnsupportedModelError,
-)
 
-# The rest of the API is imported on first use (PEP 562): `import promptlookup` stays fast and
-# does not load torch until something needs it.
+# The API is imported on first use (PEP 562): `import promptlookup` stays fast and does not
+# load torch until something needs it. This table is the package's whole face (`__all__`).
 _LAZY = {
+    ".errors": (
+        "EmptyPromptError",
+        "GrammarError",
+        "InvalidParameterError",
+        "ModelLoadError",
+        "ModelNotFoundError",
+        "PromptLookupError",
+        "PromptTooLongError",
+        "UnsupportedModelError",
+    ),
+    ".grammar": ("Grammar",),
     ".drafters": (
         "CallableDrafter",
         "ChainDrafter",
@@ -38,15 +39,16 @@ _LAZY = {
         "PromptLookupDrafter",
         "make_drafter",
     ),
-    ".grammar": ("Grammar",),
     ".generation": ("GenerationResult", "GenerationStream", "LanguageModel"),
     ".hf_generate": ("custom_generate", "make_custom_generate"),
     ".loading": ("from_transformers", "load_model"),
     ".cache_files": ("cost_file_for",),
     ".loop": ("GenerationStats", "speculative_generate"),
-    ".sampling": ("SamplingParams", "TokenChooser"),
+    ".limits": ("SamplingParams",),
+    ".sampling": ("TokenChooser",),
 }
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
+__all__ = sorted(_LAZY_NAMES)
 
 
 def __getattr__(name: str):
@@ -60,36 +62,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
-
-
-__all__ = [
-    "CallableDrafter",
-    "ChainDrafter",
-    "CrossRequestIndex",
-    "Draft",
-    "DraftModelDrafter",
-    "Drafter",
-    "EmptyPromptError",
-    "GenerationResult",
-    "GenerationStats",
-    "GenerationStream",
-    "Grammar",
-    "GrammarError",
-    "InvalidParameterError",
-    "LanguageModel",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "NoDrafter",
-    "PromptLookupDrafter",
-    "PromptLookupError",
-    "PromptTooLongError",
-    "SamplingParams",
-    "TokenChooser",
-    "UnsupportedModelError",
-    "custom_generate",
-    "from_transformers",
-    "load_model",
-    "make_custom_generate",
-    "make_drafter",
-    "speculative_generate",
-]

@@ -92,6 +92,17 @@ def model_options(func):
     return func
 
 
+#: --backend, shared by generate and serve.
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["transformers", "llama.cpp"]),
+    default="transformers",
+    show_default=True,
+    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
+    "(fast on CPUs; --dtype is ignored).",
+)
+
+
 def drafter_options(func):
     """--drafter, --speculation and one flag per flagged drafter option of the table
     (:data:`promptlookup.drafters.options.DRAFTER_OPTIONS`): the command receives the flags
@@ -162,14 +173,7 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
     help="Wrap the prompt as a user message in the model's chat template.",
 )
 @model_options
-@click.option(
-    "--backend",
-    type=click.Choice(["transformers", "llama.cpp"]),
-    default="transformers",
-    show_default=True,
-    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
-    "(fast on CPUs; --dtype is ignored).",
-)
+@backend_option
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option(
     "--temperature",

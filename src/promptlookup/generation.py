@@ -20,9 +20,10 @@ from .errors import (
 )
 from .grammar import Grammar, GrammarState, grammar_state
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy, check_speculation
+from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
+from .text import eos_token_ids
 
 #: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
 Prompt = Union[str, Sequence[dict], Sequence[int]]
@@ -37,10 +38,11 @@ class _Request:
     drafter: Drafter
     chooser: TokenChooser
     stops: list[str]
-    policy: SpeculationPolicy | None  # None: whole drafts are verified
+    policy: SpeculationPolicy | NoPolicy  # NO_POLICY: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
-    grammar: GrammarState | None = None  # this generation's own state of its grammar
+    tenant: str | None
+    grammar: GrammarState | None  # this generation's own state of its grammar
 
 
 class LanguageModel:
@@ -56,9 +58,8 @@ class LanguageModel:
         self.tokenizer = tokenizer
         self.name = name
         self.model = model  # the underlying framework model, when there is one
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = eos_token_ids(configured, tokenizer.eos_token_id)
         #: Learned costs and acceptance statistics, shared by this model's requests.
         self.policy = SpeculationPolicy()
 
@@ -136,6 +137,7 @@ class LanguageModel:
         speculation: str = "adaptive",
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        tenant: str | None = None,
         response_format: dict | None = None,
         grammar: Grammar | None = None,
         **drafter_options,
@@ -152,6 +154,7 @@ class LanguageModel:
             speculation,
             should_stop,
             logprobs,
+            tenant,
             drafter_options,
             (grammar, response_format),
         )
@@ -171,6 +174,7 @@ class LanguageModel:
         speculation,
         should_stop,
         logprobs,
+        tenant,
         drafter_options,
         constraint=(None, None),
     ) -> _Request:
@@ -185,7 +189,7 @@ class LanguageModel:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens"
             )
-        check_speculation(speculation)
+        policy = policy_for_speculation(speculation, self.policy)
         if logprobs is not None and (
             not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0
         ):
@@ -193,20 +197,20 @@ class LanguageModel:
         stops = [stop] if isinstance(stop, str) else list(stop)
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
-        adaptive = self.policy if speculation == "adaptive" else None
-        # A draft model is loaded on the target's device and dtype, samples with `chooser` and
-        # sizes its drafts by their cost with the policy.
+        # A draft model is loaded on the target's device and dtype and samples with `chooser`.
         drafter_obj = make_drafter(
             drafter,
             eos_token_ids=self.eos_token_ids,
             tokenizer=self.tokenizer,
             chooser=chooser,
-            policy=adaptive,
             device=str(device),
             dtype=str(getattr(self.model, "dtype", "float32")),
             **drafter_options,
         )
-        policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
+        if isinstance(drafter_obj, NoDrafter):
+            policy = NO_POLICY  # plain decoding: nothing to decide, no costs to time
+        if tenant is not None and not isinstance(tenant, str):
+            raise InvalidParameterError(f"tenant must be a string, got {tenant!r}")
         state = grammar_state(*constraint, self.tokenizer, self.eos_token_ids)
         return _Request(
             prompt_ids,
@@ -217,6 +221,7 @@ class LanguageModel:
             policy,
             should_stop,
             logprobs,
+            tenant,
             state,
         )
 
@@ -234,6 +239,7 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
             grammar=request.grammar,
         )
         try:
@@ -266,7 +272,9 @@ class LanguageModel:
         asked before every forward pass, ends the generation early when it returns true.
         ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
         alternatives in ``result.stats.logprobs`` (see
-        :class:`~promptlookup.sampling.TokenLogprob`). ``response_format``: OpenAI's
+        :class:`~promptlookup.sampling.TokenLogprob`). ``tenant`` (an opaque string, e.g. a
+        server's client): whose acceptance history the policy weighs this request's drafts
+        with; requests of other tenants never shape them. ``response_format``: OpenAI's
         ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema":
         {...}}}``; ``grammar``: any :class:`~promptlookup.grammar.Grammar` (a JSON schema, a
         regular expression or a Lark grammar): the output matches it, token for token what
@@ -279,8 +287,6 @@ class LanguageModel:
         >>> lm.generate(prompt, drafter="draft-model:SmolLM2-135M.gguf")     # doctest: +SKIP
         >>> lm.generate(prompt, drafter="prompt-lookup", reference_text=old_code)  # doctest: +SKIP
         >>> lm.generate(prompt, drafter=lambda tokens: tokens[-4:])          # doctest: +SKIP
-        >>> lm.generate(prompt, response_format={"type": "json_object"})     # doctest: +SKIP
-        >>> lm.generate(prompt, grammar=Grammar.regex(r"(yes|no)\\."))        # doctest: +SKIP
         """
         stream = self.stream(prompt, **options)
         for _ in stream:
@@ -344,9 +350,10 @@ class LanguageModel:
             request.drafter,
             request.chooser,
             self.eos_token_ids,
-            adaptive=request.policy is not None,
+            policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
             grammar=request.grammar,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)

@@ -32,11 +32,11 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
+from ..limits import SamplingParams
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
 BACKEND_MODULES = {
@@ -46,33 +46,40 @@ BACKEND_MODULES = {
 
 #: The baseline every speed-up and identity check is measured against.
 BASELINE = "plain"
+#: promptlookup's own plain decoding (its engine without a drafter): every drafting method must
+#: write its text, sampling too, and a speed-up over ``plain`` splits into its part and
+#: drafting's (:func:`~promptlookup.bench.summary.speedup_parts`).
+OWN_PLAIN = "promptlookup-none"
 #: The summaries' row of every task together.
 ALL_TASKS = "all"
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Generation settings shared by every method of a run. ``temperature=0`` is greedy;
-    ``seed`` is set per prompt by the runner (base seed + prompt index) when sampling."""
+class Settings(SamplingParams):
+    """Generation settings shared by every method of a run: the sampling parameters
+    (``temperature=0`` is greedy; ``seed`` is set per prompt by the runner, base seed + prompt
+    index, when sampling) and the token budget."""
 
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
     #: The prompt's OpenAI request fields (``response_format``, ``tools``; the structured
     #: task, :mod:`.structured`): set per prompt by the runner.
-    request: dict | None = None
+    request: dict | None = field(default=None, hash=False, compare=False)
 
-    def grammar(self, lm):
+    @property
+    def sampling(self) -> bool:
+        return not self.greedy
+
+    def grammar(self):
         """The grammar of the prompt's request (None: unconstrained)."""
         from .structured import constraint
 
         return constraint([], self.request)[1] if self.request else None
 
-    @property
-    def sampling(self) -> bool:
-        return self.temperature > 0
+    def as_kwargs(self) -> dict:
+        """``generate``'s keyword arguments: the sampling parameters, the token budget and the
+        request's grammar."""
+        kwargs = {k: v for k, v in super().as_kwargs().items() if k != "request"}
+        return {**kwargs, "grammar": self.grammar()}
 
 
 @dataclass
@@ -250,7 +257,6 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
 
 
 #: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
-LOOKUP_PARAMS = BENCH_PARAMS  # from the one table of drafter options
 
 
 def check_int_options(method: str, options: dict) -> dict:
@@ -280,24 +286,11 @@ class PromptLookupMethod:
         check_drafter_spec(drafter, **self.options)  # fail early
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
-        sampling = (
-            {
-                "temperature": settings.temperature,
-                "top_k": settings.top_k,
-                "top_p": settings.top_p,
-                "seed": settings.seed,
-            }
-            if settings.sampling
-            else {}
-        )
-        grammar = settings.grammar(self.lm)
         with Timer() as timer:
             result = self.lm.generate(
                 list(prompt_ids),
-                max_new_tokens=settings.max_new_tokens,
                 drafter=self.drafter,
-                grammar=grammar,
-                **sampling,
+                **settings.as_kwargs(),  # the sampling parameters and max_new_tokens
                 **self.generate_options,
                 **self.options,
             )

@@ -10,7 +10,7 @@ from the Python standard library like the other tasks (:mod:`.suite`).
 
 A row carries its OpenAI request fields (``BenchRow.request``); :func:`constraint` turns them
 into what promptlookup's methods take (the prompt's messages with the tools in the generic
-format, and the grammar) and :func:`valid` checks an answer against its schema.
+format, and the grammar) and :func:`matches_schema` checks an answer against its schema.
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ def constraint(messages: list[dict], request: dict | None) -> tuple[list[dict], 
     return messages, Grammar.of_response_format(request["response_format"])
 
 
-def valid(text: str, request: dict | None, tool_calls: list[dict] | None = None) -> bool | None:
+def matches_schema(
+    text: str, request: dict | None, tool_calls: list[dict] | None = None
+) -> bool | None:
     """Whether an answer matches its row's schema (None: the row has none). ``tool_calls``:
     a server's calls in OpenAI's shape; else they are read from ``text`` (the generic
     format)."""

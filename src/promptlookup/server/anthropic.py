@@ -32,6 +32,7 @@ from .schemas import (
     parse_request,
     read_json,
 )
+from .serving import event_stream, start_job, unless_disconnected
 from .tool_schemas import NAME_PATTERN
 from .tools import ToolStream, parse
 
@@ -187,26 +188,26 @@ def error_body(error: APIError) -> dict:
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
-async def serve_messages(state, request: Request, serving) -> Response:
-    """``POST /v1/messages`` (see the module doc). ``serving``: the app's request path
-    (:mod:`.app`'s ``start_job``, ``outcome_unless_disconnected`` and ``event_stream``)."""
-
+async def serve_messages(state, request: Request) -> Response:
+    """``POST /v1/messages`` (see the module doc)."""
     try:
         settings = state.settings
         body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         anthropic_request = parse_request(MessagesRequest, body)
         req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
-        job = await serving.start_job(state, request, req, chat=True)
+        job, _ = await start_job(state, request, req, chat=True)
+        # A stream's response begins when its job starts (an error before that is JSON).
+        waited = job.started() if req.stream else job.outcome()
+        finished, choices = await unless_disconnected(waited, job, request)
     except APIError as error:
         return JSONResponse(error_body(error), error.status, headers=error.headers)
+    if not finished:  # the client is gone; nobody reads this
+        return Response(status_code=499)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools = req.tool_plan() is not None
     if req.stream:
         writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
-        return serving.event_stream(writer.events(job))
-    choices = await serving.outcome_unless_disconnected(job, request)
-    if choices is None:
-        return Response(status_code=499)
+        return event_stream(writer.events(job))
     result = choices[0].result
     content, calls = parse(result.text) if tools else (result.text, [])
     blocks = [{"type": "text", "text": content}] if content or not calls else []

@@ -21,7 +21,10 @@ Policies:
   ``{forward_passes, drafted_tokens, accepted_tokens, tokens_per_forward, acceptance_rate,
   seconds}``. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
 - *Predicted outputs*: ``prediction.content`` is tokenized and becomes the prompt lookup
-  drafter's reference text (drafts come from it, the prompt, or the output so far).
+  drafter's reference text (drafts come from it, the prompt, or the output so far, not from
+  the cross-request index); one of
+  more tokens than the context is a 400. Long texts are tokenized a chunk at a time, without
+  holding up other requests, and no further than the context (see :mod:`.texts`).
 - *Limits*: a body over ``max_body_bytes`` is a 413, a body not received within
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
   as are 503s while loading or shutting down; with ``api_key``, every ``/v1`` path needs
@@ -39,22 +42,16 @@ Policies:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 
-from ..drafters import check_drafter_spec, parse_drafter_spec
-from ..drafters.options import LOOKUP_OPTIONS
-from ..errors import EmptyPromptError, PromptLookupError
-from ..sampling import SamplingParams
+from ..drafters import check_drafter_spec
 from .anthropic import serve_messages
 from .bodies import Health, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
@@ -64,14 +61,14 @@ from .schemas import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
-    content_text,
     parse_request,
     read_json,
 )
+from .serving import event_stream, start_job, unless_disconnected
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
 from .tools import ToolStream
-from .worker import GenerationJob, QueueFull
+from .worker import GenerationJob
 
 log = logging.getLogger("promptlookup.server")
 
@@ -149,7 +146,7 @@ def create_app(
 
     @v1.post("/messages")
     async def messages(request: Request):
-        return await serve_messages(state, request, sys.modules[__name__])
+        return await serve_messages(state, request)
 
     app.include_router(v1)
     install_openapi(app)
@@ -163,189 +160,30 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     settings = state.settings
     body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
-    job = await start_job(state, request, req, chat)
+    job, job_inputs = await start_job(state, request, req, chat)
     meta = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "created": int(time.time()),
         "model": state.model_id,
     }
-    predicted = req.prediction is not None
+    prediction_tokens = None  # (tokens) for usage.completion_tokens_details
+    if req.prediction is not None:
+        prediction_tokens = len(job_inputs["drafter_options"].get("reference_ids") or ())
     tools = chat and req.tool_plan() is not None  # the answer is read back into tool calls
     if req.stream:
+        # The response (200) begins when the job starts: one still queued when the server
+        # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
+        started, _ = await unless_disconnected(job.started(), job, request)
+        if not started:
+            return Response(status_code=499)
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = _sse_events(job, writer, req.choices, req.include_usage, predicted, tools)
+        events = _sse_events(job, writer, req.choices, req.include_usage, prediction_tokens, tools)
         return event_stream(events)
-    choices = await outcome_unless_disconnected(job, request)
-    if choices is None:  # the client is gone; nobody reads this
+    finished, choices = await unless_disconnected(job.outcome(), job, request)
+    if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    body = completion_body(meta, chat, choices, state.fingerprint, predicted, tools)
+    body = completion_body(meta, chat, choices, state.fingerprint, prediction_tokens, tools)
     return JSONResponse(body)
-
-
-def event_stream(events) -> StreamingResponse:
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-async def start_job(state: ServerState, request: Request, req, chat: bool) -> GenerationJob:
-    """Check a parsed request against the model, prepare it and queue its job (429 when the
-    queue is full)."""
-    settings = state.settings
-    state.ready_model()
-    if req.model != state.model_id:
-        raise APIError(
-            400,
-            f"The model {req.model!r} does not exist; this server has {state.model_id!r}",
-            param="model",
-            code="model_not_found",
-        )
-    _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
-    # The tenant whose cross-request index the request drafts from: its API key (Anthropic's
-    # clients send it as x-api-key; one tenant without --api-key, whatever clients send).
-    headers = request.headers
-    key = headers.get("authorization") or headers.get("x-api-key")
-    tenant = key if settings.api_key else None
-    job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
-    job = GenerationJob(
-        **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
-    )
-    try:
-        state.worker.submit(job)
-    except QueueFull:
-        raise APIError(
-            429,
-            f"the server is busy ({settings.max_queue} requests already waiting); retry later",
-            type="rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(state.worker.retry_after())},
-        ) from None
-    return job
-
-
-def _check_characters(state: ServerState, req, chat: bool) -> None:
-    """A 400 for a prompt (or prediction) with more characters than the context's tokens can
-    hold (:attr:`ServerState.max_text_chars`), found without tokenizing it."""
-    limit, context = state.max_text_chars, state.lm.target.max_context
-    if chat:
-        param, chars = "messages", sum(len(content_text(m.content)) for m in req.messages)
-    else:
-        param, chars = "prompt", len(req.prompt) if isinstance(req.prompt, str) else 0
-    if chars > limit:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens; the {param} "
-            f"({chars} characters) cannot fit in it (at most {limit} characters)",
-            param=param,
-            code="context_length_exceeded",
-        )
-    if req.prediction is not None and len(content_text(req.prediction.content)) > limit:
-        raise APIError(
-            400,
-            f"prediction: longer than this model's context can use (at most {limit} characters)",
-            param="prediction",
-        )
-
-
-def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
-    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
-    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
-    lm = state.lm
-    param = "messages" if chat else "prompt"
-    with state.tokenizer_lock:
-        try:
-            prompt_ids = lm.encode(req.prompt_messages() if chat else req.prompt)
-            reference_ids = None
-            if req.prediction is not None:
-                reference_ids = list(
-                    lm.tokenizer(content_text(req.prediction.content), add_special_tokens=False)[
-                        "input_ids"
-                    ]
-                )
-        except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
-            if not (
-                isinstance(exc, (PromptLookupError, ValueError, TypeError))
-                or type(exc).__module__.startswith("jinja2")
-            ):
-                raise
-            empty = isinstance(exc, EmptyPromptError)
-            raise APIError(
-                400, str(exc) if empty else f"cannot encode the prompt: {exc}", param=param
-            ) from None
-    vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
-    if vocab and any(not 0 <= t < vocab for t in prompt_ids):
-        raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
-    sampling = req.sampling()
-    try:
-        SamplingParams(
-            sampling["temperature"],
-            sampling["top_k"],
-            sampling["top_p"],
-            sampling["repetition_penalty"],
-            sampling["seed"],
-        )
-    except PromptLookupError as exc:
-        raise APIError(400, str(exc), param=str(exc).split()[0]) from None
-    context, used = lm.target.max_context, len(prompt_ids)
-    max_new_tokens = req.requested_max_tokens
-    if max_new_tokens is None:
-        max_new_tokens = min(state.settings.default_max_tokens, context - used)
-    if max_new_tokens < 1 or used + max_new_tokens > context:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {context} tokens; the "
-            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
-            param=param,
-            code="context_length_exceeded",
-        )
-    drafter, options = state.settings.drafter, state.settings.drafter_options
-    if reference_ids:
-        lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
-        drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
-    index = state.cross_request.for_tenant(tenant)
-    if index is not None and _looks_up(drafter):
-        options = {**options, "cross_request": index}
-    generation_options = state.settings.generation_options
-    grammar = req.grammar() if chat else None  # a 400 for a schema that cannot compile
-    if grammar is not None:
-        generation_options = {**generation_options, "grammar": grammar}
-    return {
-        "prompt_ids": prompt_ids,
-        "max_new_tokens": max_new_tokens,
-        "sampling": sampling,
-        "drafter": drafter,
-        "drafter_options": options,
-        "generation_options": generation_options,
-    }
-
-
-def _looks_up(drafter) -> bool:
-    """Whether a drafter spec has a prompt lookup member (which takes ``cross_request``)."""
-    return isinstance(drafter, str) and any(
-        name == "prompt-lookup" for name, _ in parse_drafter_spec(drafter)
-    )
-
-
-async def outcome_unless_disconnected(job: GenerationJob, request: Request):
-    """The job's result, or None (and the job cancelled) if the client disconnects first."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    outcome = asyncio.ensure_future(job.outcome())
-    gone = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if outcome.done():
-            return outcome.result()
-        return None
-    finally:
-        outcome.cancel()
-        gone.cancel()
-        job.cancel()  # no effect once the job has ended
 
 
 async def _sse_events(
@@ -353,7 +191,7 @@ async def _sse_events(
     writer: ChunkWriter,
     n: int,
     include_usage: bool,
-    predicted: bool,
+    prediction_tokens,
     tools: bool = False,
 ):
     """The stream's server-sent events (with ``tools``, each choice's text read into content
@@ -381,7 +219,7 @@ async def _sse_events(
                 yield sse(writer.finish(value.index, finish_reason))
             elif kind == "done":
                 if include_usage:
-                    yield sse(writer.usage(value, predicted))
+                    yield sse(writer.usage(value, prediction_tokens))
                 break
             else:
                 error = (
