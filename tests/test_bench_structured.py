@@ -13,7 +13,13 @@ from conftest import AsciiTokenizer, tiny_llama
 
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.bench import BenchRow, Settings, run_bench
-from promptlookup.bench.structured import EXTRACTION, TOOLS, constraint, matches_schema
+from promptlookup.bench.structured import (
+    EXTRACTION,
+    TOOLS,
+    constraint,
+    matches_schema,
+    server_request,
+)
 from promptlookup.bench.suite import suite_rows
 from promptlookup.generation import LanguageModel
 
@@ -42,9 +48,11 @@ def test_valid_checks_answers_against_their_schema():
     args = {"module": "m", "symbol": "s"}
     call = {"tool_calls": [{"name": "find_usages", "arguments": args}]}
     assert matches_schema(json.dumps(call, separators=(", ", ": ")), tools) is True
-    server_call = [{"function": {"name": "find_usages", "arguments": json.dumps(args)}}]
-    assert matches_schema("", tools, server_call) is True
-    assert matches_schema("", tools, [{"function": {"name": "nope", "arguments": "{}"}}]) is False
+    wrong = {"tool_calls": [{"name": "find_usages", "arguments": {**args, "extra": 1}}]}
+    assert matches_schema(json.dumps(wrong), tools) is False
+    messages, fields = server_request([{"role": "user", "content": "x"}], tools)
+    assert messages[0]["role"] == "system" and set(fields) == {"response_format"}
+    assert server_request(messages, None) == (messages, {})
     assert matches_schema("free text", None) is None
 
 

@@ -100,8 +100,6 @@ class MethodOutput:
     text: str | None = None
     new_tokens: int | None = None
     peak_rss_mib: float | None = None
-    #: A server's tool calls (OpenAI's shape), where the request had tools.
-    tool_calls: list[dict] | None = None
 
 
 class Method(Protocol):

@@ -392,7 +392,7 @@ def _records(model, row, prompt_ids, runs: dict[str, list[MethodOutput]], sampli
             repeat_seconds=[round(o.seconds, 6) for o in runs[name]]
             if len(runs[name]) > 1
             else None,
-            valid=matches_schema(text, row.request, output.tool_calls),
+            valid=matches_schema(text, row.request),
         )
         records.append(record.as_dict())
     return records

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from ..errors import InvalidParameterError
 from .memory import pid_listening_on
 from .methods import MethodOutput, Settings
+from .structured import server_request
 
 TIMEOUT = 600.0
 
@@ -99,7 +100,9 @@ class ServerMethod:
         return str(models[0]["id"])
 
     def body(self, messages: list, settings: Settings) -> dict:
-        """The request for one prompt."""
+        """The request for one prompt (a structured prompt's tools in the generic format,
+        :func:`.structured.server_request`)."""
+        messages, fields = server_request(messages, settings.request)
         body = {
             "model": self.model_id,
             "messages": messages,
@@ -108,7 +111,7 @@ class ServerMethod:
             "stream": True,
             "stream_options": {"include_usage": True},
             **self._extra,
-            **(settings.request or {}),
+            **fields,
         }
         if settings.sampling:
             body["top_p"] = settings.top_p
@@ -121,10 +124,10 @@ class ServerMethod:
     def run_chat(self, messages: list, settings: Settings) -> MethodOutput:
         """Generate for one prompt's messages through the server (see the module's policy)."""
         body = self.body(messages, settings)
-        status, chunks, usage, seconds, calls = self._stream(body)
+        status, chunks, usage, seconds = self._stream(body)
         if status in (400, 422) and "cache_prompt" in body:  # a server that refuses it
             self._extra = {}  # (another request sent at the same time may have seen it first)
-            status, chunks, usage, seconds, calls = self._stream(self.body(messages, settings))
+            status, chunks, usage, seconds = self._stream(self.body(messages, settings))
         if status != 200:
             detail = "".join(text for _, text in chunks)[:300]
             raise ServerError(f"{self.name}: HTTP {status} from {self.url}: {detail}")
@@ -137,18 +140,15 @@ class ServerMethod:
             token_seconds=token_seconds,
             text=text,
             new_tokens=new_tokens if isinstance(new_tokens, int) else len(token_ids),
-            tool_calls=calls or None,
         )
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
         raise InvalidParameterError(f"{self.name}: a server method needs the prompt's messages")
 
     def _stream(self, body: dict):
-        """``(HTTP status, [(seconds, text)], usage, seconds, tool calls)`` of one streamed
-        request; a tool call's name and arguments count as its text."""
+        """``(HTTP status, [(seconds, text)], usage, seconds)`` of one streamed request."""
         connection = self._connection()
         chunks: list[tuple[float, str]] = []
-        calls: dict[int, dict] = {}
         usage = None
         start = time.perf_counter()
         try:
@@ -157,13 +157,7 @@ class ServerMethod:
             )
             response = connection.getresponse()
             if response.status != 200:
-                return (
-                    response.status,
-                    [(0.0, response.read().decode(errors="replace"))],
-                    None,
-                    0,
-                    [],
-                )
+                return response.status, [(0.0, response.read().decode(errors="replace"))], None, 0
             for raw in response:
                 line = raw.decode("utf-8", errors="replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
@@ -173,24 +167,14 @@ class ServerMethod:
                     raise ServerError(f"{self.name}: error in the stream: {event['error']}")
                 usage = event.get("usage") or usage
                 for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    pieces = [delta.get("content") or ""]
-                    for call in delta.get("tool_calls") or []:
-                        function = call.get("function") or {}
-                        entry = calls.setdefault(
-                            call.get("index", 0), {"name": "", "arguments": ""}
-                        )
-                        for key in ("name", "arguments"):
-                            entry[key] += function.get(key) or ""
-                            pieces.append(function.get(key) or "")
-                    if "".join(pieces):
-                        chunks.append((time.perf_counter() - start, "".join(pieces)))
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        chunks.append((time.perf_counter() - start, content))
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise ServerError(f"{self.name}: request to {self.url} failed ({exc})") from None
         finally:
             connection.close()
-        tool_calls = [{"type": "function", "function": calls[i]} for i in sorted(calls)]
-        return 200, chunks, usage, time.perf_counter() - start, tool_calls
+        return 200, chunks, usage, time.perf_counter() - start
 
     def _tokens(self, chunks, text: str) -> tuple[list[int], list[float] | None]:
         """The text re-encoded by the local tokenizer, and for each token the arrival time of

@@ -116,12 +116,23 @@ def constraint(messages: list[dict], request: dict | None) -> tuple[list[dict], 
     return messages, Grammar.of_response_format(request["response_format"])
 
 
-def matches_schema(
-    text: str, request: dict | None, tool_calls: list[dict] | None = None
-) -> bool | None:
-    """Whether an answer matches its row's schema (None: the row has none). ``tool_calls``:
-    a server's calls in OpenAI's shape; else they are read from ``text`` (the generic
-    format)."""
+def server_request(messages: list[dict], request: dict | None) -> tuple[list[dict], dict]:
+    """What a server is sent for a row: its messages and request fields. Tools go as the
+    generic format's prompt and JSON schema (``response_format``), so that every server does
+    the same work under the same grammar: llama-server's chat parser ignores ``tools`` for a
+    template without tools (the default model's), answering in free text."""
+    plan = _plan(request or {})
+    if plan is None:
+        return messages, dict(request or {})
+    schema = {"name": "tool_calls", "schema": plan.schema(), "strict": True}
+    return prompt_messages(messages, plan), {
+        "response_format": {"type": "json_schema", "json_schema": schema}
+    }
+
+
+def matches_schema(text: str, request: dict | None) -> bool | None:
+    """Whether an answer matches its row's schema (None: the row has none); tool calls are
+    read from ``text`` in the generic format."""
     if not request:
         return None
     try:
@@ -130,7 +141,7 @@ def matches_schema(
             schema = request["response_format"]["json_schema"]["schema"]
             jsonschema.validate(json.loads(text), schema)
             return True
-        calls = tool_calls if tool_calls is not None else parse(text)[1]
+        calls = parse(text)[1]
         schemas = {tool["name"]: tool["parameters"] for tool in plan.tools}
         for call in calls:
             function = call["function"]
