@@ -28,13 +28,16 @@ import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
-import torch
 
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import GrammarError, InvalidParameterError
+
+if TYPE_CHECKING:  # torch loads on first use (`promptlookup --help` does not need it)
+    import torch
 
 #: The policy's source of drafts that start with tokens the grammar forces.
 GRAMMAR = "grammar"
@@ -186,6 +189,8 @@ class GrammarState:
     def mask_(self, row: torch.Tensor) -> torch.Tensor:
         """Set ``row`` (the target's logits, (vocab,)) to -inf, in place, wherever the grammar
         forbids the next token; tokens past the tokenizer's vocabulary are forbidden."""
+        import torch
+
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         forbidden = torch.from_numpy(np.unpackbits(~bits, bitorder="little").view(np.bool_))
         width = min(row.shape[-1], forbidden.shape[0])
