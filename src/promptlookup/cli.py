@@ -109,6 +109,7 @@ def drafter_options(func):
     given as one dict, ``drafter_options`` (option name -> value; flags not given are left
     out), so a flag added to the table reaches every command without touching it."""
     from .drafters.options import FLAGGED_OPTIONS, options_from_flags
+    from .policy import SPECULATION_MODES
 
     @functools.wraps(func)
     def command(*args, **values):
@@ -121,7 +122,7 @@ def drafter_options(func):
         )(command)
     command = click.option(
         "--speculation",
-        type=click.Choice(["adaptive", "fixed"]),
+        type=click.Choice(SPECULATION_MODES),
         default="adaptive",
         show_default=True,
         help="adaptive: verify as much of each draft as measured costs and "

@@ -127,7 +127,7 @@ class DecodingSequence:
         return self.finish_reason is not None
 
     def propose(self) -> Draft:
-        """Step 2: the drafter's draft, leaving room for the bonus token so that a step never
+        """Step 1: the drafter's draft, leaving room for the bonus token so that a step never
         overshoots the token budget."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
         if room <= 0:
@@ -261,8 +261,8 @@ def speculative_generate(
         )
     if should_stop is not None and should_stop():
         return
-    # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
-    #    target may keep the prompt's last chunk back and run it in the first step's pass).
+    # Before the steps, prefill: the cache holds every token but the last, which each step
+    # feeds first (a target may keep the prompt's last chunk back for the first step's pass).
     target.reset()
     target.prefill(tokens[:-1])
     # Time passes for the policy's cost curve if it has none for this context yet.
@@ -270,7 +270,7 @@ def speculative_generate(
     while not sequence.done:
         if should_stop is not None and should_stop():
             break
-        # 2. Draft, and keep only the part of it worth its verification cost.
+        # 1-2. Draft, and keep only the part of it worth its verification cost.
         draft = sequence.speculation.shape(sequence.propose())
         # 3. One target forward pass over the last token and the draft (the target's one-off
         #    set-up for a new pass size comes first, so the policy times the pass alone).
@@ -291,7 +291,7 @@ def speculative_generate(
                 sequence.forget(len(new_tokens) - position - 1)
                 raise
     stats.seconds = time.perf_counter() - sequence.started
-    # 6. Free the KV cache (each generation starts from an empty one).
+    # After the steps, free the KV cache (each generation starts from an empty one).
     target.reset()
 
 

@@ -331,11 +331,15 @@ class NoPolicy:
 NO_POLICY = NoPolicy()
 
 
+#: The values of ``speculation=`` (``generate``, ``--speculation``): the policy, or none.
+SPECULATION_MODES = ("adaptive", "fixed")
+
+
 def policy_for_speculation(
     speculation: str, adaptive: SpeculationPolicy
 ) -> SpeculationPolicy | NoPolicy:
     """``"adaptive"``: ``adaptive`` decides; ``"fixed"``: :data:`NO_POLICY` (whole drafts)."""
-    if speculation not in ("adaptive", "fixed"):
+    if speculation not in SPECULATION_MODES:
         raise InvalidParameterError(
             f"speculation must be 'adaptive' or 'fixed', got {speculation!r}"
         )
