@@ -45,7 +45,23 @@ class TinyTokenizer:
         return self(" ".join(m["content"] for m in messages))["input_ids"]
 
 
-def tiny_llama(vocab_size: int = 32, seed: int = 0, layers: int = 2):
+class AsciiTokenizer:
+    """A character-level tokenizer over printable ASCII (id 0 is EOS, id i >= 1 is chr(31 + i),
+    96 ids), enough for JSON and tool calls on a tiny model."""
+
+    eos_token_id = 0
+    eos_token = "<eos>"
+    pad_token_id = 0
+    vocab_size = 96
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ord(c) - 31 if 32 <= ord(c) < 127 else 1 for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("" if i == 0 else chr(31 + i) for i in ids)
+
+
+def tiny_llama(vocab_size: int = 32, seed: int = 0, layers: int = 2, context: int = 512):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -56,7 +72,7 @@ def tiny_llama(vocab_size: int = 32, seed: int = 0, layers: int = 2):
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=context,
         eos_token_id=0,
         bos_token_id=1,
         pad_token_id=0,

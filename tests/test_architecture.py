@@ -22,6 +22,7 @@ LAYERS = [
         "drafters.base",
         "drafters.suffix_index",
         "drafters.prompt_lookup",
+        "grammar",
     ],
     ["backends"],  # the target backends: forward passes over a KV cache
     [

@@ -40,7 +40,7 @@ def server():
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream": "yes"}, "stream"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
         ({"tools": [{"type": "function"}]}, "tools"),
     ],
 )

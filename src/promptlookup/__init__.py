@@ -19,6 +19,7 @@ from ._version import __version__ as __version__
 _LAZY = {
     ".errors": (
         "EmptyPromptError",
+        "GrammarError",
         "InvalidParameterError",
         "ModelLoadError",
         "ModelNotFoundError",
@@ -26,6 +27,7 @@ _LAZY = {
         "PromptTooLongError",
         "UnsupportedModelError",
     ),
+    ".grammar": ("Grammar",),
     ".drafters": (
         "CallableDrafter",
         "ChainDrafter",

@@ -30,3 +30,8 @@ class ModelLoadError(PromptLookupError):
 class UnsupportedModelError(PromptLookupError):
     """The model cannot be verified speculatively (e.g. its KV cache cannot be cropped), or its
     GGUF architecture can be run neither quantized nor by transformers' GGUF loader."""
+
+
+class GrammarError(InvalidParameterError):
+    """A JSON schema, regular expression or Lark grammar that the grammar engine cannot
+    compile (or a ``response_format`` of an unknown shape)."""

@@ -18,6 +18,7 @@ from .errors import (
     PromptTooLongError,
     UnsupportedModelError,
 )
+from .grammar import Grammar, GrammarState, grammar_state
 from .loop import GenerationStats, speculative_generate
 from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .prefix_cache import PrefixCache
@@ -42,6 +43,7 @@ class _Request:
     should_stop: Callable[[], bool] | None
     logprobs: int | None
     tenant: str | None
+    grammar: GrammarState | None  # this generation's own state of its grammar
     prefix_cache: PrefixCache | None = None  # where the target can reuse keys and values
 
 
@@ -143,6 +145,8 @@ class LanguageModel:
         logprobs: int | None = None,
         prefix_cache: PrefixCache | bool = True,
         tenant: str | None = None,
+        response_format: dict | None = None,
+        grammar: Grammar | None = None,
         **drafter_options,
     ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
@@ -159,6 +163,7 @@ class LanguageModel:
             logprobs,
             tenant,
             drafter_options,
+            (grammar, response_format),
         )
         request.prefix_cache = PrefixCache.chosen(prefix_cache, self.prefix_cache, self.target)
         stream = GenerationStream(iter(()))
@@ -179,6 +184,7 @@ class LanguageModel:
         logprobs,
         tenant,
         drafter_options,
+        constraint=(None, None),
     ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -213,6 +219,7 @@ class LanguageModel:
             policy = NO_POLICY  # plain decoding: nothing to decide, no costs to time
         if tenant is not None and not isinstance(tenant, str):
             raise InvalidParameterError(f"tenant must be a string, got {tenant!r}")
+        state = grammar_state(*constraint, self.tokenizer, self.eos_token_ids)
         return _Request(
             prompt_ids,
             max_new_tokens,
@@ -223,6 +230,7 @@ class LanguageModel:
             should_stop,
             logprobs,
             tenant,
+            state,
         )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
@@ -241,6 +249,7 @@ class LanguageModel:
             logprobs=request.logprobs,
             prefix_cache=request.prefix_cache,
             tenant=request.tenant,
+            grammar=request.grammar,
         )
         try:
             for token in tokens:
@@ -279,7 +288,13 @@ class LanguageModel:
         :class:`~promptlookup.prefix_cache.PrefixCache` whose keys and values of an earlier
         sequence that the prompt starts with are reused (the output is the same, token for
         token; ``result.stats.cached_tokens`` counts them), ``True`` (default) the model's
-        :attr:`prefix_cache` if any, ``False`` none. Extra keyword
+        :attr:`prefix_cache` if any, ``False`` none. ``response_format``: OpenAI's
+        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema":
+        {...}}}``; ``grammar``: any :class:`~promptlookup.grammar.Grammar` (a JSON schema, a
+        regular expression or a Lark grammar): the output matches it, token for token what
+        ``drafter="none"`` gives under it, and the tokens it forces are drafted for free
+        (``stats.forced_tokens``); a schema that cannot compile raises
+        :class:`~promptlookup.errors.GrammarError`. Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 
@@ -354,6 +369,7 @@ class LanguageModel:
             logprobs=request.logprobs,
             prefix_cache=request.prefix_cache,
             tenant=request.tenant,
+            grammar=request.grammar,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 

@@ -29,6 +29,7 @@ from .calibration import calibrate
 from .drafters.base import Draft, Drafter, NoDrafter, bind_generation
 from .drafters.prompt_lookup import REFERENCE
 from .errors import UnsupportedModelError
+from .grammar import GrammarState, forced_count
 from .policy import NO_POLICY, NoPolicy, Speculation, SpeculationPolicy
 from .prefix_cache import PrefixCache
 from .sampling import TokenChooser, TokenLogprob, token_logprob
@@ -47,6 +48,8 @@ class GenerationStats:
     forward_passes: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    #: Accepted draft tokens that a grammar forced (:mod:`promptlookup.grammar`).
+    forced_tokens: int = 0
     seconds: float = 0.0
     token_seconds: list[float] = field(default_factory=list, repr=False)
     #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
@@ -76,6 +79,7 @@ class GenerationStats:
             "forward_passes": self.forward_passes,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_tokens": self.forced_tokens,
             "seconds": round(self.seconds, 6),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "tokens_per_forward": round(self.tokens_per_forward, 3),
@@ -94,7 +98,9 @@ class DecodingSequence:
     ``speculation`` holds the sequence's side of it, its own acceptance statistics, and is
     its drafter's ``policy`` (:func:`~promptlookup.drafters.base.bind_generation`).
     ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
-    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``."""
+    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``. ``grammar``: the state of
+    the grammar the output must match (:mod:`promptlookup.grammar`), which drafts the tokens
+    it forces, cuts drafts where it forbids a token and masks every verified position."""
 
     prompt_ids: Sequence[int]
     max_new_tokens: int
@@ -106,6 +112,7 @@ class DecodingSequence:
     finish_reason: str | None = None
     policy: SpeculationPolicy | NoPolicy = NO_POLICY
     tenant: str | None = None
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
@@ -117,6 +124,7 @@ class DecodingSequence:
         self.started = time.perf_counter()
         self._eos = frozenset(self.eos_token_ids)
         self._accepted: list[bool] = []  # per new token: whether it was an accepted draft token
+        self._forced: list[bool] = []  # per new token: whether it was accepted and forced
 
     @property
     def done(self) -> bool:
@@ -128,6 +136,8 @@ class DecodingSequence:
         room = self.max_new_tokens - self.stats.new_tokens - 1
         if room <= 0:
             return Draft()
+        if self.grammar is not None:  # forced tokens, then the drafter's
+            return self.grammar.draft(self.drafter, self.tokens, room)
         return Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
 
     def accept(self, draft: Draft, target_logits: torch.Tensor) -> list[int]:
@@ -145,8 +155,9 @@ class DecodingSequence:
         new_tokens: list[int] = []
         probs = draft.draft_probs if draft else None
         referenced = draft.source == REFERENCE
+        forced = forced_count(draft)
         for i, token in enumerate(
-            verified_tokens(self.chooser, self.tokens, draft, target_logits, probs)
+            verified_tokens(self.chooser, self.tokens, draft, target_logits, probs, self.grammar)
         ):
             if self.logprobs is not None:
                 logprob = token_logprob(
@@ -156,9 +167,11 @@ class DecodingSequence:
             accepted = i < len(draft) and token == draft[i]
             self.tokens.append(token)
             self._accepted.append(accepted)
+            self._forced.append(accepted and i < forced)
             new_tokens.append(token)
             stats.new_tokens += 1
             stats.accepted_tokens += accepted
+            stats.forced_tokens += accepted and i < forced
             stats.seconds = time.perf_counter() - self.started
             stats.token_seconds.append(stats.seconds)
             stats.from_reference.append(accepted and referenced)
@@ -168,7 +181,8 @@ class DecodingSequence:
         if self.finish_reason is None and stats.new_tokens >= self.max_new_tokens:
             self.finish_reason = "length"
         num_accepted = sum(self._accepted[len(self._accepted) - len(new_tokens) :])
-        self.drafter.update(draft, num_accepted)
+        # The drafter drafted after the forced tokens (all of the draft without a grammar).
+        self.drafter.update(draft[forced:], max(num_accepted - forced, 0))
         self.speculation.learn(draft, num_accepted)
         return new_tokens
 
@@ -179,9 +193,12 @@ class DecodingSequence:
             return
         stats = self.stats
         stats.accepted_tokens -= sum(self._accepted[-count:])
+        stats.forced_tokens -= sum(self._forced[-count:])
         stats.new_tokens -= count
         del self.tokens[-count:], self._accepted[-count:], stats.token_seconds[-count:]
-        del stats.from_reference[-count:]
+        del stats.from_reference[-count:], self._forced[-count:]
+        if self.grammar is not None:
+            self.grammar.rollback(count)
         del stats.logprobs[max(0, len(stats.logprobs) - count) :]
 
     def finish(self, reason: str, drop: int = 0) -> None:
@@ -206,6 +223,7 @@ def speculative_generate(
     logprobs: int | None = None,
     prefix_cache: PrefixCache | None = None,
     tenant: str | None = None,
+    grammar: GrammarState | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine: the
@@ -227,7 +245,8 @@ def speculative_generate(
     passes its client's). ``prefix_cache`` (for a target it
     :meth:`~promptlookup.prefix_cache.PrefixCache.applies` to) gives the keys and values of
     the longest cached prefix of the prompt (``tenant``'s), which is then not prefilled, and
-    keeps the sequence's at the end."""
+    keeps the sequence's at the end. ``grammar``: the output must match it (see
+    :class:`DecodingSequence`)."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -238,6 +257,7 @@ def speculative_generate(
         stats if stats is not None else GenerationStats(),
         policy=policy,
         tenant=tenant,
+        grammar=grammar,
     )
     tokens, stats = sequence.tokens, sequence.stats  # tokens: the prompt and every accepted one
     if not tokens or max_new_tokens < 1:
@@ -294,6 +314,7 @@ def verified_tokens(
     draft: Sequence[int],
     target_logits: torch.Tensor,
     draft_probs: torch.Tensor | None = None,
+    grammar: GrammarState | None = None,
 ) -> Iterator[int]:
     """The target's tokens for one forward pass: each accepted draft token, then the bonus token.
 
@@ -301,13 +322,15 @@ def verified_tokens(
     ``tokens`` must be extended by the caller with each yielded token before the next is chosen
     (the repetition penalty sees them). ``draft_probs`` (len(draft), vocab), given by drafters
     that sample their drafts, switches sampling to the speculative-sampling rejection rule.
+    With a ``grammar``, each row is masked in place to the tokens it allows before the choice
+    (so logprobs read the masked row), which then advances it.
     """
     if draft_probs is not None and chooser.do_sample:
         from .rejection import verify_sampled_draft
 
         yield from verify_sampled_draft(chooser, tokens, draft, draft_probs, target_logits)
         return
-    if chooser.plain_argmax:
+    if chooser.plain_argmax and grammar is None:
         target_choice = target_logits.argmax(dim=-1).tolist()  # (len(draft) + 1,)
         for i, token in enumerate(target_choice):
             yield token
@@ -316,7 +339,11 @@ def verified_tokens(
         return
     for i in range(len(draft) + 1):
         input_ids = torch.tensor([tokens], dtype=torch.long, device=target_logits.device)
+        if grammar is not None:  # the target's distribution, masked to what the grammar allows
+            grammar.mask_(target_logits[i])
         token = chooser.choose(input_ids, target_logits[i])
+        if grammar is not None:
+            grammar.advance(token)
         yield token
         if i == len(draft) or token != draft[i]:
             return

@@ -57,6 +57,14 @@ QUICK_TOKENS = 64
     f"[all rows; {DEFAULT_PER_TASK} per task].",
 )
 @click.option(
+    "--tasks",
+    default=None,
+    metavar="LIST",
+    help="Built-in suite tasks to run, comma-separated, from code_edit, summarization, qa, "
+    "chat, open_ended and structured (JSON schemas and tool calls: methods plain, "
+    "promptlookup-none, promptlookup and servers) [the first five].",
+)
+@click.option(
     "--quick",
     is_flag=True,
     help=f"A first look: one prompt per task (--limit 1) and {QUICK_TOKENS} new tokens "
@@ -177,6 +185,7 @@ QUICK_TOKENS = 64
 def bench(
     data_files,
     limit,
+    tasks,
     quick,
     max_new_tokens,
     methods,
@@ -235,6 +244,8 @@ def bench(
       promptlookup bench --quick --out first-look
       promptlookup bench --limit 12 --max-new-tokens 256 --out bench-out
       promptlookup bench --limit 4 --against llamacpp=http://127.0.0.1:8080 --out race
+      promptlookup bench --tasks structured --methods promptlookup-none,promptlookup \
+          --against llamacpp=http://127.0.0.1:8080 --max-new-tokens 256 --out structured
       promptlookup bench --data code_edit.jsonl --data chat.jsonl --limit 20 \\
           --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
     """
@@ -269,7 +280,7 @@ def bench(
             out_dir, command="promptlookup " + shlex.join(sys.argv[1:]),
         )  # fmt: skip
         return
-    rows, data = prompts(data_files, limit)
+    rows, data = prompts(data_files, limit, tasks)
     servers = [parse_against(item) for item in against]
     specs = split_methods(methods)
     if sweep:
@@ -334,17 +345,29 @@ def bench(
     click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
 
 
-def prompts(data_files, limit: int | None):
+def split_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def prompts(data_files, limit: int | None, tasks: str | None = None):
     """The rows to run and how to name them in the report: the files', or the built-in
-    suite's (its Python version and fingerprint)."""
+    suite's ``tasks`` (its Python version and fingerprint)."""
     import platform
 
     from .data import load_all
-    from .suite import suite_fingerprint, suite_rows
+    from .suite import EXTRA_TASKS, TASKS, suite_fingerprint, suite_rows
 
     if data_files:
+        if tasks:
+            raise click.UsageError("--tasks chooses tasks of the built-in suite, not of --data")
         return load_all(data_files, limit), "files " + ", ".join(data_files)
-    rows = suite_rows(limit)
+    chosen = tuple(split_names(tasks)) if tasks else TASKS
+    unknown = [task for task in chosen if task not in TASKS + EXTRA_TASKS]
+    if unknown:
+        raise click.UsageError(
+            f"--tasks: unknown task {unknown[0]!r}; choose from {', '.join(TASKS + EXTRA_TASKS)}"
+        )
+    rows = suite_rows(limit, chosen)
     return rows, (
         f"the built-in suite ({len(rows)} prompts from the Python {platform.python_version()} "
         f"standard library; fingerprint {suite_fingerprint(rows)})"

@@ -31,6 +31,9 @@ class BenchRow:
     messages: list = field(hash=False)
     reference: str | None = None
     source: str = ""
+    #: OpenAI request fields the answer must honour (``response_format``, or ``tools`` and
+    #: ``tool_choice``; the suite's structured task, :mod:`.structured`).
+    request: dict | None = field(default=None, hash=False, compare=False)
 
 
 def _check_messages(messages, where: str) -> list:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import InvalidParameterError
@@ -61,10 +61,25 @@ class Settings(SamplingParams):
     index, when sampling) and the token budget."""
 
     max_new_tokens: int = 128
+    #: The prompt's OpenAI request fields (``response_format``, ``tools``; the structured
+    #: task, :mod:`.structured`): set per prompt by the runner.
+    request: dict | None = field(default=None, hash=False, compare=False)
 
     @property
     def sampling(self) -> bool:
         return not self.greedy
+
+    def grammar(self):
+        """The grammar of the prompt's request (None: unconstrained)."""
+        from .structured import constraint
+
+        return constraint([], self.request)[1] if self.request else None
+
+    def as_kwargs(self) -> dict:
+        """``generate``'s keyword arguments: the sampling parameters, the token budget and the
+        request's grammar."""
+        kwargs = {k: v for k, v in super().as_kwargs().items() if k != "request"}
+        return {**kwargs, "grammar": self.grammar()}
 
 
 @dataclass

@@ -48,6 +48,7 @@ from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongErro
 from .data import BenchRow
 from .memory import PeakMeter, weights_format
 from .methods import BASELINE, OWN_PLAIN, Method, MethodOutput, Settings, make_method
+from .structured import constraint, matches_schema
 
 
 @dataclass
@@ -71,11 +72,14 @@ class ResultRecord:
     token_seconds: list[float] | None
     peak_rss_mib: float | None
     repeat_seconds: list[float] | None = None
+    #: Whether the answer matches its schema (the structured task; None for other tasks).
+    valid: bool | None = None
 
     def as_dict(self) -> dict:
         record = asdict(self)
-        if record["repeat_seconds"] is None:
-            del record["repeat_seconds"]
+        for optional in ("repeat_seconds", "valid"):
+            if record[optional] is None:
+                del record[optional]
         return record
 
 
@@ -123,7 +127,7 @@ def encode_rows(model, rows: Sequence[BenchRow], max_new_tokens: int) -> list[li
     encoded = []
     for row in rows:
         try:
-            ids = list(model.encode(row.messages))
+            ids = list(model.encode(constraint(row.messages, row.request)[0]))
         except PromptLookupError as exc:
             raise type(exc)(f"{row.source}: {exc}") from None
         if context and len(ids) + max_new_tokens > context:
@@ -285,7 +289,8 @@ def run_bench(
         for record in records:  # kept from an earlier run (resume)
             handle.write(json.dumps(record) + "\n")
         if warmup and prompts:  # every method once, not recorded
-            warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
+            tokens = min(settings.max_new_tokens, WARMUP_TOKENS)  # a grammar's set-up, too
+            warm = replace(settings, max_new_tokens=tokens, request=rows[0].request)
             for method in method_objs:
                 generate(method, prompts[0], rows[0], warm)
         todo = [
@@ -300,6 +305,7 @@ def run_bench(
                     prompt_settings = replace(settings, seed=settings.seed + index)
                 else:
                     prompt_settings = settings
+                prompt_settings = replace(prompt_settings, request=row.request)
                 runs = _run_prompt(
                     method_objs, index, row, prompt_ids, prompt_settings, repeat, bar
                 )
@@ -386,6 +392,7 @@ def _records(model, row, prompt_ids, runs: dict[str, list[MethodOutput]], sampli
             repeat_seconds=[round(o.seconds, 6) for o in runs[name]]
             if len(runs[name]) > 1
             else None,
+            valid=matches_schema(text, row.request),
         )
         records.append(record.as_dict())
     return records

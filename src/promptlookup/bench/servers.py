@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from ..errors import InvalidParameterError
 from .memory import pid_listening_on
 from .methods import MethodOutput, Settings
+from .structured import server_request
 
 TIMEOUT = 600.0
 
@@ -103,7 +104,9 @@ class ServerMethod:
         return str(models[0]["id"])
 
     def body(self, messages: list, settings: Settings) -> dict:
-        """The request for one prompt."""
+        """The request for one prompt (a structured prompt's tools in the generic format,
+        :func:`.structured.server_request`)."""
+        messages, fields = server_request(messages, settings.request)
         body = {
             "model": self.model_id,
             "messages": messages,
@@ -112,6 +115,7 @@ class ServerMethod:
             "stream": True,
             "stream_options": {"include_usage": True},
             **self._extra,
+            **fields,
         }
         if settings.sampling:
             body["top_p"] = settings.top_p

@@ -13,6 +13,8 @@ Each task builds requests of the same shape as the project's evaluation sets (``
 - ``chat``: a function and its docstring as the assistant's first answer, then a request to
   rewrite that answer.
 - ``open_ended``: requests with nothing to copy (:data:`OPEN_ENDED`).
+- ``structured`` (only when asked for, :data:`EXTRA_TASKS`): JSON extraction against a schema
+  and tool calls, from a function's source (:mod:`.structured`).
 
 Determinism: modules are the standard library's top-level ``.py`` files in sorted order,
 shuffled with a fixed seed per task; each task takes at most one function per module, the first
@@ -43,8 +45,11 @@ from pathlib import Path
 
 from .data import BenchRow
 from .open_ended import OPEN_ENDED
+from .structured import structured_prompt
 
 TASKS = ("code_edit", "summarization", "qa", "chat", "open_ended")
+#: Tasks run only when asked for (``promptlookup bench --tasks structured``).
+EXTRA_TASKS = ("structured",)
 #: Prompts per task when ``--limit`` is not given.
 DEFAULT_PER_TASK = 12
 SEED = 35
@@ -303,7 +308,21 @@ def _chat(module: Module, index: int) -> list[dict] | None:
     return None
 
 
-BUILDERS = {"code_edit": _code_edit, "summarization": _summarization, "qa": _qa, "chat": _chat}
+def _structured(module: Module, index: int) -> tuple[str, dict] | None:
+    for name, function in _functions(module):
+        code = _segment(module, function)
+        if _fits(code, 400, 2500):
+            return structured_prompt(module.name, name, function, code, index)
+    return None
+
+
+BUILDERS = {
+    "code_edit": _code_edit,
+    "summarization": _summarization,
+    "qa": _qa,
+    "chat": _chat,
+    "structured": _structured,
+}
 
 
 def _task_rows(task: str, count: int) -> list[BenchRow]:
@@ -320,10 +339,11 @@ def _task_rows(task: str, count: int) -> list[BenchRow]:
         made = BUILDERS[task](module, len(rows))
         if made is None:
             continue
+        made, request = made if isinstance(made, tuple) else (made, None)
         messages = made if isinstance(made, list) else [{"role": "user", "content": made}]
         row_id = f"{task}-{len(rows):02d}"
         source = f"built-in suite {row_id} (module {module.name})"
-        rows.append(BenchRow(task, row_id, messages, source=source))
+        rows.append(BenchRow(task, row_id, messages, source=source, request=request))
     return rows
 
 

@@ -10,6 +10,8 @@ Summary columns, per task (and ``all`` tasks together) and method:
 - ``identical_fraction``: share of prompts whose output equals ``plain``'s (null when sampling).
 - ``identical_to_none_fraction``: share equal to ``promptlookup-none``'s, promptlookup's own
   plain decoding (null unless it ran): 1.0 wherever passes are row-invariant, in any dtype.
+- ``valid_fraction``: share of answers that match their schema (the structured task; null
+  for the others).
 - ``first_token_seconds``: median over prompts of the time to the first new token (the prompt's
   prefill, mostly: the same work for every method, and with short answers most of the time).
 - ``decode_speedup``: the speed-up after the first forward pass that produced tokens (tokens
@@ -46,6 +48,7 @@ SUMMARY_COLUMNS = (
     ("acceptance_rate", "acceptance"),
     ("identical_fraction", "identical"),
     ("identical_to_none_fraction", "identical to -none"),
+    ("valid_fraction", "valid"),
     ("first_token_seconds", "first token s"),
     ("decode_speedup", "decode speed-up"),
     ("peak_rss_mib", "peak RSS MiB"),
@@ -140,6 +143,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     drafted, accepted = total("drafted_tokens", mine), total("accepted_tokens", mine)
     identical = [r["identical_to_plain"] for r in mine if r["identical_to_plain"] is not None]
     same_as_none = [r["identical_to_none"] for r in mine if r.get("identical_to_none") is not None]
+    valid = [r["valid"] for r in mine if r.get("valid") is not None]
     firsts = [r["token_seconds"][0] for r in mine if r.get("token_seconds")]
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
@@ -161,6 +165,7 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
         identical_to_none_fraction=_round(sum(same_as_none) / len(same_as_none))
         if same_as_none
         else None,
+        valid_fraction=_round(sum(valid) / len(valid)) if valid else None,
         first_token_seconds=_round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
         decode_speedup=_round(_ratio(decode, plain_decode))
         if decode is not None and plain_decode

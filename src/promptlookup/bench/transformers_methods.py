@@ -31,9 +31,11 @@ import time
 from collections.abc import Sequence
 
 import torch
+from transformers import LogitsProcessorList
 
 from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
+from ..grammar import GrammarLogitsProcessor, grammar_state
 from .methods import (
     MethodOutput,
     PromptLookupMethod,
@@ -153,6 +155,12 @@ class HFGenerate:
         device = next(model.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # (1, n)
         config = generation_config(self.lm, settings, **self.extra)
+        kwargs = dict(self.kwargs)
+        grammar = settings.grammar()
+        if grammar is not None:  # plain constrained decoding
+            state = grammar_state(grammar, None, self.lm.tokenizer, self.lm.eos_token_ids)
+            processor = GrammarLogitsProcessor(state, len(prompt_ids))
+            kwargs["logits_processor"] = LogitsProcessorList([processor])
         clock = TokenClock()
         with ForwardTrace(model) as trace:
             if settings.sampling and settings.seed is not None:
@@ -164,7 +172,7 @@ class HFGenerate:
                     attention_mask=torch.ones_like(input_ids),
                     generation_config=config,
                     streamer=clock,
-                    **self.kwargs,
+                    **kwargs,
                 )
         sequences = out.sequences if hasattr(out, "sequences") else out  # (1, n + new)
         new = cut_after_eos(sequences[0, len(prompt_ids) :].tolist(), self.lm.eos_token_ids)

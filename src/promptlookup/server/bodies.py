@@ -121,13 +121,25 @@ class Usage(_Open):
     speculative: Speculative
 
 
+class CalledFunction(_Open):
+    name: str
+    arguments: str  # JSON text, valid against the tool's parameters
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(_Open):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None when the answer calls tools
     refusal: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(_Open):
@@ -164,11 +176,27 @@ class Completion(_Open):
     usage: Usage
 
 
+class FunctionDelta(_Open):
+    name: str | None = None  # in a call's first delta
+    arguments: str  # the next piece of the arguments' JSON text
+
+
+class ToolCallDelta(_Open):
+    """A piece of a streamed tool call: its ``id``, ``type`` and name in its first delta."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class ChatDelta(_Open):
-    """A chunk's new text: the role first, then content; an empty delta with the finish."""
+    """A chunk's new text: the role first, then content or tool calls; an empty delta with
+    the finish."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Open):

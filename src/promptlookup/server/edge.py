@@ -1,10 +1,10 @@
 """What every request meets outside its route: the API key gate, and the error responses.
 
 - *API keys*: with keys, every path under ``/v1`` needs ``Authorization: Bearer <key>``
-  with one of them (compared in constant time), checked before routing, so that an unknown
-  ``/v1/*`` path or method is a 401 too and reveals nothing without a key; the key's tenant
-  (:mod:`.tenants`) goes to the route as ``request.state.tenant``. Other paths
-  (``/health``, ``/openapi.json``) are open.
+  (or Anthropic's ``x-api-key: <key>``) with one of them (compared in constant time),
+  checked before routing, so that an unknown ``/v1/*`` path or method is a 401 too and
+  reveals nothing without a key; the key's tenant (:mod:`.tenants`) goes to the route as
+  ``request.state.tenant``. Other paths (``/health``, ``/openapi.json``) are open.
 - *Errors* are OpenAI's JSON (:class:`~.schemas.APIError`), Starlette's own (404, 405) too;
   an unexpected exception is a 500 with its traceback logged once; a client that leaves
   while sending its body is one line in the log.
@@ -35,8 +35,12 @@ class APIKeyGate:
 
     async def __call__(self, scope, receive, send) -> None:
         if self.tenants.required and scope["type"] == "http" and _under_v1(scope["path"]):
-            values = [v for k, v in scope["headers"] if k == b"authorization"]
-            tenant = self.tenants.tenant(values[0] if values else None)
+            headers = dict(scope["headers"])
+            if b"x-api-key" in headers:  # Anthropic's clients
+                authorization = b"Bearer " + headers[b"x-api-key"]
+            else:
+                authorization = headers.get(b"authorization")
+            tenant = self.tenants.tenant(authorization)
             if tenant is None:
                 error = APIError(
                     401,

@@ -15,6 +15,7 @@ import json
 
 from . import bodies as B
 from .schemas import APIError
+from .tools import parse
 from .worker import Choice, TokenInfo
 
 
@@ -118,6 +119,12 @@ class ChunkWriter:
     def delta(self, index: int, text: str, infos: list[TokenInfo]) -> dict:
         return self._chunk([self._choice(index, text, infos if self.logprobs else None)])
 
+    def tool_calls(self, index: int, calls: list[dict], infos=None) -> dict:
+        """Tool call deltas (:class:`.tools.ToolStream`'s) of one choice."""
+        delta = B.ChatDelta(tool_calls=[B.ToolCallDelta(**call) for call in calls])
+        infos = infos if self.logprobs else None
+        return self._chunk([self._choice(index, "", infos, delta=delta)])
+
     def finish(self, index: int, finish_reason: str) -> dict:
         return self._chunk([self._choice(index, "", None, finish_reason, delta=B.ChatDelta())])
 
@@ -126,24 +133,21 @@ class ChunkWriter:
 
 
 def completion_body(
-    meta: dict, chat: bool, choices: list[Choice], fingerprint: str, prediction_tokens: int | None
+    meta: dict,
+    chat: bool,
+    choices: list[Choice],
+    fingerprint: str,
+    prediction_tokens: int | None,
+    tools: bool = False,
 ) -> dict:
+    """The whole answer; with ``tools``, each choice's text read back into content or tool
+    calls (:func:`.tools.parse`)."""
     common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
     if chat:
         body = B.ChatCompletion(
             **common,
             object="chat.completion",
-            choices=[
-                B.ChatChoice(
-                    index=c.index,
-                    message=B.AssistantMessage(
-                        role="assistant", content=c.result.text, refusal=None
-                    ),
-                    logprobs=chat_logprobs(c.logprobs),
-                    finish_reason=c.result.finish_reason,
-                )
-                for c in choices
-            ],
+            choices=[_chat_choice(c, tools) for c in choices],
         )
     else:
         body = B.Completion(
@@ -160,6 +164,24 @@ def completion_body(
             ],
         )
     return B.dump(body)
+
+
+def _chat_choice(choice: Choice, tools: bool) -> B.ChatChoice:
+    result, calls = choice.result, None
+    content, finish_reason = result.text, result.finish_reason
+    if tools:
+        content, found = parse(result.text)
+        if found:
+            calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
+    message = B.AssistantMessage(role="assistant", content=content, refusal=None)
+    if calls:
+        message.tool_calls = calls
+    return B.ChatChoice(
+        index=choice.index,
+        message=message,
+        logprobs=chat_logprobs(choice.logprobs),
+        finish_reason=finish_reason,
+    )
 
 
 def usage(choices: list[Choice], prediction_tokens: int | None) -> B.Usage:

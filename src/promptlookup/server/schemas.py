@@ -12,9 +12,13 @@ Policies:
   [0, 20] (chat, with ``logprobs: true``); ``logprobs`` in [0, 5] (completions); ``stop``
   one string or a list of up to 4, each at most 1,000 characters.
 - *Refused features*: parameters whose only supported value is the default (``echo``,
-  ``best_of``, ``suffix``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``,
-  ``response_format`` other than text, ``tools``/``functions``) are accepted at that value and
-  a 400 naming the parameter otherwise.
+  ``best_of``, ``suffix``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, the
+  deprecated ``functions``/``function_call``) are accepted at that value and a 400 naming the
+  parameter otherwise.
+- *Structured output and tools* (:mod:`.tool_schemas`, :mod:`.tools`): ``response_format``
+  (``text``, ``json_object``, ``json_schema``), ``tools``, ``tool_choice``,
+  ``parallel_tool_calls``, assistant messages with ``tool_calls`` and ``tool`` messages; a
+  schema the grammar engine cannot compile, or a ``tool_choice`` naming no tool, is a 400.
 - Extensions beyond OpenAI: ``top_k`` and ``repetition_penalty`` (as in
   ``promptlookup generate``).
 """
@@ -23,12 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from ..errors import GrammarError
+from ..grammar import Grammar
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 from .bodies import ErrorDetail, ErrorResponse, dump
+from .request_base import Content, content_text
+from .request_base import Forbid as _Forbid
+from .tool_schemas import (
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    check_tool_choice,
+    tools_problem,
+)
+from .tools import ToolPlan, prompt_messages
 
 #: Most stop strings per request (OpenAI's limit), and the most characters in one.
 MAX_STOP_STRINGS = 4
@@ -68,32 +85,34 @@ class APIError(Exception):
         return dump(ErrorResponse(error=detail))
 
 
-class _Forbid(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TextPart(_Forbid):
-    type: Literal["text"]
-    text: str
-
-
-#: Message or prediction content: text, or a list of text parts.
-Content = Union[str, list[TextPart]]
-
-
-def content_text(content: Content) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
-
-
 class ChatMessage(_Forbid):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Content
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    refusal: str | None = None  # as OpenAI's answers carry it, when a client sends one back
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def as_dict(self) -> dict:
+        """The message as :func:`.tools.prompt_messages` takes it."""
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content_text(self.content)}
+        message = {"role": role, "content": content_text(self.content)}
+        if self.tool_calls:
+            message["tool_calls"] = [call.plain() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class Prediction(_Forbid):
@@ -107,10 +126,6 @@ class Prediction(_Forbid):
 class StreamOptions(_Forbid):
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # accepted, ignored (no obfuscation is added)
-
-
-class ResponseFormat(_Forbid):
-    type: Literal["text"]  # structured output (json_object, json_schema) is not supported
 
 
 #: One stop sequence (a request's ``stop`` is one, or a list of up to four).
@@ -154,6 +169,13 @@ class _GenerationRequest(_Forbid):
 
     _presence = field_validator("presence_penalty")(_only(0, "presence_penalty"))
     _frequency = field_validator("frequency_penalty")(_only(0, "frequency_penalty"))
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_count(cls, value):
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences, got {len(value)}")
+        return value
 
     @field_validator("temperature")
     @classmethod
@@ -207,27 +229,52 @@ class _GenerationRequest(_Forbid):
         """Rules between fields, as a 400."""
 
 
-_UNSUPPORTED_TOOLS = " (tool calling is not supported)"
-
-
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: Literal["none"] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    function_call: Literal["none"] | None = None
+    function_call: Any = None
 
-    @field_validator("tools", "functions")
+    _tool_choice = field_validator("tool_choice", mode="before")(check_tool_choice)
+
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, value):
+    def _no_functions(cls, value):
         if value:
-            raise ValueError("tools are not supported" + _UNSUPPORTED_TOOLS)
+            raise ValueError("the deprecated functions API is not supported; use tools")
         return value
+
+    def tool_plan(self) -> ToolPlan | None:
+        """How this request may call its tools (None: it may not)."""
+        choice = self.tool_choice or "auto"
+        if not self.tools or choice == "none":
+            return None
+        named = choice if isinstance(choice, str) else choice.function.name
+        parallel = self.parallel_tool_calls is not False
+        return ToolPlan([tool.plain() for tool in self.tools], named, parallel)
+
+    def prompt_messages(self) -> list[dict]:
+        """The messages for the chat template (tools in the generic format, :mod:`.tools`)."""
+        return prompt_messages([m.as_dict() for m in self.messages], self.tool_plan())
+
+    def grammar(self) -> Grammar | None:
+        """What the answer must match: its tool calls' schema, or ``response_format``."""
+        plan, param = self.tool_plan(), "response_format"
+        try:
+            if plan is not None:
+                param = "tools"
+                return plan.grammar()
+            if self.response_format is not None:
+                return Grammar.of_response_format(self.response_format.plain())
+        except GrammarError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
+        return None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -245,6 +292,9 @@ class ChatCompletionRequest(_GenerationRequest):
                 "top_logprobs: logprobs must be true when top_logprobs is given",
                 param="top_logprobs",
             )
+        problem = tools_problem(self.tools, self.tool_choice, self.response_format)
+        if problem is not None:
+            raise APIError(400, f"{problem[0]}: {problem[1]}", param=problem[0])
 
 
 class CompletionRequest(_GenerationRequest):

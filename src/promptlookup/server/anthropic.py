@@ -1,0 +1,325 @@
+"""Anthropic's Messages API, ``POST /v1/messages``: text, ``tool_use`` and ``tool_result``
+blocks, and its streaming events.
+
+A request is validated in Anthropic's shape (:class:`MessagesRequest`), then said again as a
+chat completions request (:meth:`MessagesRequest.as_chat`: system prompt, tool results as tool
+messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any`` as ``required``) and
+served by the same path (:func:`.app.start_job`), so tools go through the generic format and
+its grammar (:mod:`.tools`). The answer is written back as content blocks; a stream is
+``message_start``, per block ``content_block_start``/``content_block_delta``
+(``text_delta`` or ``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop
+reason, output tokens) and ``message_stop``. Errors are Anthropic's JSON,
+``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal, Union
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ConfigDict, Field
+
+from .request_base import Forbid
+from .schemas import (
+    INT32_MAX,
+    MAX_STOP_STRINGS,
+    APIError,
+    ChatCompletionRequest,
+    StopString,
+    parse_request,
+    read_json,
+)
+from .serving import event_stream, start_job, unless_disconnected
+from .tool_schemas import NAME_PATTERN
+from .tools import ToolStream, parse
+
+#: Anthropic's error type for each status.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+class _Block(Forbid):
+    cache_control: dict[str, Any] | None = None  # accepted, ignored (no prompt caching)
+
+
+class TextBlock(_Block):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Block):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Block):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+
+
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+
+
+def _text(content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(block.text for block in content if block.type == "text")
+
+
+class Message(Forbid):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    def as_chat(self) -> list[dict]:
+        """The message as chat completions messages (a user's tool results come first)."""
+        if isinstance(self.content, str):
+            return [{"role": self.role, "content": self.content}]
+        blocks = self.content
+        out = [
+            {"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
+            for b in blocks
+            if b.type == "tool_result"
+        ]
+        text = _text([b for b in blocks if b.type == "text"])
+        calls = [
+            {
+                "id": b.id,
+                "type": "function",
+                "function": {"name": b.name, "arguments": json.dumps(b.input)},
+            }
+            for b in blocks
+            if b.type == "tool_use"
+        ]
+        if calls:
+            out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+        elif text or not out:
+            out.append({"role": self.role, "content": text})
+        return out
+
+
+class AnthropicTool(Forbid):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class AnthropicToolChoice(Forbid):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(Forbid):
+    """The request; fields it does not list are ignored (Anthropic's clients send many a local
+    model has no use for: ``thinking``, ``service_tier``, ...), its blocks' are a 400."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str
+    max_tokens: int = Field(ge=1, le=INT32_MAX)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stream: bool | None = False
+    temperature: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=INT32_MAX)
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+
+    def cross_check(self) -> None:
+        """Rules between fields: checked on the request's chat form."""
+
+    def as_chat(self) -> dict:
+        """The same request as a chat completions body."""
+        messages = [{"role": "system", "content": _text(self.system)}] if self.system else []
+        for message in self.messages:
+            messages.extend(message.as_chat())
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
+        body["stream"] = bool(self.stream)
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(self, name) is not None:
+                body[name] = getattr(self, name)
+        if self.stop_sequences:
+            body["stop"] = self.stop_sequences
+        if self.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description or "",
+                        "parameters": tool.input_schema,
+                    },
+                }
+                for tool in self.tools
+            ]
+        choice = self.tool_choice
+        if choice is not None:
+            named = {"type": "function", "function": {"name": choice.name or ""}}
+            body["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(
+                choice.type, named
+            )
+            if choice.disable_parallel_tool_use:
+                body["parallel_tool_calls"] = False
+        return body
+
+
+def error_body(error: APIError) -> dict:
+    kind = ERROR_TYPES.get(error.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+async def serve_messages(state, request: Request) -> Response:
+    """``POST /v1/messages`` (see the module doc)."""
+    try:
+        settings = state.settings
+        body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        anthropic_request = parse_request(MessagesRequest, body)
+        req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
+        job, _ = await start_job(state, request, req, chat=True)
+        # A stream's response begins when its job starts (an error before that is JSON).
+        waited = job.started() if req.stream else job.outcome()
+        finished, choices = await unless_disconnected(waited, job, request)
+    except APIError as error:
+        return JSONResponse(error_body(error), error.status, headers=error.headers)
+    if not finished:  # the client is gone; nobody reads this
+        return Response(status_code=499)
+    message_id = f"msg_{uuid.uuid4().hex[:24]}"
+    tools = req.tool_plan() is not None
+    if req.stream:
+        writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
+        return event_stream(writer.events(job))
+    result = choices[0].result
+    content, calls = parse(result.text) if tools else (result.text, [])
+    blocks = [{"type": "text", "text": content}] if content or not calls else []
+    for call in calls:
+        function = call["function"]
+        use = {
+            "id": call["id"],
+            "name": function["name"],
+            "input": json.loads(function["arguments"]),
+        }
+        blocks.append({"type": "tool_use", **use})
+    reason = "tool_calls" if calls else result.finish_reason
+    usage = {"input_tokens": len(result.prompt_ids), "output_tokens": choices[0].tokens}
+    return JSONResponse(
+        {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": state.model_id,
+            "content": blocks,
+            "stop_reason": STOP_REASONS.get(reason, "end_turn"),
+            "stop_sequence": None,
+            "usage": usage,
+        }
+    )
+
+
+def _event(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+
+
+class EventWriter:
+    """The events of one streamed message: content blocks opened and closed as the answer's
+    text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
+
+    def __init__(self, message_id: str, model: str, prompt_tokens: int, tools: bool) -> None:
+        self.message = {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        }
+        self.stream = ToolStream() if tools else None
+        self.index, self.open = -1, None  # the current block's index and type
+
+    def _start(self, block: dict) -> str:
+        events = self._stop()
+        self.index, self.open = self.index + 1, block["type"]
+        return events + _event("content_block_start", {"index": self.index, "content_block": block})
+
+    def _stop(self) -> str:
+        if self.open is None:
+            return ""
+        self.open = None
+        return _event("content_block_stop", {"index": self.index})
+
+    def _delta(self, delta: dict) -> str:
+        return _event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def text(self, piece: str) -> str:
+        events = "" if self.open == "text" else self._start({"type": "text", "text": ""})
+        return events + self._delta({"type": "text_delta", "text": piece})
+
+    def feed(self, piece: str) -> str:
+        """The events for a text delta of the answer."""
+        if self.stream is None:
+            return self.text(piece) if piece else ""
+        content, calls = self.stream.feed(piece)
+        events = self.text(content) if content else ""
+        for call in calls:
+            function = call["function"]
+            if "id" in call:
+                use = {"type": "tool_use", "id": call["id"], "name": function["name"], "input": {}}
+                events += self._start(use)
+            if function["arguments"]:
+                events += self._delta(
+                    {"type": "input_json_delta", "partial_json": function["arguments"]}
+                )
+        return events
+
+    async def events(self, job):
+        try:
+            yield _event("message_start", {"message": self.message})
+            while True:
+                kind, value = await job.events.get()
+                if kind == "delta":
+                    if events := self.feed(value[1]):
+                        yield events
+                elif kind == "choice":
+                    called = self.stream is not None and self.stream.called
+                    reason = "tool_calls" if called else value.result.finish_reason
+                    if self.index < 0:  # an empty answer still has its text block
+                        yield self._start({"type": "text", "text": ""})
+                    yield self._stop()
+                    delta = {
+                        "stop_reason": STOP_REASONS.get(reason, "end_turn"),
+                        "stop_sequence": None,
+                    }
+                    usage = {"output_tokens": value.tokens}
+                    yield _event("message_delta", {"delta": delta, "usage": usage})
+                elif kind == "done":
+                    yield _event("message_stop", {})
+                    break
+                else:
+                    error = (
+                        value if kind == "error" else APIError(503, "the generation was cancelled")
+                    )
+                    yield _event("error", {"error": error_body(error)["error"]})
+                    break
+        finally:
+            job.cancel()  # no effect once the job has ended

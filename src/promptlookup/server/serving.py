@@ -1,0 +1,210 @@
+"""One request's way from its parsed body to a queued :class:`~.worker.GenerationJob`, shared
+by the OpenAI endpoints (:mod:`.app`) and Anthropic's (:mod:`.anthropic`): checks against the
+model and its context, tokenizing (chat messages with their tools, :mod:`.tools`), the
+drafter, the grammar and the tenant; then waiting for the job unless the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ..drafters import parse_drafter_spec
+from ..drafters.options import LOOKUP_OPTIONS
+from ..errors import EmptyPromptError, PromptLookupError
+from ..sampling import SamplingParams
+from .schemas import APIError, content_text
+from .state import ServerState
+from .texts import CHUNK, bounded_ids
+from .worker import GenerationJob, QueueFull
+
+
+async def start_job(state: ServerState, request: Request, req, chat: bool):
+    """Check a parsed request against the model, prepare it (:func:`_prepare`, on a thread)
+    and queue its job (429 when the queue is full): ``(job, its inputs)``."""
+    settings = state.settings
+    state.ready_model()
+    if req.model != state.model_id:
+        raise APIError(
+            400,
+            f"The model {req.model!r} does not exist; this server has {state.model_id!r}",
+            param="model",
+            code="model_not_found",
+        )
+    _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
+    # The tenant whose cross-request index and prefix cache entries the request uses: its
+    # API key's (None without keys; see .edge and .tenants).
+    tenant = getattr(request.state, "tenant", None)
+    job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
+    job = GenerationJob(
+        **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
+    )
+    try:
+        state.worker.submit(job)
+    except QueueFull:
+        raise APIError(
+            429,
+            f"the server is busy ({settings.max_queue} requests already waiting); retry later",
+            type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(state.worker.retry_after())},
+        ) from None
+    return job, job_inputs
+
+
+def _check_characters(state: ServerState, req, chat: bool) -> None:
+    """A 400 for a prompt (or prediction) with more characters than the context's tokens can
+    hold (:attr:`ServerState.max_text_chars`), found without tokenizing it."""
+    limit, context = state.max_text_chars, state.lm.target.max_context
+    if chat:
+        param, chars = "messages", sum(len(content_text(m.content)) for m in req.messages)
+    else:
+        param, chars = "prompt", len(req.prompt) if isinstance(req.prompt, str) else 0
+    if chars > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the {param} "
+            f"({chars} characters) cannot fit in it (at most {limit} characters)",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if req.prediction is not None and len(content_text(req.prediction.content)) > limit:
+        raise APIError(
+            400,
+            f"prediction: longer than this model's context can use (at most {limit} characters)",
+            param="prediction",
+        )
+
+
+def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
+    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
+    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
+    lm, context = state.lm, state.lm.target.max_context
+    param = "messages" if chat else "prompt"
+    # Long texts a chunk at a time, others' requests between chunks, only up to the context.
+    texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
+    texts = [text for text in texts if isinstance(text, str)]
+    lock = state.tokenizer_lock
+    if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the {param} has more",
+            param=param,
+            code="context_length_exceeded",
+        )
+    reference_ids = None
+    if req.prediction is not None:
+        prediction = [content_text(req.prediction.content)]
+        reference_ids = bounded_ids(lm.tokenizer, lock, prediction, context)
+        if reference_ids is None:
+            raise APIError(
+                400,
+                f"prediction: more tokens than this model's context of {context} can use",
+                param="prediction",
+            )
+    with lock:
+        try:
+            prompt_ids = lm.encode(req.prompt_messages() if chat else req.prompt)
+        except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
+            if not (
+                isinstance(exc, (PromptLookupError, ValueError, TypeError))
+                or type(exc).__module__.startswith("jinja2")
+            ):
+                raise
+            empty = isinstance(exc, EmptyPromptError)
+            raise APIError(
+                400, str(exc) if empty else f"cannot encode the prompt: {exc}", param=param
+            ) from None
+    vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
+    if vocab and any(not 0 <= t < vocab for t in prompt_ids):
+        raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+    sampling = req.sampling()
+    try:
+        SamplingParams(
+            sampling["temperature"],
+            sampling["top_k"],
+            sampling["top_p"],
+            sampling["repetition_penalty"],
+            sampling["seed"],
+        )
+    except PromptLookupError as exc:
+        raise APIError(400, str(exc), param=str(exc).split()[0]) from None
+    used = len(prompt_ids)
+    max_new_tokens = req.requested_max_tokens
+    if max_new_tokens is None:
+        max_new_tokens = min(state.settings.default_max_tokens, context - used)
+    if max_new_tokens < 1 or used + max_new_tokens > context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the "
+            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    drafter, options = state.settings.drafter, state.settings.drafter_options
+    if reference_ids:
+        lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
+        drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
+    # A prediction is the request's own draft material: no index beside it (its accepted
+    # drafts are then what usage.completion_tokens_details counts).
+    index = None if reference_ids else state.cross_request.for_tenant(tenant)
+    if index is not None and _looks_up(drafter):
+        options = {**options, "cross_request": index}
+    constraint = req.grammar() if chat else None  # a 400 for a schema that cannot compile
+    grammar = {"grammar": constraint} if constraint is not None else {}
+    return {
+        "prompt_ids": prompt_ids,
+        "max_new_tokens": max_new_tokens,
+        "sampling": sampling,
+        "drafter": drafter,
+        "drafter_options": options,
+        # The policy weighs the request's drafts with its tenant's history only, and the
+        # prefix cache gives it its tenant's entries (unless --prefix-cache-scope global).
+        "generation_options": {
+            **state.settings.generation_options,
+            "tenant": tenant,
+            "prefix_cache": state.prefix_cache or False,
+            **grammar,
+        },
+    }
+
+
+def _looks_up(drafter) -> bool:
+    """Whether a drafter spec has a prompt lookup member (which takes ``cross_request``)."""
+    return isinstance(drafter, str) and any(
+        name == "prompt-lookup" for name, _ in parse_drafter_spec(drafter)
+    )
+
+
+async def unless_disconnected(waited, job: GenerationJob, request: Request):
+    """``(True, result)`` of ``waited`` (one of the job's coroutines; its
+    :class:`APIError` raised), or ``(False, None)`` and the job cancelled if the client
+    disconnects first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(waited)
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return True, task.result()
+        return False, None
+    finally:
+        if not task.done() or task.cancelled():
+            job.cancel()  # the client left (or this handler was cancelled) first
+        task.cancel()
+        gone.cancel()
+
+
+def event_stream(events) -> StreamingResponse:
+    """Server-sent ``events`` as the response."""
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

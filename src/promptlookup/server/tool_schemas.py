@@ -1,0 +1,116 @@
+"""The request fields of structured output and tool calls (OpenAI's shapes), validated at the
+edge like the rest of :mod:`.schemas`: ``response_format``, ``tools``, ``tool_choice`` and an
+assistant message's ``tool_calls``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import Field
+
+from .request_base import Forbid
+
+#: A function's name, as OpenAI allows it.
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+CHOICES = ("none", "auto", "required")
+
+
+class FunctionDef(Forbid):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted: the grammar always enforces the parameters
+
+
+class Tool(Forbid):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def plain(self) -> dict:
+        """The tool as :mod:`.tools` takes it."""
+        tool = {"name": self.function.name, "description": self.function.description or ""}
+        return {**tool, "parameters": self.function.parameters or {"type": "object"}}
+
+
+class CalledFunction(Forbid):
+    name: str
+    arguments: str
+
+
+class ToolCall(Forbid):
+    """An earlier call, in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+    def plain(self) -> dict:
+        return {"id": self.id, "name": self.function.name, "arguments": self.function.arguments}
+
+
+class NamedFunction(Forbid):
+    name: str
+
+
+class NamedToolChoice(Forbid):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+def check_tool_choice(value):
+    """A before-validator: one clear line for any other shape."""
+    if value is None or value in CHOICES:
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+    ):
+        return value
+    raise ValueError(
+        "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+    )
+
+
+class JSONSchemaFormat(Forbid):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # accepted: the grammar always enforces the schema
+
+
+class ResponseFormat(Forbid):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    def plain(self) -> dict:
+        """OpenAI's shape, as :meth:`promptlookup.grammar.Grammar.of_response_format` reads it."""
+        if self.json_schema is None:
+            return {"type": self.type}
+        return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_}}
+
+
+def tools_problem(
+    tools: list[Tool] | None, choice: ToolChoice | None, response_format: ResponseFormat | None
+) -> tuple[str, str] | None:
+    """What is wrong between these fields, as ``(parameter, message)``; None: nothing."""
+    names = [tool.function.name for tool in tools or ()]
+    if choice not in (None, "none") and not names:
+        return "tool_choice", "there are no tools to choose"
+    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+        listed = ", ".join(names)
+        return "tool_choice", f"no tool is named {choice.function.name!r} (the tools: {listed})"
+    if len(set(names)) < len(names):
+        return "tools", "two tools have the same name"
+    if response_format is not None and response_format.type == "json_schema":
+        if response_format.json_schema is None:
+            return "response_format", "type json_schema needs a json_schema object"
+    calls = names and choice != "none"
+    if response_format is not None and response_format.type != "text" and calls:
+        return "response_format", "cannot be combined with tools (unless tool_choice is 'none')"
+    return None

@@ -1,0 +1,272 @@
+"""Tool calls in the generic format: how the tools reach the prompt, the JSON schema the output
+must match (enforced by the grammar, :mod:`promptlookup.grammar`), and how the output is read
+back into tool calls, whole or as it streams.
+
+The format (after llama.cpp's server for chat templates without tools) is one JSON object:
+
+- ``{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}`` to call tools
+  (one call unless ``parallel_tool_calls``), each call's arguments valid against its tool's
+  ``parameters`` schema;
+- ``{"response": "..."}`` to answer in text, where ``tool_choice`` is ``"auto"``.
+
+The tools and these instructions go into the system message; an assistant message's earlier
+``tool_calls`` are written back in the same JSON, and a tool's result is a user message
+``{"tool_response": {"name", "tool_call_id", "content"}}``. Both front ends (OpenAI's chat
+completions, Anthropic's messages) hand this module the same plain shapes: a tool is
+``{"name", "description", "parameters"}``, a message ``{"role", "content", "tool_calls":
+[{"id", "name", "arguments"}], "tool_call_id"}``, the choice ``"none"``, ``"auto"``,
+``"required"`` or a tool's name.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+from ..grammar import JSON_LAYOUT, Grammar
+
+CALLS_START = '{"tool_calls": ['
+RESPONSE_START = '{"response": "'
+CALL_START = '{"name": "'
+ARGUMENTS_START = ', "arguments": '
+NEXT_CALL = "}, "
+
+
+def dumps(value) -> str:
+    """JSON as the grammar lays it out (:data:`~promptlookup.grammar.JSON_LAYOUT`)."""
+    separators = (JSON_LAYOUT["item_separator"], JSON_LAYOUT["key_separator"])
+    return json.dumps(value, ensure_ascii=False, separators=separators)
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one request may call ``tools`` (``choice``: ``"auto"``, ``"required"`` or a tool's
+    name; ``"none"`` leaves the request without a plan)."""
+
+    tools: list[dict]
+    choice: str = "auto"
+    parallel: bool = True
+
+    def instructions(self) -> str:
+        calls = dumps({"tool_calls": [{"name": "<tool name>", "arguments": {"<arg>": "..."}}]})
+        text = f"You can call tools. To call tools, answer with JSON only: {calls}."
+        if self.choice == "auto":
+            text += f" To answer without calling a tool, answer {dumps({'response': '...'})}."
+        elif self.choice != "required":
+            text += f" Call the tool {self.choice}."
+        listed = "\n".join(dumps(tool) for tool in self.tools)
+        return f"{text}\nThe tools:\n{listed}"
+
+    def schema(self) -> dict:
+        """The JSON schema of the answer (see the module doc)."""
+        names = [self.choice] if self.choice not in ("auto", "required") else None
+        calls = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": tool["name"]},
+                    "arguments": tool.get("parameters") or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for tool in self.tools
+            if names is None or tool["name"] in names
+        ]
+        array = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        if not self.parallel:
+            array["maxItems"] = 1
+        answer = _object(tool_calls=array)
+        if self.choice == "auto":
+            return {"anyOf": [answer, _object(response={"type": "string"})]}
+        return answer
+
+    def grammar(self) -> Grammar:
+        return Grammar.json_schema(self.schema())
+
+
+def _object(**properties) -> dict:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
+    """The chat template's messages (``{"role", "content"}``): earlier tool calls and results
+    written in the generic format, and the plan's instructions in the system message."""
+    names = {
+        call["id"]: call["name"] for m in messages for call in m.get("tool_calls") or () if call
+    }
+    out = []
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if message.get("tool_calls"):
+            calls = [
+                {"name": call["name"], "arguments": _loads(call["arguments"])}
+                for call in message["tool_calls"]
+            ]
+            content = dumps({"tool_calls": calls})
+        elif role == "tool":
+            role, ident = "user", message.get("tool_call_id")
+            result = {"name": names.get(ident), "tool_call_id": ident, "content": content}
+            content = dumps({"tool_response": result})
+        elif role == "assistant" and plan is not None and plan.choice == "auto":
+            content = dumps({"response": content})
+        out.append({"role": role, "content": content})
+    if plan is not None:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{plan.instructions()}"}
+        else:
+            out.insert(0, {"role": "system", "content": plan.instructions()})
+    return out
+
+
+def _loads(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # written back as the client sent it
+
+
+@dataclass
+class Scan:
+    """What an answer's text says so far: its text answer (decoded, None when it calls tools
+    or has not said yet) and its calls, ``(name, arguments text so far, complete)``."""
+
+    content: str | None = None
+    calls: list[tuple[str, str, bool]] = field(default_factory=list)
+
+
+def scan(text: str) -> Scan:
+    """Read a (partial) answer in the generic format, as laid out by the grammar."""
+    if text.startswith(RESPONSE_START):
+        return Scan(content=_string_prefix(text, len(RESPONSE_START)))
+    result, pos = Scan(), len(CALLS_START)
+    if not text.startswith(CALLS_START):
+        return result
+    # Each call: {"name": "NAME", "arguments": VALUE}, then "}, " before the next one.
+    while text.startswith(CALL_START, pos):
+        end = _string_end(text, pos + len(CALL_START))
+        if end is None or not text.startswith(ARGUMENTS_START, end + 1):
+            break  # the name (or what follows it) is still being written
+        name = json.loads(text[pos + len(CALL_START) - 1 : end + 1])
+        start = end + 1 + len(ARGUMENTS_START)
+        stop = _value_end(text, start)
+        result.calls.append((name, text[start : stop or len(text)], stop is not None))
+        if stop is None or not text.startswith(NEXT_CALL, stop):
+            break
+        pos = stop + len(NEXT_CALL)
+    return result
+
+
+def parse(text: str) -> tuple[str | None, list[dict]]:
+    """A whole answer: ``(content, tool_calls)`` in OpenAI's shape. An answer the grammar did
+    not get to finish (``finish_reason: "length"``) is returned as text."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return text, []
+    found = scan(text)
+    calls = [
+        {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+        for name, args, _ in found.calls
+    ]
+    return (None if calls else found.content or ""), calls
+
+
+class ToolStream:
+    """Turns an answer's text deltas into what OpenAI streams: content deltas (the decoded
+    text of a ``response``) and tool call deltas (a call's id and name once its name is
+    complete, then its arguments as they come)."""
+
+    def __init__(self) -> None:
+        self.text, self.sent_content = "", 0
+        self.sent: list[tuple[str, int]] = []  # per call begun: its id, argument chars sent
+
+    def feed(self, delta: str) -> tuple[str, list[dict]]:
+        """``(new content, new tool call deltas)`` after ``delta``."""
+        self.text += delta
+        found = scan(self.text)
+        content = ""
+        if found.content is not None:
+            content = found.content[self.sent_content :]
+            self.sent_content = len(found.content)
+        deltas = []
+        for index, (name, args, _) in enumerate(found.calls):
+            if index == len(self.sent):  # a new call: its id and name first
+                self.sent.append((call_id(), 0))
+                ident, sent = self.sent[index]
+                function = {"name": name, "arguments": args}
+                deltas.append(
+                    {"index": index, "id": ident, "type": "function", "function": function}
+                )
+            else:
+                ident, sent = self.sent[index]
+                if len(args) > sent:
+                    deltas.append({"index": index, "function": {"arguments": args[sent:]}})
+            self.sent[index] = (ident, len(args))
+        return content, deltas
+
+    @property
+    def called(self) -> bool:
+        return bool(self.sent)
+
+
+def _string_end(text: str, start: int) -> int | None:
+    """The index of the quote that closes the JSON string whose characters begin at
+    ``start``, or None when it is not closed yet."""
+    i = start
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == '"':
+            return i
+        i += 1
+    return None
+
+
+def _string_prefix(text: str, start: int) -> str:
+    """The decoded characters of the JSON string that begins at ``start``, as far as they are
+    complete (an escape cut short waits for the next delta)."""
+    end = _string_end(text, start)
+    body = text[start:end] if end is not None else text[start:]
+    while body:
+        try:
+            return json.loads(f'"{body}"')
+        except ValueError:
+            body = body[:-1]  # an escape cut short
+    return ""
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """The index just after the JSON value that begins at ``start``, or None if it is not
+    complete yet."""
+    depth, i = 0, start
+    while i < len(text):
+        char = text[i]
+        if char == '"':
+            end = _string_end(text, i + 1)
+            if end is None:
+                return None
+            i = end
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            if depth == 0:
+                return i  # a scalar's end: the call's closing brace
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif char == "," and depth == 0:
+            return i
+        i += 1
+    return None
