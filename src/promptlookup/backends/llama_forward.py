@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from .attention import grouped_sdpa
+from .gguf_modules import FAMILY_TYPES
 from .native_attention import PassRows, kernel_takes, native_attention
 from .quantized_layers import QuantizedLayers
 from .row_invariant import row_invariant_attention
@@ -46,8 +47,15 @@ ARCHITECTURES = {
     "LlamaForCausalLM": (("llama",), "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
     "Qwen2ForCausalLM": (("qwen2",), "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
     "MistralForCausalLM": (("mistral",), "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
-    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure.
-    "GgufForCausalLM": (("llama", "qwen2"), "GgufDecoderLayer", "GgufAttention", "GgufMLP"),
+    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure, with
+    # the families' parts (per-head query/key norms, norms after attention and the MLP, GELU,
+    # fused weights, sliding windows, layers without RoPE, partial RoPE) taken below.
+    "GgufForCausalLM": (
+        ("llama", "qwen2", *FAMILY_TYPES),
+        "GgufDecoderLayer",
+        "GgufAttention",
+        "GgufMLP",
+    ),
 }
 #: Norm classes whose ``forward`` :func:`rms_norm` reproduces (the four are one formula).
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "GgufRMSNorm")
@@ -65,7 +73,9 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return False
-    if getattr(config, "sliding_window", None) is not None:  # every query sees every key
+    # Every query sees every key, except in our GGUF modules (their windows are taken here).
+    ours = type(model).__name__ == "GgufForCausalLM"
+    if getattr(config, "sliding_window", None) is not None and not ours:
         return False
     base = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -79,7 +89,7 @@ def supports(model: torch.nn.Module) -> bool:
         type(layer).__name__ == layer_class
         and type(layer.self_attn).__name__ == attention_class
         and type(layer.mlp).__name__ == mlp_class
-        and getattr(layer.self_attn, "sliding_window", None) is None
+        and (ours or getattr(layer.self_attn, "sliding_window", None) is None)
         and _is_rms_norm(layer.input_layernorm, dtype)
         and _is_rms_norm(layer.post_attention_layernorm, dtype)
         for layer in base.layers
@@ -126,13 +136,20 @@ class LlamaForward:
             attention.head_dim,
             activation_dtype(model),
         )
-        self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
+        self.embed_tokens = base.embed_tokens
+        #: Embeddings times this (Gemma 3), or None.
+        self.embed_scale = getattr(base, "embed_scale", None)
+        #: The rotary embeddings the layers take (_LayerModules.rope: an index, -1 none): the
+        #: model's, and Gemma 3's sliding layers' own.
+        self.rotary_embs = [base.rotary_emb]
+        if getattr(base, "rotary_emb_local", None) is not None:
+            self.rotary_embs.append(base.rotary_emb_local)
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [_LayerModules(layer) for layer in base.layers]
         #: Every layer in one C call per pass, for a quantized model that it takes (see
         #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
-            QuantizedLayers.build(self.layers, model.config)
+            QuantizedLayers.build(self.layers, model.config, len(self.rotary_embs))
             if self.native_attention and layers_in_one_call
             else None
         )
@@ -155,20 +172,15 @@ class LlamaForward:
             trees = None if offsets is None else [offsets]
             return self.batch(input_ids, [cache], [length], [logits_to_keep or length], trees)[None]
         start = cache.get_seq_length()  # tokens cached before this pass
-        hidden = self.embed_tokens.forward(input_ids)  # (1, n, hidden)
+        hidden = self.embed(input_ids)  # (1, n, hidden)
         positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
-        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
-        # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
-        # cache (True: may attend), made once per pass; none for one token or a first chunk.
-        mask = (
-            None
-            if length == 1 or start == 0
-            else torch.ones(length, start + length, dtype=torch.bool, device=input_ids.device).tril(
-                start
-            )[None, None]
-        )  # (1, 1, n, start + n)
+        ropes = self.rotations(hidden, positions)
+        # Each query sees the cache and the pass's tokens up to its own (within its window): a
+        # causal mask after a cache (True: may attend), made once per pass and window.
+        masks = {window: causal_mask(start, length, window) for window in self.windows}
         for layer, cache_layer in zip(self.layers, cache.layers):
-            hidden = layer.forward(hidden, cos, sin, [cache_layer], [length], mask, False)
+            mask = masks[layer.window]
+            hidden = layer.forward(hidden, ropes, [cache_layer], [length], mask, False)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
@@ -189,14 +201,14 @@ class LlamaForward:
         holding the path written last; :attr:`tree_aside` keeps every row's keys and values
         for :meth:`keep_tree_rows`.
         """
-        hidden = self.embed_tokens.forward(input_ids)  # (1, total, hidden)
+        hidden = self.embed(input_ids)  # (1, total, hidden)
         starts = [cache.get_seq_length() for cache in caches]
         rows = offsets or [range(n) for n in lengths]
         positions = torch.tensor(
             [[start + offset for start, row in zip(starts, rows) for offset in row]],
             device=input_ids.device,
         )  # (1, total)
-        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
+        ropes = self.rotations(hidden, positions)
         pass_rows = PassRows(starts, lengths, offsets) if self.native_attention else None
         if offsets is not None:
             if not self.tree_passes:
@@ -204,20 +216,33 @@ class LlamaForward:
             layers = self.quantized_layers
             self.tree_aside = torch.empty(len(self.layers), hidden.shape[1], layers.aside_width)
             advances = [max(row) + 1 for row in rows]
-            layers(hidden, cos, sin, caches, lengths, pass_rows, self.tree_aside, advances)
+            layers(hidden, ropes, caches, lengths, pass_rows, self.tree_aside, advances)
         elif self.quantized_layers is not None:
-            self.quantized_layers(hidden, cos, sin, caches, lengths, pass_rows)
+            self.quantized_layers(hidden, ropes, caches, lengths, pass_rows)
         else:
             for index, layer in enumerate(self.layers):
                 cache_layers = [cache.layers[index] for cache in caches]
-                hidden = layer.forward(
-                    hidden, cos, sin, cache_layers, lengths, None, True, pass_rows
-                )
+                hidden = layer.forward(hidden, ropes, cache_layers, lengths, None, True, pass_rows)
         ends = torch.tensor(lengths).cumsum(0).tolist()
         rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
         if len(rows) != hidden.shape[1]:
             hidden = hidden[:, rows]  # (1, sum(keep), hidden)
         return self.lm_head.forward(self.norm.forward(hidden))[0]  # (sum(keep), vocab)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``input_ids`` (1, n): (1, n, hidden), scaled where the model
+        scales them (as Gemma 3's embedding does: a float32 product each)."""
+        hidden = self.embed_tokens.forward(input_ids)
+        return hidden if self.embed_scale is None else hidden.mul_(self.embed_scale)
+
+    def rotations(self, hidden: torch.Tensor, positions: torch.Tensor) -> list:
+        """Each rotary embedding's ``(cos, sin)`` (1, n, rotated dims) at ``positions``."""
+        return [rotary.forward(hidden, positions) for rotary in self.rotary_embs]
+
+    @property
+    def windows(self) -> set[int]:
+        """The layers' sliding windows (0: none)."""
+        return {layer.window for layer in self.layers}
 
     @property
     def tree_passes(self) -> bool:
@@ -232,30 +257,52 @@ class LlamaForward:
 
 class _LayerModules:
     """One ``LlamaDecoderLayer``'s modules, and its pass: attention then the MLP, each added to
-    the residual stream."""
+    the residual stream (with our GGUF families' parts where the layer has them)."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        self.input_layernorm, self.post_attention_layernorm = (
-            layer.input_layernorm,
-            layer.post_attention_layernorm,
+        config = attention.config
+        self.input_layernorm = layer.input_layernorm
+        # Gemma 3 names its norm after attention post_attention_layernorm, and the MLP's
+        # pre_feedforward_layernorm (Llama's post_attention_layernorm).
+        gemma = hasattr(layer, "pre_feedforward_layernorm")
+        self.ffn_norm = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+        self.attn_post_norm = layer.post_attention_layernorm if gemma else None
+        self.ffn_post_norm = getattr(layer, "post_feedforward_layernorm", None)
+        self.q_norm = getattr(attention, "q_norm", None)  # per-head norms (Qwen3, Gemma 3)
+        self.k_norm = getattr(attention, "k_norm", None)
+        self.q_proj, self.k_proj, self.v_proj = (
+            getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")
         )
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
+        self.o_proj = attention.o_proj
+        self.gate_proj, self.up_proj = (
+            getattr(mlp, "gate_proj", None),
+            getattr(mlp, "up_proj", None),
         )
-        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        # SiLU (every supported model's) is applied in place: the same values, no new tensor.
+        self.down_proj = mlp.down_proj
+        # SiLU (Llama's) is applied in place: the same values, no new tensor; GELU (tanh form,
+        # Gemma 3's) is called as it is.
         self.silu = type(mlp.act_fn).__name__ in SILU_CLASSES
+        self.gelu = getattr(mlp.act_fn, "approximate", None) == "tanh"
         self.act_fn = _silu_in_place if self.silu else mlp.act_fn
         self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
+        kv_width = config.num_key_value_heads * self.head_dim
+        self.sizes = [config.num_attention_heads * self.head_dim, kv_width, kv_width]
+        self.inner = self.down_proj.in_features
+        #: The sliding window (0: none) and the rotary embedding (LlamaForward.rotary_embs'
+        #: index: Gemma 3's sliding layers take the second; -1: no RoPE, SmolLM3's).
+        self.window = getattr(attention, "sliding_window", None) or 0
+        self.rope = (1 if self.window else 0) if getattr(attention, "use_rope", True) else -1
         # Over quantized weights, the query/key/value and the gate/up products are one kernel
         # call each (fewer calls, work for every thread); each output is computed as before.
-        self.qkv = fused_linear([self.q_proj, self.k_proj, self.v_proj])
-        self.gate_up = fused_linear([self.gate_proj, self.up_proj])
+        # Phi-3's file has them fused already.
+        self.qkv = getattr(attention, "qkv_proj", None) or fused_linear(
+            [self.q_proj, self.k_proj, self.v_proj]
+        )
+        self.gate_up = getattr(mlp, "gate_up_proj", None) or fused_linear(
+            [self.gate_proj, self.up_proj]
+        )
 
     def project(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The query, key and value projections of ``normed`` (1, total, hidden_size)."""
@@ -265,22 +312,20 @@ class _LayerModules:
                 self.k_proj.forward(normed),
                 self.v_proj.forward(normed),
             )
-        sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-        return self.qkv.forward(normed).split(sizes, dim=-1)
+        return self.qkv.forward(normed).split(self.sizes, dim=-1)
 
     def mlp(self, normed: torch.Tensor) -> torch.Tensor:
         """The MLP of ``normed`` (1, total, hidden_size)."""
         if self.gate_up is None:
             gate, up = self.gate_proj.forward(normed), self.up_proj.forward(normed)
         else:
-            gate, up = self.gate_up.forward(normed).split(self.up_proj.out_features, dim=-1)
+            gate, up = self.gate_up.forward(normed).split(self.inner, dim=-1)
         return self.down_proj.forward(self.act_fn(gate).mul_(up))  # (1, total, hidden_size)
 
     def forward(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        ropes: list,
         cache_layers: list,
         lengths: list[int],
         mask: torch.Tensor | None,
@@ -290,15 +335,21 @@ class _LayerModules:
         """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
         of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
         (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``;
-        the native kernel over all of them when ``pass_rows`` describes the pass)."""
+        the native kernel over all of them when ``pass_rows`` describes the pass). ``ropes``:
+        each rotary embedding's (cos, sin) for the pass (:meth:`LlamaForward.rotations`)."""
         total, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
-        # (1, total, heads * head_dim) -> (1, heads, total, head_dim), and likewise for keys and values
+        # (1, total, heads * head_dim) -> (1, total, heads, head_dim), per-head norms, then
+        # (1, heads, total, head_dim); likewise for keys and values
         query, key, value = (
-            projected.view(1, total, -1, head_dim).transpose(1, 2)
-            for projected in self.project(normed)
+            projected.view(1, total, -1, head_dim) for projected in self.project(normed)
         )
-        query, key = rotary(query, cos, sin), rotary(key, cos, sin)
+        if self.q_norm is not None:
+            query, key = rms_norm(self.q_norm, query), rms_norm(self.k_norm, key)
+        query, key, value = (states.transpose(1, 2) for states in (query, key, value))
+        if self.rope >= 0:
+            cos, sin = ropes[self.rope]
+            query, key = rotary(query, cos, sin), rotary(key, cos, sin)
         if pass_rows is not None:  # every sequence in one call, each row over its own cache
             first = 0
             for cache_layer, length in zip(cache_layers, lengths):
@@ -306,7 +357,7 @@ class _LayerModules:
                     key[:, :, first : first + length], value[:, :, first : first + length]
                 )
                 first += length
-            attended = native_attention(query, cache_layers, pass_rows, self.scaling)
+            attended = native_attention(query, cache_layers, pass_rows, self.scaling, self.window)
         elif row_invariant:  # each sequence over its buffers: whole key blocks, masked
             attended, first = [], 0
             for cache_layer, length in zip(cache_layers, lengths):
@@ -320,6 +371,7 @@ class _LayerModules:
                         cache_layer.value_buffer,
                         start,
                         self.scaling,
+                        window=self.window,
                     )
                 )  # (1, length, heads, head_dim)
                 first += length
@@ -329,9 +381,28 @@ class _LayerModules:
             attended, _ = grouped_sdpa(
                 self.attention, query, keys, values, mask, scaling=self.scaling
             )  # (1, n, heads, head_dim)
-        hidden.add_(self.o_proj.forward(attended.reshape(1, total, -1)))
-        normed = rms_norm(self.post_attention_layernorm, hidden)
-        return hidden.add_(self.mlp(normed))
+        hidden.add_(
+            _post_norm(self.attn_post_norm, self.o_proj.forward(attended.reshape(1, total, -1)))
+        )
+        normed = rms_norm(self.ffn_norm, hidden)
+        return hidden.add_(_post_norm(self.ffn_post_norm, self.mlp(normed)))
+
+
+def _post_norm(norm, states: torch.Tensor) -> torch.Tensor:
+    """``states`` through a norm after attention or the MLP (Gemma 3's), where there is one."""
+    return states if norm is None else rms_norm(norm, states)
+
+
+def causal_mask(start: int, length: int, window: int = 0) -> torch.Tensor | None:
+    """(1, 1, length, start + length): True where a query of a pass of ``length`` tokens after
+    ``start`` cached ones may attend (its own and earlier keys, the last ``window`` of them
+    if not 0); None where that is every key up to its own (one token, or a first chunk)."""
+    if (length == 1 or start == 0) and (not window or start + length <= window):
+        return None
+    mask = torch.ones(length, start + length, dtype=torch.bool).tril(start)
+    if window:
+        mask &= ~torch.ones(length, start + length, dtype=torch.bool).tril(start - window)
+    return mask[None, None]
 
 
 def fused_linear(modules: list[torch.nn.Module]):
@@ -369,7 +440,11 @@ def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def rotary(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``apply_rotary_pos_emb``'s ``states * cos + rotate_half(states) * sin`` for states
     (1, heads, n, head_dim) and cos, sin (1, n, head_dim), each product rounded as there,
-    with three fewer fresh tensors."""
+    with three fewer fresh tensors. Cos and sin of fewer dims rotate the first that many
+    (partial RoPE, as Phi-3's ``apply_rotary_pos_emb``), the rest kept."""
+    dims = cos.shape[-1]
+    if dims < states.shape[-1]:
+        return torch.cat([rotary(states[..., :dims], cos, sin), states[..., dims:]], dim=-1)
     half = states.shape[-1] // 2
     rotated = torch.empty_like(states)  # rotate_half(states): (-second half, first half)
     torch.neg(states[..., half:], out=rotated[..., :half])
