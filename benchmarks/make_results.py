@@ -132,32 +132,7 @@ SESSIONS = (
 )
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
-TREES = (
-    "`python benchmarks/sessions.py` with the command below (its output, copied here), version "
-    "0.14.0: the default model, 8 sessions of 3 requests built from the standard library, 128 "
-    "tokens, 2 threads, on the AMD EPYC, 4 December 2026, alone on the machine; *-trees*: the "
-    "same index mode with token trees (`branches=2`), each mode with indexes of its own"
-)
 STUDIES = [
-    (
-        "sessions-trees-0.14.0/sessions.md",
-        TREES + ". Reading: [cross_request.md](cross_request.md#trees).",
-        "Cross-request sessions, one at a time: chains against token trees",
-    ),
-    (
-        "sessions-trees-0.14.0-c8/sessions.md",
-        TREES + "; 8 sessions' requests at once (tokens/s: all sessions; decode tokens/s: one "
-        "sequence's).",
-        "Cross-request sessions, 8 at once: chains against token trees",
-    ),
-    (
-        "trees-0.14.0/tree_bound.md",
-        "`benchmarks/studies/tree_bound.py`, version 0.14.0, on the AMD EPYC, 4 December 2026, "
-        "alone on the machine: a tree pass's cost beside a chain's of the same rows, and the "
-        "sessions (global index, one at a time) with chains, the policy's trees and every branch "
-        "the drafter offers verified (3 branches of up to 8 tokens). Reading: "
-        "[cross_request.md](cross_request.md#trees).",
-    ),
     (
         "sessions-0.13.0/sessions.md",
         SESSIONS + ", and `llama-server -np 8 -c 32768 -t 2 -tb 2 --spec-type ngram-mod` on the "

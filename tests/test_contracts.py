@@ -125,7 +125,6 @@ def test_one_table_of_drafter_options_serves_every_front_end():
     }
     assert LOOKUP_OPTIONS == ("num_tokens", "min_match", "max_match")
     assert OPTIONS["prompt-lookup"] == {
-        "branches",
         "cross_request",
         "num_tokens",
         "min_match",

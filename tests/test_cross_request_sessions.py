@@ -38,18 +38,15 @@ def test_sessions_are_built_from_the_standard_library():
 def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     tiny_lm = long_tiny_lm
     built = workload.build_sessions(("extraction", "agent"), per_kind=1, requests=2)
-    modes = ("off", "per-key", "global", "global-trees")
     run = session_runs.run_sessions(
-        tiny_lm, built, modes=modes, max_new_tokens=12, requests=2, log=lambda _: None
+        tiny_lm, built, max_new_tokens=12, requests=2, log=lambda _: None
     )
     assert run.identical and run.mismatches == []
     assert run.tallies[("all", "off")].requests == 4
     assert run.tallies[("all", "global")].new_tokens == run.tallies[("all", "off")].new_tokens
-    # chains and trees keep indexes of their own, which hold the same outputs
-    assert run.index_tokens["global"] == run.index_tokens["global-trees"] > 0
-    table = session_runs.report(run, modes)
+    assert run.index_tokens["global"] > 0
+    table = session_runs.report(run)
     assert "| all | global |" in table and "identical" in table
-    assert "global, trees over chains: tokens/s" in table
     pair = workload.build_sessions(("extraction",), per_kind=2, requests=2)
     batched = session_runs.run_sessions(
         tiny_lm, pair, max_new_tokens=12, requests=2, concurrency=2, log=lambda _: None
@@ -79,8 +76,8 @@ def test_a_server_is_one_more_mode_with_its_texts_compared(long_tiny_lm, monkeyp
     server = EchoServer(long_tiny_lm)
     real = session_runs._generate
 
-    def remember(lm, prompts, indexes, *args):  # the off answers, for the server
-        outputs = real(lm, prompts, indexes, *args)
+    def remember(lm, prompts, indexes, max_new_tokens):  # the off answers, for the server
+        outputs = real(lm, prompts, indexes, max_new_tokens)
         for prompt, output in zip(prompts, outputs):
             if indexes[0] is None:
                 server.answers[tuple(lm.encode(prompt))] = output.text

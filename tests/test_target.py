@@ -16,8 +16,8 @@ def _spied(target: TransformersTarget) -> list[tuple[int, int]]:
     """(tokens, logits kept) of each pass ``target`` runs from now on."""
     runs = []
     run = target._run
-    target._run = lambda ids, logits_to_keep, *tree: (
-        runs.append((len(ids), logits_to_keep)) or run(ids, logits_to_keep, *tree)
+    target._run = lambda ids, logits_to_keep: (
+        runs.append((len(ids), logits_to_keep)) or run(ids, logits_to_keep)
     )
     return runs
 

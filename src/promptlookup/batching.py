@@ -5,16 +5,14 @@ Each :meth:`BatchDecoder.step`:
 
 1. *Admit*: waiting sequences join while fewer than ``max_batch`` run (sequences join and
    leave only at step boundaries).
-2. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone (greedy
-   sequences' drafts may branch where the target verifies token trees, :mod:`promptlookup.trees`).
-3. *Decide*: the policy sets all draft lengths (and branches) jointly, from the cost of the
-   whole pass and each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.joint_shapes`).
+2. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
+3. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
+   each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths`).
 4. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
-   prompt, or a running sequence's last token and its draft (a tree's rows depth-first).
+   prompt, or a running sequence's last token and its draft.
 5. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
    chooser, and ends at EOS, its token budget or its ``should_stop`` (the step of a single
-   stream: :meth:`~promptlookup.loop.DecodingSequence.accept`; a tree's accepted path's keys
-   and values are put in place in its cache).
+   stream: :meth:`~promptlookup.loop.DecodingSequence.accept`).
 6. *Crop* each cache back to its accepted tokens; finished sequences leave.
 
 Exactness: a :class:`~promptlookup.backends.base.BatchTarget` with ``row_invariant`` computes
@@ -48,7 +46,6 @@ from .drafters.base import Draft
 from .errors import InvalidParameterError
 from .loop import DecodingSequence
 from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
-from .trees import TokenTree, accept_tree
 
 
 def default_max_batch(target: BatchTarget) -> int:
@@ -105,8 +102,6 @@ class _Entry:
     token_ids: list[int]
     draft: Draft
     rows: int
-    tree: TokenTree | None = None  # the draft's rows when it branches
-    offsets: list[int] | None = None  # then its tokens' depths after the cache
 
 
 class BatchDecoder:
@@ -131,8 +126,6 @@ class BatchDecoder:
             raise InvalidParameterError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
         self.target, self.policy = target, policy
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
-        #: Whether drafts may branch (greedy sequences' token trees, verified in the pass).
-        self.trees = getattr(target, "tree_passes", False)
         self.waiting: collections.deque[BatchSequence] = collections.deque()
         self.running: list[BatchSequence] = []
 
@@ -182,13 +175,11 @@ class BatchDecoder:
         decoding = [entry for entry in entries if entry.rows]
         total = sum(len(entry.token_ids) for entry in entries)
         self.target.prepare([total])
-        trees = [entry.offsets for entry in entries]
         forward_start = time.perf_counter()
         target_logits = self.target.forward_batch(  # (rows_i, vocab) each
             [entry.sequence.cache for entry in entries],
             [entry.token_ids for entry in entries],
             [entry.rows for entry in entries],
-            *([trees] if any(trees) else []),
         )
         seconds = time.perf_counter() - forward_start
         if (
@@ -201,13 +192,7 @@ class BatchDecoder:
         for entry, logits in zip(entries, target_logits):
             if entry.rows:
                 sequence = entry.sequence
-                if entry.tree is None:
-                    new_tokens = sequence.accept(entry.draft, logits, self.policy)
-                else:  # a tree: its accepted path's rows kept in the cache
-                    tree = entry.tree
-                    new_tokens, path = accept_tree(sequence, tree, entry.draft, logits, self.policy)
-                    before = len(entry.token_ids) - len(tree.tokens)  # prompt rows before it
-                    self.target.keep_tree_paths([(sequence.cache, [before + r for r in path])])
+                new_tokens = sequence.accept(entry.draft, logits, self.policy)
                 # Crop the cache back to the accepted tokens (the bonus token is fed next step).
                 sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
                 events.append((sequence, new_tokens))
@@ -234,16 +219,16 @@ class BatchDecoder:
                 budget = 0
                 continue
             budget -= len(missing)
-            draft = sequence.propose(self.trees)
+            draft = sequence.propose()
             entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
             if draft and sequence.adaptive and self.policy is not None:
                 decided.append(entries[-1])
         if decided:  # every row but the decided drafts' is fixed
             fixed = sum(
-                len(entry.token_ids) + entry.draft.size * (entry not in decided)
+                len(entry.token_ids) + len(entry.draft) * (entry not in decided)
                 for entry in entries
             ) - len(decided)
-            shapes = self.policy.joint_shapes(
+            lengths = self.policy.joint_draft_lengths(
                 [
                     SequenceDraft(
                         len(entry.draft),
@@ -251,21 +236,14 @@ class BatchDecoder:
                         entry.sequence.acceptance,
                         entry.sequence.chooser.do_sample,
                         entry.draft.source,
-                        entry.draft.branches,
                     )
                     for entry in decided
                 ],
                 fixed_tokens=fixed,
             )
-            for entry, shape in zip(decided, shapes):
-                entry.draft = entry.draft.shaped(shape)
+            for entry, length in zip(decided, lengths):
+                entry.draft = entry.draft.cut(length)
         for entry in entries:
-            if entry.rows and entry.draft.branches:  # the tree's rows, depth-first
-                entry.tree = TokenTree.of(entry.token_ids[-1], entry.draft)
-                before = len(entry.token_ids) - 1  # prompt tokens not cached yet
-                entry.offsets = [*range(before), *(before + d for d in entry.tree.depths)]
-                entry.token_ids = [*entry.token_ids[:-1], *entry.tree.tokens]
-                entry.rows = len(entry.tree.tokens)
-            elif entry.rows:
+            if entry.rows:
                 entry.token_ids, entry.rows = [*entry.token_ids, *entry.draft], len(entry.draft) + 1
         return entries

@@ -29,7 +29,6 @@ from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import UnsupportedModelError
 from .policy import AcceptanceModel, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
-from .trees import TokenTree, accept_tree
 
 
 @dataclass
@@ -107,17 +106,13 @@ class DecodingSequence:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def propose(self, trees: bool = False) -> Draft:
+    def propose(self) -> Draft:
         """Step 2: the drafter's draft, leaving room for the bonus token so that a step never
-        overshoots the token budget; its branches kept only with ``trees`` (the target verifies
-        token trees) for a greedy sequence whose drafts are not sampled."""
+        overshoots the token budget."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
         if room <= 0:
             return Draft()
-        draft = Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
-        if trees and not self.chooser.do_sample and draft.draft_probs is None:
-            return draft
-        return draft.chain()
+        return Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
 
     def accept(
         self, draft: Draft, target_logits: torch.Tensor, policy: SpeculationPolicy | None = None
@@ -245,36 +240,23 @@ def speculative_generate(
     target.prefill(tokens[:-1])
     if policy is not None:
         policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
-    trees = getattr(target, "tree_passes", False)
     while not sequence.done:
         if should_stop is not None and should_stop():
             break
-        # 2. Draft, and keep only the part of it worth its verification cost: a chain, or a
-        #    token tree (its branches) where the target verifies trees and decoding is greedy.
-        draft = sequence.propose(trees)
+        # 2. Draft, and keep only the part of it worth its verification cost.
+        draft = sequence.propose()
         if policy is not None:
             draft = policy.shape(draft)
-        # 3. One target forward pass over the last token and the draft, or the tree's rows
-        #    depth-first (the target's one-off set-up for a new pass size comes first, so the
-        #    policy times the pass alone).
-        tree = TokenTree.of(tokens[-1], draft) if draft.branches else None
-        rows = tree.tokens if tree else [tokens[-1], *draft]
-        target.prepare([len(rows)])
+        # 3. One target forward pass over the last token and the draft (the target's one-off
+        #    set-up for a new pass size comes first, so the policy times the pass alone).
+        target.prepare([len(draft) + 1])
         forward_start = time.perf_counter()
-        if tree is None:
-            target_logits = target.forward(rows)  # (len(draft) + 1, vocab)
-        else:
-            target_logits = target.forward(rows, tree.depths)  # (rows, vocab)
+        target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
         if policy is not None and stats.forward_passes:  # the first also ends the prompt
-            policy.record_forward(len(rows), time.perf_counter() - forward_start)
-        # 4-5. Verify and learn (DecodingSequence.accept; a tree's accepted path as a chain,
-        #      its rows kept in the cache); crop the cache back to the accepted tokens (the
-        #      bonus token is fed next step).
-        if tree is None:
-            new_tokens = sequence.accept(draft, target_logits, policy)
-        else:
-            new_tokens, path = accept_tree(sequence, tree, draft, target_logits, policy)
-            target.keep_tree_path(path)
+            policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
+        # 4-5. Verify and learn (DecodingSequence.accept); crop the cache back to the accepted
+        #      tokens (the bonus token is fed next step).
+        new_tokens = sequence.accept(draft, target_logits, policy)
         target.crop(len(tokens) - 1)
         for position, token in enumerate(new_tokens):
             try:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .cost_model import CostModel
 from .cost_store import CostStore
-from .drafters.base import BRANCH, Branch, Draft
+from .drafters.base import Draft
 from .errors import InvalidParameterError
 
 __all__ = [
@@ -124,8 +124,6 @@ class SequenceDraft:
     acceptance: AcceptanceModel
     sampling: bool
     source: str | None = None
-    #: The draft's branches (a token tree, :mod:`promptlookup.trees`), weighed with it.
-    branches: tuple[Branch, ...] = ()
 
 
 def check_speculation(speculation: str) -> str:
@@ -219,14 +217,9 @@ class SpeculationPolicy:
         return self.joint_draft_lengths([entry])[0]
 
     def shape(self, draft: Draft) -> Draft:
-        """The part of ``draft`` worth verifying for the current request (the rule of
-        :meth:`joint_draft_lengths` for it alone): a chain's first :meth:`draft_length`
-        tokens, or a token tree's (:mod:`promptlookup.trees`) main draft and branches cut
-        together."""
-        if not draft:
-            return draft.cut(0)
-        entry = self._current(len(draft), draft.match_length, draft.source, draft.branches)
-        return draft.shaped(self.joint_shapes([entry])[0])
+        """The part of ``draft`` worth verifying for the current request: its first
+        :meth:`draft_length` tokens."""
+        return draft.cut(self.draft_length(draft, draft.match_length))
 
     def expected_accepted(
         self, length: int, match_length: int | None, source: str | None = None
@@ -247,13 +240,9 @@ class SpeculationPolicy:
         entry = self._current(limit, None, None)
         return self.joint_draft_lengths([entry], draft_seconds=seconds_per_draft_token)[0]
 
-    def _current(
-        self, length: int, match_length: int | None, source: str | None, branches=()
-    ) -> SequenceDraft:
+    def _current(self, length: int, match_length: int | None, source: str | None) -> SequenceDraft:
         """A draft of the current request (:meth:`start`), as the rule takes it."""
-        return SequenceDraft(
-            length, match_length, self.request_acceptance, self.sampling, source, tuple(branches)
-        )
+        return SequenceDraft(length, match_length, self.request_acceptance, self.sampling, source)
 
     def _gains(self, entry: SequenceDraft) -> Iterator[float]:
         """What each of the draft's tokens adds to the expected accepted tokens, in order:
@@ -293,63 +282,26 @@ class SpeculationPolicy:
         weight, 0 leaving it no draft (how much its tokens are worth to the caller; vLLM's
         bottleneck rule, :mod:`promptlookup.vllm.batch_policy`).
         """
-        shapes = self.joint_shapes(drafts, fixed_tokens, draft_seconds, weights)
-        return [shape[0] for shape in shapes]
-
-    def joint_shapes(
-        self,
-        drafts: Sequence[SequenceDraft],
-        fixed_tokens: int = 0,
-        draft_seconds: float = 0.0,
-        weights: Sequence[float] | None = None,
-    ) -> list[list[int]]:
-        """:meth:`joint_draft_lengths`' rule over token trees: per sequence, the kept length
-        of its main draft, then of each of its branches. A branch leaving at depth d gains
-        ``miss(d) * weight * prod_{l<=j} a_b(l)`` for its token j, merged with the rest:
-        ``miss(d)``, the chance that the main draft reaches depth d and its token there is
-        wrong; ``weight``, the drafter's estimate of the branch being right then; ``a_b``, the
-        acceptance of branches where they were the only hope (source ``"branch"``,
-        :func:`promptlookup.trees.accept_tree` records it), so that branches that do not pay
-        stop being verified. A branch is kept only with the main tokens before it."""
         costs = self.batch_costs(len(drafts))
         weights = [1.0] * len(drafts) if weights is None else weights
         gains = [
-            (gain * weight, index, part)
+            (gain * weight, index)
             for index, (entry, weight) in enumerate(zip(drafts, weights)) if weight > 0
-            for gain, part in self._tree_gains(entry)
+            for gain in self._gains(entry)
         ]  # fmt: skip
         gains.sort(key=lambda gain: -gain[0])  # stable: each draft's own gains stay in order
         base = fixed_tokens + len(drafts)
         expected, best_count, best_rate = float(len(drafts)), 0, len(drafts) / costs.cost(base)
-        for count, (gain, _, _) in enumerate(gains, start=1):
+        # Grow the pass by the next largest gain; keep the count with the best rate.
+        for count, (gain, _) in enumerate(gains, start=1):
             expected += gain
             rate = expected / (costs.cost(base + count) + draft_seconds * count)
             if rate > best_rate:
                 best_count, best_rate = count, rate
-        shapes = [[0] * (1 + len(entry.branches)) for entry in drafts]
-        for _, index, part in gains[:best_count]:
-            shapes[index][part] += 1
-        for entry, shape in zip(drafts, shapes):
-            for part, branch in enumerate(entry.branches, start=1):
-                if branch.depth > shape[0]:
-                    shape[part] = 0  # its main tokens before it were not kept
-        return shapes
-
-    def _tree_gains(self, entry: SequenceDraft) -> Iterator[tuple[float, int]]:
-        """``(gain, part)`` of each token of ``entry``'s main draft (part 0) and branches (part
-        1, 2, ...), each part's in order (see :meth:`joint_shapes`)."""
-        main = list(self._gains(entry))
-        yield from ((gain, 0) for gain in main)
-        reach = [1.0, *main, 0.0]  # the chance that the main draft's path reaches depth d
-        for part, branch in enumerate(entry.branches, start=1):
-            if branch.depth > len(main):
-                continue
-            miss = (reach[branch.depth] - reach[branch.depth + 1]) * branch.weight
-            own = SequenceDraft(
-                len(branch.draft), branch.draft.match_length, entry.acceptance, entry.sampling,
-                BRANCH,
-            )  # fmt: skip
-            yield from ((miss * gain, part) for gain in self._gains(own))
+        lengths = [0] * len(drafts)
+        for _, index in gains[:best_count]:
+            lengths[index] += 1
+        return lengths
 
     def batch_costs(self, batch_size: int) -> CostModel:
         """The cost curve of forward passes over ``batch_size`` sequences, by the total tokens

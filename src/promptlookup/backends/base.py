@@ -19,11 +19,6 @@ class Target(Protocol):
     """What the decoding loop needs from a model backend.
 
     Positions are implicit: the i-th token fed after a ``reset`` sits at position i.
-
-    Optional, for token trees (:mod:`promptlookup.trees`): a target with ``tree_passes`` true
-    takes ``forward(token_ids, offsets)`` (rows depth-first, ``offsets[i]`` row i's depth) and
-    then ``keep_tree_path(rows)``; as a batch target, ``forward_batch(..., offsets)`` and
-    ``keep_tree_paths``. Without it the loop verifies chains only.
     """
 
     #: Longest sequence (prompt + generated tokens) the model accepts.

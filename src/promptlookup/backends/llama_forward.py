@@ -153,24 +153,19 @@ class LlamaForward:
             if self.native_attention and layers_in_one_call
             else None
         )
-        self.tree_aside: torch.Tensor | None = None  # the last tree pass's keys and values
 
     @torch.inference_mode()
-    def __call__(
-        self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0, offsets=None
-    ) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits ``(1, kept, vocab)`` over ``input_ids`` (1, n) appended to ``cache`` (a cache
         of :class:`~promptlookup.backends.cache.GrowingLayer`, updated in place).
 
         ``logits_to_keep``: the last this many positions (0: all of them), as in transformers.
         Whether a bfloat16 prompt chunk takes the blocks is
-        :func:`~promptlookup.backends.attention.verification_attention`'s to say. ``offsets``:
-        a token tree's rows (see :meth:`batch`).
+        :func:`~promptlookup.backends.attention.verification_attention`'s to say.
         """
         length = input_ids.shape[1]
         if self.row_invariant:
-            trees = None if offsets is None else [offsets]
-            return self.batch(input_ids, [cache], [length], [logits_to_keep or length], trees)[None]
+            return self.batch(input_ids, [cache], [length], [logits_to_keep or length])[None]
         start = cache.get_seq_length()  # tokens cached before this pass
         hidden = self.embed(input_ids)  # (1, n, hidden)
         positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
@@ -186,7 +181,7 @@ class LlamaForward:
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
 
     @torch.inference_mode()
-    def batch(self, input_ids: torch.Tensor, caches, lengths, keep, offsets=None) -> torch.Tensor:
+    def batch(self, input_ids: torch.Tensor, caches, lengths, keep) -> torch.Tensor:
         """Logits ``(sum(keep), vocab)`` of one row-invariant pass over several sequences.
 
         ``input_ids`` (1, sum(lengths)) holds sequence i's ``lengths[i]`` new tokens after
@@ -194,30 +189,16 @@ class LlamaForward:
         ``keep[i]``: the logits of sequence i's last this many tokens (0: none), in order.
         Every product runs over all rows at once; attention runs per sequence, each over its
         own cache. Row-invariance makes each sequence's logits those it gets alone.
-
-        Token trees (the one-call layers only, :attr:`tree_passes`): ``offsets[i]``, sequence
-        i's rows' positions after its cache (their depths, depth-first; see
-        ``quantized_layers.c``). Each cache then counts ``max(offsets[i]) + 1`` new positions,
-        holding the path written last; :attr:`tree_aside` keeps every row's keys and values
-        for :meth:`keep_tree_rows`.
         """
+        device = input_ids.device
         hidden = self.embed(input_ids)  # (1, total, hidden)
         starts = [cache.get_seq_length() for cache in caches]
-        rows = offsets or [range(n) for n in lengths]
-        positions = torch.tensor(
-            [[start + offset for start, row in zip(starts, rows) for offset in row]],
-            device=input_ids.device,
-        )  # (1, total)
+        positions = torch.cat(
+            [torch.arange(start, start + n, device=device) for start, n in zip(starts, lengths)]
+        ).unsqueeze(0)
         ropes = self.rotations(hidden, positions)
-        pass_rows = PassRows(starts, lengths, offsets) if self.native_attention else None
-        if offsets is not None:
-            if not self.tree_passes:
-                raise ValueError("token trees need the one-call quantized layers")
-            layers = self.quantized_layers
-            self.tree_aside = torch.empty(len(self.layers), hidden.shape[1], layers.aside_width)
-            advances = [max(row) + 1 for row in rows]
-            layers(hidden, ropes, caches, lengths, pass_rows, self.tree_aside, advances)
-        elif self.quantized_layers is not None:
+        pass_rows = PassRows(starts, lengths) if self.native_attention else None
+        if self.quantized_layers is not None:
             self.quantized_layers(hidden, ropes, caches, lengths, pass_rows)
         else:
             for index, layer in enumerate(self.layers):
@@ -243,16 +224,6 @@ class LlamaForward:
     def windows(self) -> set[int]:
         """The layers' sliding windows (0: none)."""
         return {layer.window for layer in self.layers}
-
-    @property
-    def tree_passes(self) -> bool:
-        """Whether :meth:`batch` takes token trees (``offsets``): the one-call layers."""
-        return self.quantized_layers is not None
-
-    def keep_tree_rows(self, caches, copies: list[tuple[int, int, int]]) -> None:
-        """After a tree pass: ``(row, sequence, position)`` copies of rows' keys and values
-        (the pass's row numbering, all sequences together) into ``caches[sequence]``."""
-        self.quantized_layers.keep(self.tree_aside, caches, copies)
 
 
 class _LayerModules:

@@ -85,14 +85,11 @@ class PassRows:
     """What every layer of one pass tells the kernel about its rows: each row's sequence and
     position (``row_sequence``, ``row_position``: int64 tensors kept alive for the calls)."""
 
-    def __init__(self, starts: list[int], lengths: list[int], offsets=None) -> None:
-        """``offsets[i]``: sequence i's rows' positions after ``starts[i]`` (a token tree's
-        depths); None: ``range(lengths[i])`` for every sequence."""
+    def __init__(self, starts: list[int], lengths: list[int]) -> None:
         sequence, position = [], []
         for index, (start, length) in enumerate(zip(starts, lengths)):
             sequence += [index] * length
-            rows = range(length) if offsets is None else offsets[index]
-            position += [start + offset for offset in rows]
+            position += range(start, start + length)
         self.row_sequence = torch.tensor(sequence, dtype=torch.int64)
         self.row_position = torch.tensor(position, dtype=torch.int64)
 

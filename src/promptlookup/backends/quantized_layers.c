@@ -133,50 +133,15 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
     return 0;
 }
 
-/* One row's kept key and value (kv_heads x head_dim each) into its sequence's cache. */
-static void put_aside_row(const struct model *m, const float *kept, int64_t sequence,
-                          int64_t position, const int64_t *keys_at, const int64_t *values_at,
-                          const int64_t *capacity_at) {
-    const int64_t dim = m->head_dim, kv_width = (int64_t)m->kv_heads * dim;
-    float *keys = (float *)keys_at[sequence], *values = (float *)values_at[sequence];
-    const int64_t capacity = capacity_at[sequence];
-    for (int g = 0; g < m->kv_heads; g++) {
-        for (int64_t d = 0; d < dim; d++)
-            keys[(g * dim + d) * capacity + position] = kept[g * dim + d];
-        memcpy(values + (g * capacity + position) * dim, kept + kv_width + g * dim,
-               sizeof(float) * (size_t)dim);
-    }
-}
-
-/* The end of the run of rows from `first` whose positions rise within each sequence. */
-static int64_t run_end(const int64_t *row_sequence, const int64_t *row_position, int64_t first,
-                       int64_t rows) {
-    for (int64_t r = first + 1; r < rows; r++)
-        for (int64_t q = r - 1; q >= first; q--)
-            if (row_sequence[q] == row_sequence[r]) {
-                if (row_position[q] >= row_position[r]) return r;
-                break;
-            }
-    return rows;
-}
-
 /* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
  * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
  * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
- * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns 0, -1
- * for a shape the kernels do not take, -2 out of memory.
- *
- * Token trees: with `aside` (layers x rows x 2 * kv_heads * head_dim floats, else NULL) the
- * rows may be a tree of drafts in depth-first order, each at the position start + depth. Every
- * row's key and value go to `aside` (key rotated, then value), and rows are attended in runs
- * whose positions rise within each sequence: a run's keys and values enter the cache just
- * before its attention. A row's ancestors are then exactly the cache's tail below it, as in a
- * one-token pass over its own path, so each row's bits are that pass's. Afterwards the cache
- * holds the last path written at each position; tree_keep puts an accepted branch in place. */
+ * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns
+ * 0, -1 for a shape the kernels do not take, -2 out of memory. */
 int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
                      const float *sin, const int64_t *row_sequence, const int64_t *row_position,
                      const int64_t *key_pointers, const int64_t *value_pointers,
-                     const int64_t *capacities, int64_t sequences, float *aside, int threads) {
+                     const int64_t *capacities, int64_t sequences, int threads) {
     const int64_t h = m->hidden, dim = m->head_dim, inter = m->intermediate;
     const int64_t q_width = (int64_t)m->heads * dim, kv_width = (int64_t)m->kv_heads * dim;
     const int64_t qkv_width = q_width + 2 * kv_width;
@@ -211,35 +176,21 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
             float *keys = (float *)keys_at[sequence], *values = (float *)values_at[sequence];
             const int64_t capacity = capacity_at[sequence];
             float rotated[MAX_DIM];
-            float *kept = aside ? aside + (index * rows + r) * 2 * kv_width : NULL;
             for (int g = 0; g < m->kv_heads; g++) {
                 head_in(row + q_width + g * dim, L->k_norm, m->eps, c, s, (int)dim, m->rot_dim,
                         rotated);
-                const float *value = row + q_width + kv_width + g * dim;
-                if (kept) {  /* a tree: into the cache run by run, below */
-                    memcpy(kept + g * dim, rotated, sizeof(float) * (size_t)dim);
-                    memcpy(kept + kv_width + g * dim, value, sizeof(float) * (size_t)dim);
-                    continue;
-                }
                 for (int64_t d = 0; d < dim; d++)
                     keys[(g * dim + d) * capacity + position] = rotated[d];
-                memcpy(values + (g * capacity + position) * dim, value, sizeof(float) * (size_t)dim);
+                memcpy(values + (g * capacity + position) * dim, row + q_width + kv_width + g * dim,
+                       sizeof(float) * (size_t)dim);
             }
         }
-        /* Attention: all rows at once, or a tree's runs (rows [first, end) with positions
-         * rising within each sequence), each run's keys and values written first. */
-        for (int64_t first = 0, end; first < rows && status == 0; first = end) {
-            end = aside ? run_end(row_sequence, row_position, first, rows) : rows;
-            for (int64_t r = first; aside && r < end; r++)
-                put_aside_row(m, aside + (index * rows + r) * 2 * kv_width, row_sequence[r],
-                              row_position[r], keys_at, values_at, capacity_at);
-            if (row_attention(0, query + first * q_width, attended + first * q_width, end - first,
-                              row_sequence + first, row_position + first, keys_at, values_at,
-                              capacity_at, m->heads, m->kv_heads, (int)dim, m->scale, L->window,
-                              threads))
-                status = -1;
+        if (row_attention(0, query, attended, rows, row_sequence, row_position, keys_at,
+                          values_at, capacity_at, m->heads, m->kv_heads, (int)dim, m->scale,
+                          L->window, threads)) {
+            status = -1;
+            break;
         }
-        if (status) break;
         status = linear_parts(&L->o, 1, attended, rows, product, h, threads);
         if (status) break;
         add_normed(hidden, product, L->attn_post_norm, m->eps, rows, h, normed, parallel, threads);
@@ -263,18 +214,4 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
     }
     free(buffer);
     return status;
-}
-
-/* After a tree pass: row from_row[i]'s key and value of every layer (from quantized_layers'
- * `aside`, of a pass over `rows` rows) into sequence to_sequence[i]'s cache at to_position[i]. */
-void tree_keep(const struct model *m, const float *aside, int64_t rows, int64_t count,
-               const int64_t *from_row, const int64_t *to_sequence, const int64_t *to_position,
-               const int64_t *key_pointers, const int64_t *value_pointers,
-               const int64_t *capacities, int64_t sequences) {
-    const int64_t kv_width = (int64_t)m->kv_heads * m->head_dim;
-    for (int32_t index = 0; index < m->layers; index++)
-        for (int64_t i = 0; i < count; i++)
-            put_aside_row(m, aside + (index * rows + from_row[i]) * 2 * kv_width, to_sequence[i],
-                          to_position[i], key_pointers + index * sequences,
-                          value_pointers + index * sequences, capacities + index * sequences);
 }

@@ -85,9 +85,7 @@ def kernel() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.quantized_layers.restype = ctypes.c_int
-    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, p, ctypes.c_int]
-    library.tree_keep.restype = None
-    library.tree_keep.argtypes = [p, p, i64, i64, p, p, p, p, p, p, i64]
+    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, ctypes.c_int]
     return library
 
 
@@ -172,24 +170,23 @@ class QuantizedLayers:
         )  # fmt: skip
         return cls(model, keep)
 
-    @property
-    def aside_width(self) -> int:
-        """Floats a tree pass keeps aside per layer and row: its key and value."""
-        return 2 * self._model.kv_heads * self._model.head_dim
-
-    def __call__(
-        self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows, aside=None,
-        advances: list[int] | None = None,
-    ) -> None:  # fmt: skip
+    def __call__(self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows) -> None:
         """``hidden`` (1, total, hidden) through every layer, in place: sequence i's
         ``lengths[i]`` rows appended to ``caches[i]`` (their layers' buffers grown here, their
-        lengths moved by ``advances[i]``, default ``lengths[i]``, after the call). ``ropes``:
-        each rotary embedding's (cos, sin), (1, total, rotated dims) each. A pass of token trees (rows at the positions
-        ``pass_rows`` gives, depth-first, see ``quantized_layers.c``) keeps every row's keys
-        and values in ``aside`` (layers, total, :attr:`aside_width`) for :meth:`keep`."""
-        pointers = self._pointers(caches, lengths)
+        lengths moved after the call). ``ropes``: each rotary embedding's (cos, sin),
+        (1, total, rotated dims) each."""
+        like = torch.empty(1, self._model.kv_heads, 0, self._model.head_dim)
+        keys, values, capacities = [], [], []
+        for index in range(self._model.layers):
+            for cache, length in zip(caches, lengths):
+                layer = cache.layers[index]
+                layer.make_room(length, like)
+                keys.append(layer.key_storage.data_ptr())
+                values.append(layer.value_buffer.data_ptr())
+                capacities.append(layer.value_buffer.shape[-2])
         cos = torch.cat([cos for cos, _ in ropes]).contiguous()  # (ropes, total, dims)
         sin = torch.cat([sin for _, sin in ropes]).contiguous()
+        pointers = torch.tensor([keys, values, capacities], dtype=torch.int64)
         status = kernel().quantized_layers(
             ctypes.byref(self._model),
             hidden.data_ptr(),
@@ -202,7 +199,6 @@ class QuantizedLayers:
             pointers[1].data_ptr(),
             pointers[2].data_ptr(),
             len(caches),
-            None if aside is None else aside.data_ptr(),
             torch.get_num_threads(),
         )
         if status == -2:
@@ -211,34 +207,6 @@ class QuantizedLayers:
             raise ValueError(
                 "quantized decoder layers: a weight layout or attention shape the kernel does not take"
             )
-        for cache, length in zip(caches, advances or lengths):
+        for cache, length in zip(caches, lengths):
             for layer in cache.layers:
                 layer.advance(length)
-
-    def keep(self, aside, caches: list, copies: list[tuple[int, int, int]]) -> None:
-        """After a tree pass with ``aside``: for each ``(row, sequence, position)`` of
-        ``copies``, the row's keys and values of every layer into ``caches[sequence]`` at
-        ``position`` (an accepted branch where another path was written last)."""
-        if not copies:
-            return
-        pointers = self._pointers(caches, [0] * len(caches))
-        rows, sequences, positions = torch.tensor(copies, dtype=torch.int64).T.contiguous()
-        kernel().tree_keep(
-            ctypes.byref(self._model), aside.data_ptr(), aside.shape[1], len(copies),
-            rows.data_ptr(), sequences.data_ptr(), positions.data_ptr(), pointers[0].data_ptr(),
-            pointers[1].data_ptr(), pointers[2].data_ptr(), len(caches),
-        )  # fmt: skip
-
-    def _pointers(self, caches: list, room: list[int]) -> torch.Tensor:
-        """(3, layers * sequences): each layer's keys, values and capacity per sequence, after
-        making room for ``room[i]`` more positions in ``caches[i]``."""
-        like = torch.empty(1, self._model.kv_heads, 0, self._model.head_dim)
-        keys, values, capacities = [], [], []
-        for index in range(self._model.layers):
-            for cache, length in zip(caches, room):
-                layer = cache.layers[index]
-                layer.make_room(length, like)
-                keys.append(layer.key_storage.data_ptr())
-                values.append(layer.value_buffer.data_ptr())
-                capacities.append(layer.value_buffer.shape[-2])
-        return torch.tensor([keys, values, capacities], dtype=torch.int64)

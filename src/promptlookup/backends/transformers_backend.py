@@ -120,14 +120,8 @@ class TransformersTarget:
     def cache_length(self) -> int:
         return self.cache.get_seq_length() + len(self._pending)
 
-    @property
-    def tree_passes(self) -> bool:
-        """Whether :meth:`forward` takes token trees (``offsets``): row-invariant passes over
-        the one-call quantized layers (a GGUF's default path)."""
-        return self.row_invariant and self.written_out.tree_passes
-
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int, offsets=None) -> torch.Tensor:
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
         # Row-invariant passes have their own attention: no prompt-attention choice to time.
@@ -139,7 +133,7 @@ class TransformersTarget:
             if self.written_out is not None and (
                 self.row_invariant or length > 1 or self.dtype != torch.float32 or not own
             ):
-                return self.written_out(input_ids, self.cache, logits_to_keep, offsets)[0]
+                return self.written_out(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(
                 input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
             )
@@ -169,50 +163,16 @@ class TransformersTarget:
             logits = self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)[-1]
         return logits
 
-    def forward(
-        self, token_ids: Sequence[int], offsets: Sequence[int] | None = None
-    ) -> torch.Tensor:
-        """See :meth:`~promptlookup.backends.base.Target.forward`; with ``offsets`` (where
-        :attr:`tree_passes`), ``token_ids`` is a token tree in depth-first order and
-        ``offsets[i]`` row i's depth (:meth:`keep_tree_path` after it)."""
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
         if not token_ids:
             self.extend(())
             return torch.empty(0, self.config.vocab_size)
-        waiting, self._pending = self._pending, []
-        fed = [*waiting, *token_ids]
-        if offsets is not None:  # the waiting prompt tokens first, the tree after them
-            start = self.cache.get_seq_length() + len(waiting)
-            self._trees = {id(self.cache): (len(waiting), start, list(offsets))}
-            offsets = [*range(len(waiting)), *(len(waiting) + offset for offset in offsets)]
+        fed, self._pending = [*self._pending, *token_ids], []
         # Logits of this call's tokens only (the waiting prompt tokens before them need none).
-        logits = self._run(fed, len(token_ids), offsets).float()  # (len(token_ids), vocab)
+        logits = self._run(fed, logits_to_keep=len(token_ids)).float()  # (len(token_ids), vocab)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # so that the caller's timing is real
         return logits
-
-    def keep_tree_path(self, rows: Sequence[int]) -> None:
-        """After a tree :meth:`forward`: make the cache hold ``rows`` (that call's row numbers:
-        the root, then one row per depth) at their positions, where the pass wrote another
-        path last. The caller then crops the cache to the accepted tokens."""
-        self.keep_tree_paths([(self.cache, rows)])
-
-    def keep_tree_paths(self, paths: Sequence[tuple[DynamicCache, Sequence[int]]]) -> None:
-        """After a tree pass (:meth:`forward_batch` with ``offsets``): for each ``(cache,
-        rows)``, that sequence's ``rows`` (its own row numbers in the pass, one per depth) put
-        in place, as :meth:`keep_tree_path` does for one. Each tree's layout: ``(base, start,
-        offsets)``, its first row in the pass, the position of its depth 0 and its rows'
-        depths."""
-        caches, copies = [], []
-        for cache, rows in paths:
-            base, start, offsets = self._trees[id(cache)]
-            last = {offset: row for row, offset in enumerate(offsets)}  # written last at a depth
-            copies += [
-                (base + row, len(caches), start + offsets[row])
-                for row in rows
-                if last[offsets[row]] != row
-            ]
-            caches.append(cache)
-        self.written_out.keep_tree_rows(caches, copies)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -239,24 +199,18 @@ class TransformersTarget:
         caches: Sequence[DynamicCache],
         token_ids: Sequence[Sequence[int]],
         keep: Sequence[int],
-        offsets: Sequence[Sequence[int] | None] | None = None,
     ) -> list[torch.Tensor]:
         """One forward pass over several sequences (see
         :meth:`~promptlookup.backends.base.BatchTarget.forward_batch`): packed into one pass
         when :attr:`row_invariant`, else one pass per sequence (the model's own forward
         cannot run sequences of different cache lengths as one without padding them, and
-        padding rounds a row differently than it is rounded alone). With ``offsets`` (where
-        :attr:`tree_passes`), ``offsets[i]`` makes sequence i's tokens a token tree (their
-        depths, as :meth:`forward` takes them; None: a chain); :meth:`keep_tree_paths` after."""
+        padding rounds a row differently than it is rounded alone)."""
         if not all(token_ids):  # sequences without new tokens sit this pass out
             fed = [index for index, tokens in enumerate(token_ids) if tokens]
             logits = (
                 self.forward_batch(
-                    [caches[i] for i in fed],
-                    [token_ids[i] for i in fed],
-                    [keep[i] for i in fed],
-                    None if offsets is None else [offsets[i] for i in fed],
-                )  # fmt: skip
+                    [caches[i] for i in fed], [token_ids[i] for i in fed], [keep[i] for i in fed]
+                )
                 if fed
                 else []
             )
@@ -274,16 +228,8 @@ class TransformersTarget:
         input_ids = torch.tensor(
             [[t for tokens in token_ids for t in tokens]], dtype=torch.long, device=self.device
         )
-        trees = None
-        if offsets is not None and any(rows is not None for rows in offsets):
-            trees = [range(n) if rows is None else rows for n, rows in zip(lengths, offsets)]
-            bases = [sum(lengths[:index]) for index in range(len(lengths))]
-            self._trees = {
-                id(cache): (base, cache.get_seq_length(), rows)
-                for cache, base, rows in zip(caches, bases, trees)
-            }
         with self.kernels.use(sum(lengths)):
-            logits = self.written_out.batch(input_ids, caches, lengths, keep, trees).float()
+            logits = self.written_out.batch(input_ids, caches, lengths, keep).float()
         return list(logits.split(list(keep)))  # (keep[i], vocab) each
 
     def _alone(self, cache: DynamicCache, token_ids: Sequence[int], keep: int) -> torch.Tensor:

@@ -1,9 +1,7 @@
 """Running the session workload (:mod:`~promptlookup.bench.sessions`) and tallying it.
 
 Modes: ``off`` (prompt lookup, no index), ``per-key`` (one index per session, as the server
-shares one per API key, each session a client) and ``global`` (one index for all sessions);
-``per-key-trees`` and ``global-trees`` are the same with token trees (``branches=2``; the
-drafter's default is 0, chains), each mode with indexes of its own.
+shares one per API key, each session a client) and ``global`` (one index for all sessions).
 Sessions run one after another (concurrency 1), or ``concurrency`` at a time with
 :meth:`~promptlookup.LanguageModel.generate_batch` (their n-th requests together). Modes are
 interleaved request by request in a rotating order, so a slow spell of a shared machine hits
@@ -29,8 +27,6 @@ from ..drafters import CrossRequestIndex
 from .sessions import KINDS, Session
 
 MODES = ("off", "per-key", "global")
-#: The branches a ``*-trees`` mode lets the drafter offer.
-TREE_BRANCHES = 2
 
 
 @dataclass
@@ -106,18 +102,13 @@ def run_sessions(
     modes = [*modes, *by_name]
     same_text = dict.fromkeys(by_name, 0)
     tallies: dict[tuple[str, str], Tally] = {}
-    indexes: dict[tuple[str, str], CrossRequestIndex] = {}  # (mode, session or "") -> index
+    per_key = {session.name: CrossRequestIndex(max_tokens) for session in sessions}
+    shared = CrossRequestIndex(max_tokens)
     mismatches: list[str] = []
     records: list[dict] = []
 
     def index_of(mode: str, session: Session) -> CrossRequestIndex | None:
-        sharing = mode.removesuffix("-trees")
-        if sharing not in MODES:
-            raise ValueError(f"unknown mode {mode!r}: off, per-key, global, or *-trees")
-        if sharing == "off":
-            return None
-        key = (mode, session.name if sharing == "per-key" else "")
-        return indexes.setdefault(key, CrossRequestIndex(max_tokens))
+        return {"off": None, "per-key": per_key[session.name], "global": shared}[mode]
 
     turn = 0
     groups = [sessions[i : i + concurrency] for i in range(0, len(sessions), concurrency)]
@@ -132,9 +123,8 @@ def run_sessions(
                 if mode in by_name:
                     results = _ask(by_name[mode], prompts, max_new_tokens)
                 else:
-                    held = [index_of(mode, session) for session in group]
-                    branches = TREE_BRANCHES if mode.endswith("-trees") else None
-                    results = _generate(lm, prompts, held, max_new_tokens, branches)
+                    indexes = [index_of(mode, session) for session in group]
+                    results = _generate(lm, prompts, indexes, max_new_tokens)
                 seconds = (time.perf_counter() - start) / len(results)  # concurrency 1: all
                 outputs[mode], spent[mode] = results, seconds * len(results)
                 for session, result in zip(group, results):
@@ -173,11 +163,7 @@ def run_sessions(
                     for mode in modes
                 )
             )
-    sizes = {
-        mode: sum(len(index) for (owner, _), index in indexes.items() if owner == mode)
-        for mode in local
-        if mode != "off"
-    }
+    sizes = {"global": len(shared), "per-key": sum(map(len, per_key.values()))}
     return SessionRun(tallies, not mismatches, mismatches, sizes, records, same_text)
 
 
@@ -188,24 +174,18 @@ class _Output:
     stats: object
 
 
-def _generate(lm, prompts, indexes, max_new_tokens, branches=None) -> list[_Output]:
+def _generate(lm, prompts, indexes, max_new_tokens) -> list[_Output]:
     """One request alone (``lm.generate``), or several in shared forward passes, each with its
-    own index (``generate_batch`` takes one set of options for all its prompts); ``branches``:
-    the drafter's option where given."""
-    options = {} if branches is None or indexes[0] is None else {"branches": branches}
+    own index (``generate_batch`` takes one set of options for all its prompts)."""
     if len(prompts) == 1:
-        result = lm.generate(
-            prompts[0], max_new_tokens=max_new_tokens, cross_request=indexes[0], **options
-        )
+        result = lm.generate(prompts[0], max_new_tokens=max_new_tokens, cross_request=indexes[0])
         return [_Output(result.token_ids, result.text, result.stats)]
     from ..batching import BatchDecoder
 
     decoder = BatchDecoder(lm.target, lm.policy, max_batch=len(prompts))
     sequences = []
     for prompt, index in zip(prompts, indexes):
-        sequence, _ = lm.batch_sequence(
-            prompt, max_new_tokens=max_new_tokens, cross_request=index, **options
-        )
+        sequence, _ = lm.batch_sequence(prompt, max_new_tokens=max_new_tokens, cross_request=index)
         sequences.append(decoder.add(sequence))
     for _ in decoder.run():
         pass
@@ -268,16 +248,6 @@ def report(run: SessionRun, modes: Sequence[str] = MODES) -> str:
             )
     verdict = "identical" if run.identical else f"DIFFERENT: {', '.join(run.mismatches)}"
     lines.append(f"\nOutputs with the index against without: {verdict}.")
-    for mode in modes:
-        trees = run.tallies.get(("all", f"{mode}-trees"))
-        if trees is None:
-            continue
-        chains = run.tallies[("all", mode)]
-        lines.append(
-            f"{mode}, trees over chains: tokens/s {_ratio(trees.tokens_per_second, chains.tokens_per_second)}"
-            f", decode tokens/s {_ratio(trees.decode_tokens_per_second, chains.decode_tokens_per_second)}"
-            f", tokens/pass {_ratio(trees.tokens_per_pass, chains.tokens_per_pass)}."
-        )
     lines.append(f"Index tokens held at the end: {run.index_tokens}.")
     for name, same in run.same_text.items():
         total = run.tallies[("all", name)].requests

@@ -212,8 +212,6 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
 
 def _lookup_drafter(eos_token_ids, options: dict, policy=None) -> PromptLookupDrafter:
     index = options.pop("cross_request", None)
-    if index is None:
-        options.pop("branches", None)  # branches come from a cross-request index only
     try:
         if index is not None:
             return SharedLookupDrafter(index, policy=policy, eos_token_ids=eos_token_ids, **options)

@@ -22,7 +22,6 @@ call, so drafters can index it incrementally. Drafters are torch-free unless the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -37,9 +36,6 @@ class Draft(list):
     - ``source``: where the draft came from when a drafter has several sources (``"shared"``:
       a :class:`~promptlookup.drafters.cross_request.CrossRequestIndex`); the policy keeps
       acceptance statistics per source. None: the request's own context.
-    - ``branches``: alternative continuations verified in the same pass where the target can
-      (a token tree, :mod:`promptlookup.trees`): :class:`Branch` es, each leaving the draft
-      after its first ``depth`` tokens. Empty: a chain.
 
     >>> draft = Draft([4, 5, 6], match_length=2)
     >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length
@@ -54,13 +50,11 @@ class Draft(list):
         draft_probs=None,
         match_length: int | None = None,
         source: str | None = None,
-        branches: Sequence[Branch] = (),
     ) -> None:
         super().__init__(tokens)
         self.draft_probs = draft_probs  # (len(self), vocab) or None
         self.match_length = match_length
         self.source = source
-        self.branches = tuple(branches)
 
     @classmethod
     def of(cls, proposed: Sequence[int] | None) -> Draft:
@@ -68,54 +62,15 @@ class Draft(list):
         return proposed if isinstance(proposed, Draft) else cls(proposed or ())
 
     def cut(self, length: int) -> Draft:
-        """The first ``length`` tokens, with their rows of ``draft_probs``; each branch no
-        deeper than ``length`` tokens in all (its depth plus its own tokens)."""
-        if length >= len(self) and all(b.depth + len(b.draft) <= length for b in self.branches):
+        """The first ``length`` tokens, with their rows of ``draft_probs``."""
+        if length >= len(self):
             return self
         length = max(length, 0)
-        return self.shaped([length, *(max(length - b.depth, 0) for b in self.branches)])
-
-    def shaped(self, lengths: Sequence[int]) -> Draft:
-        """The draft cut to ``lengths``: its main tokens' count, then each branch's (0: left
-        out), as :meth:`~promptlookup.policy.SpeculationPolicy.joint_shapes` decides."""
-        branches = [
-            Branch(branch.depth, branch.draft.cut(length), branch.weight)
-            for branch, length in zip(self.branches, lengths[1:])
-            if length and branch.depth <= lengths[0]
-        ]
-        probs = self.draft_probs[: lengths[0]] if self.draft_probs is not None else None
-        return Draft(self[: lengths[0]], probs, self.match_length, self.source, branches)
-
-    @property
-    def size(self) -> int:
-        """Its tokens and its branches' tokens: the rows it adds to a forward pass."""
-        return len(self) + sum(len(branch.draft) for branch in self.branches)
-
-    def chain(self) -> Draft:
-        """The draft without its branches."""
-        if not self.branches:
-            return self
-        return Draft(self, self.draft_probs, self.match_length, self.source)
+        probs = self.draft_probs[:length] if self.draft_probs is not None else None
+        return Draft(self[:length], probs, self.match_length, self.source)
 
     def __repr__(self) -> str:
         return list.__repr__(self)
-
-
-#: The policy's statistics key of branches (:meth:`~promptlookup.policy.SpeculationPolicy.joint_shapes`):
-#: how often a branch's tokens are right where the main draft's token was wrong.
-BRANCH = "branch"
-
-
-@dataclass(frozen=True)
-class Branch:
-    """An alternative continuation of a draft: ``draft`` (its tokens, match length and
-    source) instead of the main draft's token at ``depth`` (0: right after the context).
-    ``weight``: the drafter's estimate of the chance that its first token is right where the
-    main draft's is wrong (the policy's tree rule weighs its gains by it)."""
-
-    depth: int
-    draft: Draft
-    weight: float = 1.0
 
 
 @runtime_checkable

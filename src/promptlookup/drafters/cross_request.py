@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import InvalidParameterError
-from .base import Branch, Draft
+from .base import Draft
 
 #: The draft source of drafts from a cross-request index (the policy's statistics key).
 SHARED = "shared"
@@ -207,64 +207,30 @@ class CrossRequestIndex:
         max_tokens: int,
         min_match: int = 1,
         stop_tokens: Iterable[int] = (),
-        branches: int = 0,
     ) -> Draft:
         """Up to ``max_tokens`` tokens after ``context``: at each step the most frequent
         continuation of the longest match (at least ``min_match`` tokens) of the context
         extended by the draft so far, cut after a token of ``stop_tokens``.
-        ``match_length``: the first step's match; ``source``: ``"shared"``.
-
-        ``branches``: at most this many :class:`~promptlookup.drafters.base.Branch` es, from
-        the other continuations counted where the draft took the most frequent one (the
-        likeliest first: by their share of the counts there; shallower first on a tie), each
-        drafted on the same way; ``weight``: its count over the counts of the others.
-
-        >>> index = CrossRequestIndex()
-        >>> index.add([1, 2, 3, 4]); index.add([1, 2, 5, 6]); index.add([1, 2, 3, 4])
-        >>> draft = index.draft([1, 2], 2, branches=1)
-        >>> draft, [(b.depth, b.draft, b.weight) for b in draft.branches]
-        ([3, 4], [(0, [5, 6], 1.0)])
-        """
+        ``match_length``: the first step's match; ``source``: ``"shared"``."""
         stops = frozenset(stop_tokens)
         with self._lock:
             window = list(context[max(0, len(context) - self.max_order) :])
-            found: list[tuple[float, int, int, float]] = [] if branches else None
-            tokens, first = self._walk(window, max_tokens, min_match, stops, found)
-            chosen = []
-            for _, depth, token, weight in sorted(found or (), key=lambda f: (-f[0], f[1])):
-                if len(chosen) == branches:
+            tokens, first = [], None
+            while len(tokens) < max_tokens:
+                # The longest match of the window, and its most frequent continuation.
+                length, counts = self._longest(window, min_match)
+                if not length:
                     break
-                after = window + tokens[:depth] + [token]
-                more = [] if token in stops else self._walk(after, max_tokens - depth - 1,
-                                                            min_match, stops)[0]  # fmt: skip
-                chosen.append(Branch(depth, Draft([token, *more], None, first, SHARED), weight))
-        return Draft(tokens, match_length=first, source=SHARED, branches=chosen)
-
-    def _walk(self, window: list[int], max_tokens: int, min_match: int, stops, found=None):
-        """``draft``'s tokens and first match length after ``window`` (copied, not changed);
-        the other continuations into ``found`` as (share, depth, token, weight)."""
-        window, tokens, first = window[-self.max_order :], [], None
-        while len(tokens) < max_tokens:
-            length, counts = self._longest(window, min_match)
-            if not length:
-                break
-            first = first or length
-            token = _most_frequent(counts)
-            if found is not None and type(counts) is not int:
-                total = sum(counts.values())
-                others = total - counts[token]
-                found += [
-                    (count / total, len(tokens), other, count / others)
-                    for other, count in counts.items()
-                    if other != token
-                ]
-            tokens.append(token)
-            if token in stops:
-                break
-            window.append(token)
-            if len(window) > self.max_order:
-                del window[0]
-        return tokens, first
+                first = first or length
+                token = _most_frequent(counts)
+                tokens.append(token)
+                if token in stops:
+                    break
+                # The window moves on by the drafted token.
+                window.append(token)
+                if len(window) > self.max_order:
+                    del window[0]
+        return Draft(tokens, match_length=first, source=SHARED)
 
     def _longest(self, window: list[int], min_match: int) -> tuple[int, int | dict | None]:
         for n in reversed(self.orders):

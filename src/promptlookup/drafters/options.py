@@ -65,15 +65,6 @@ DRAFTER_OPTIONS = (
         "beside the prompt and output, and given this generation's output.",
     ),
     DrafterOption(
-        "branches",
-        ("prompt-lookup",),
-        "Prompt lookup with a cross-request index: most alternative continuations verified "
-        "beside the draft in the same forward pass (a token tree, where the target computes "
-        "trees exactly and decoding is greedy; the policy keeps those that pay) [0: chains; "
-        "trees measured no faster on a 2-core CPU, docs/cross_request.md].",
-        flag="--branches",
-    ),
-    DrafterOption(
         "start_tokens", ("draft-model",), "Draft model: draft length of the first step [5]."
     ),
     DrafterOption(

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 
 from ..errors import InvalidParameterError
-from .base import Branch, Draft
+from .base import Draft
 from .cross_request import SHARED, CrossRequestIndex, Document
 from .prompt_lookup import PromptLookupDrafter
 
@@ -24,33 +24,18 @@ class SharedLookupDrafter(PromptLookupDrafter):
     longer match. The generation's accepted tokens join the index as one document after every
     step (its last step's when it ends on an end-of-sequence token is left out).
 
-    Where the two sources disagree, or the index counted other continuations, up to
-    ``branches`` alternatives ride along as the draft's
-    :class:`~promptlookup.drafters.base.Branch` es (a token tree, :mod:`promptlookup.trees`):
-    the other source's draft where it leaves the chosen one, then the index's other
-    continuations along the shared draft's common part with the chosen one.
-
     >>> index = CrossRequestIndex()
     >>> index.add([7, 8, 9, 10, 11])
     >>> SharedLookupDrafter(index).propose([1, 2, 8, 9], max_tokens=4)  # nothing of its own
     [10, 11]
     """
 
-    #: The chance a branch of the other source is right where the chosen draft is wrong, as
-    #: the policy's tree rule weighs it (a guess: the two sources' misses are not independent).
-    OTHER_SOURCE_WEIGHT = 0.5
-
-    def __init__(
-        self, index: CrossRequestIndex, *, policy=None, branches: int = 0, **options
-    ) -> None:
+    def __init__(self, index: CrossRequestIndex, *, policy=None, **options) -> None:
         if not isinstance(index, CrossRequestIndex):
             raise InvalidParameterError(
                 f"cross_request must be a promptlookup.CrossRequestIndex, got {index!r}"
             )
-        if not isinstance(branches, int) or branches < 0:
-            raise InvalidParameterError(f"branches must be an integer >= 0, got {branches!r}")
         super().__init__(**options)
-        self.branches = branches
         self.shared = index
         #: The generation's speculation policy (handed by make_drafter or bind_generation).
         self.policy = policy
@@ -62,34 +47,8 @@ class SharedLookupDrafter(PromptLookupDrafter):
         self._publish(tokens)
         own = super().propose(tokens, max_tokens)
         limit = min(max_tokens, self.num_tokens)
-        shared = self.shared.draft(tokens, limit, self.min_match, self.eos_token_ids, self.branches)
-        chosen = self._choose(own, shared)
-        if not self.branches:
-            return chosen
-        other = own if chosen is shared else shared
-        return Draft(
-            chosen, None, chosen.match_length, chosen.source, self._branches(chosen, other, shared)
-        )
-
-    def _branches(self, chosen: Draft, other: Draft, shared: Draft) -> list[Branch]:
-        """The chosen draft's branches: ``other`` where it leaves it, then the index's other
-        continuations (``shared.branches``) where the shared draft still agrees with it; none
-        repeating a token the tree already has at its place, ``self.branches`` at most."""
-        same = 0  # tokens both sources' drafts share
-        while same < min(len(chosen), len(other)) and chosen[same] == other[same]:
-            same += 1
-        rest = Draft(other[same:], None, other.match_length, other.source)
-        candidates = [Branch(same, rest, self.OTHER_SOURCE_WEIGHT)]
-        agree = same if chosen is not shared else len(chosen)
-        candidates += [branch for branch in shared.branches if branch.depth <= agree]
-        kept, seen = [], set()
-        for branch in candidates:
-            place = (branch.depth, branch.draft[0] if branch.draft else None)
-            main = chosen[branch.depth] if branch.depth < len(chosen) else None
-            if branch.draft and place[1] != main and place not in seen:
-                kept.append(branch)
-                seen.add(place)
-        return kept[: self.branches]
+        shared = self.shared.draft(tokens, limit, self.min_match, self.eos_token_ids)
+        return self._choose(own, shared)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         if self._published_list is not None:
