@@ -78,18 +78,16 @@ ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def architecture(reader) -> str:
-    """The file's ``general.architecture``."""
-    field = reader.fields.get("general.architecture")
-    return "" if field is None else str(field.contents())
+    """The file's ``general.architecture`` (``reader``: a
+    :class:`~promptlookup.backends.gguf_file.GgufFile`)."""
+    return str(reader.fields.get("general.architecture", ""))
 
 
 def read_values(reader, name: str) -> dict:
     """The config values (``transformers``' names) of a file of one of :data:`FAMILIES`."""
     arch = architecture(reader)
     prefix = f"{arch}."
-    keys = {
-        k[len(prefix) :]: f.contents() for k, f in reader.fields.items() if k.startswith(prefix)
-    }
+    keys = {k[len(prefix) :]: v for k, v in reader.fields.items() if k.startswith(prefix)}
     unknown = sorted(set(keys) - KNOWN)
     if unknown:
         raise UnsupportedModelError(
@@ -102,7 +100,7 @@ def read_values(reader, name: str) -> dict:
         raise UnsupportedModelError(f"{name}: keys and values of different sizes")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(keys.get("vocab_size", 0)) or (
-        len(tokens.data) if tokens is not None else int(tensors["token_embd.weight"].shape[1])
+        len(tokens) if tokens is not None else int(tensors["token_embd.weight"].shape[1])
     )
     values = {
         "model_type": FAMILIES[arch],
@@ -118,9 +116,9 @@ def read_values(reader, name: str) -> dict:
         "max_position_embeddings": int(keys["context_length"]),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    for key, field in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
-        if f"tokenizer.ggml.{field}" in reader.fields:
-            values[key] = int(reader.fields[f"tokenizer.ggml.{field}"].contents())
+    for key in ("bos_token_id", "eos_token_id"):
+        if f"tokenizer.ggml.{key}" in reader.fields:
+            values[key] = int(reader.fields[f"tokenizer.ggml.{key}"])
     layers = values["num_hidden_layers"]
     scaling = keys.get("rope.scaling.type", "none")
     rotary = int(keys.get("rope.dimension_count", head_dim))

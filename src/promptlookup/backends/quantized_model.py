@@ -27,6 +27,7 @@ from ..errors import ModelLoadError, UnsupportedModelError
 from ..machine import return_freed_memory
 from . import gguf_architectures, gguf_modules
 from .gguf_blocks import DECODED
+from .gguf_file import GgufFile
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
 #: GGUF tensor names -> module paths in the ``transformers`` model (``{i}``: the layer).
@@ -105,10 +106,8 @@ MODEL_TYPES = tuple(gguf_architectures.FAMILIES.values())
 def _own_family(path: Path):
     """The file's reader where its architecture is one of ours to read (else None: the
     ``transformers`` reader's); a recurrent one is a named error."""
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GgufFile(path)
     except Exception:  # transformers' reader says what is wrong with the file
         return None
     arch = gguf_architectures.architecture(reader)
@@ -149,12 +148,10 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
 def load_quantized(path: str | Path, config_cache: Path | None = None):
     """The model in ``path`` (a GGUF file) with quantized weights; see the module doc.
     Returns ``(model, formats)``: ``formats`` counts the file's tensor types by module kind."""
-    import gguf
-
     path = Path(path)
     values = gguf_values(path, config_cache)
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GgufFile(path)
     except Exception as exc:  # truncated or not a GGUF file
         raise ModelLoadError(f"{path}: cannot read GGUF ({type(exc).__name__})") from exc
     model = empty_model(values)
@@ -232,8 +229,8 @@ def _forget_pages(reader, tensor) -> None:
     cache keeps them; they would otherwise count as resident until the map is closed)."""
     import mmap
 
-    file_map = getattr(reader.data, "_mmap", None)
-    if file_map is None or not hasattr(mmap, "MADV_DONTNEED"):
+    file_map = reader.map
+    if not hasattr(mmap, "MADV_DONTNEED"):
         return
     start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
     try:
