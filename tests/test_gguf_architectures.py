@@ -186,16 +186,21 @@ def test_messages_without_a_chat_template_are_their_text(gemma):
     assert len(told) == 1  # once per model
 
 
-def test_an_architecture_nothing_reads_is_one_named_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "odd.gguf"
-    writer = gguf.GGUFWriter(str(path), "no-such-arch")
+def write_bare_gguf(path, arch: str):
+    """A GGUF of ``arch`` with one block and an all-zero embedding, nothing else; the path."""
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_an_architecture_nothing_reads_is_one_named_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
+    path = write_bare_gguf(tmp_path / "odd.gguf", "no-such-arch")
     for dtype in ("auto", "float32"):
         with pytest.raises(UnsupportedModelError, match="architecture 'no-such-arch'") as caught:
             promptlookup.load_model(str(path), dtype=dtype)

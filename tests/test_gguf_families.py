@@ -15,7 +15,9 @@ import pytest
 import torch
 from _fixtures import one_thread  # noqa: F401 (fixture)
 from conftest import TinyTokenizer
+from test_gguf_architectures import write_bare_gguf
 from test_quantized import HALVES, random_tensor
+from test_quantized_layers import assert_sequences_get_their_own_rows
 
 import promptlookup
 from promptlookup.backends import quantized, quantized_layers
@@ -160,19 +162,8 @@ def test_every_row_of_a_pass_is_a_one_token_passs_row(models, arch, threads, one
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_sequences_sharing_a_pass_get_their_own_rows(models, arch):
-    target = TransformersTarget(models[arch])
     prompts = [[1, 2, 3, 4, 5, 6] * 3, [9, 8, 7], [60, 61, 62, 63, 1, 2, 3, 4, 5, 6, 7] * 2]
-    drafts = [[10, 11, 12], [13], [14, 15, 16, 17, 18]]
-    alone = []
-    for prompt, draft in zip(prompts, drafts):
-        target.reset()
-        target.forward(prompt)
-        alone.append(torch.cat([target.forward([token]) for token in draft]))
-    caches = [target.new_sequence() for _ in prompts]
-    target.forward_batch(caches, prompts, [1, 1, 1])
-    batched = target.forward_batch(caches, drafts, [len(d) for d in drafts])
-    for expected, got in zip(alone, batched):
-        assert torch.equal(got, expected)
+    assert_sequences_get_their_own_rows(TransformersTarget(models[arch]), prompts)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -234,14 +225,7 @@ def test_metadata_we_do_not_reproduce_and_recurrent_files_are_named_errors(tmp_p
         family_model(tmp_path, "gemma3", **{"final_logit_softcapping": 30.0})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'"):
         family_model(tmp_path, "qwen3", **{"rope.scaling.type": "yarn"})
-    path = tmp_path / "lfm2.gguf"
-    writer = gguf.GGUFWriter(str(path), "lfm2")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_bare_gguf(tmp_path / "lfm2.gguf", "lfm2")
     with pytest.raises(RecurrentModelError, match="'lfm2' keeps recurrent state"):
         promptlookup.load_model(str(path))
     assert quantized_layers.kernel() is not None
