@@ -1,6 +1,6 @@
 /* A quantized Llama model's decoder layers, every layer of a forward pass in one call.
  *
- * The pass of llama_forward.py's _LayerModules, written out in C for quantized weights so that
+ * The pass of decoder_layer.py's LayerModules, written out in C for quantized weights so that
  * a one-token pass is not thirty layers of Python and tensor calls around small products. Per
  * layer and row, with H the hidden size, D the head size:
  *

@@ -123,7 +123,7 @@ class QuantizedLayers:
 
     @classmethod
     def build(cls, layers: list, config, ropes: int = 1) -> QuantizedLayers | None:
-        """For ``layers`` (:class:`~promptlookup.backends.llama_forward._LayerModules` of one
+        """For ``layers`` (:class:`~promptlookup.backends.decoder_layer.LayerModules` of one
         model; ``ropes``: how many rotary embeddings its passes give), or None where some layer
         is not for the kernel (see the module doc)."""
         if not layers or type(layers[0].o_proj) is not quantized.QuantizedLinear:
