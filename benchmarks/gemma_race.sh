@@ -5,7 +5,8 @@
 # Both servers see the same prompt text: Gemma 3 270M (base) has no chat template, so
 # promptlookup joins the messages' contents with blank lines, and llama-server is given that
 # join as its template. Start-up: seconds from launch to the first answer of /v1/models, for
-# promptlookup serve's second start (its caches made by the first).
+# promptlookup serve's second start (its caches made by the first). llama-server runs with
+# --no-repack: its AMX-repacked weights crash on this project's machines (SIGSEGV).
 set -euo pipefail
 OUT=${1:?output folder}
 LIMIT=${2:-4}
@@ -22,7 +23,7 @@ ready() {  # seconds until $1/v1/models answers
   until curl -sf "$1/v1/models" >/dev/null; do sleep 0.2; done
   echo "$(date +%s.%N) - $start" | bc
 }
-"$LLAMA" -m "$GGUF" --port 8089 -t 2 -c 8192 --jinja --chat-template "$JOIN" >"$OUT/llama-server.log" 2>&1 &
+"$LLAMA" -m "$GGUF" --port 8089 -t 2 -c 8192 --no-repack --jinja --chat-template "$JOIN" >"$OUT/llama-server.log" 2>&1 &
 LLAMA_PID=$!
 echo "llama-server ready after $(ready http://127.0.0.1:8089) s" | tee "$OUT/startup.txt"
 for start in first second; do

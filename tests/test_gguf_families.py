@@ -168,15 +168,19 @@ def test_sequences_sharing_a_pass_get_their_own_rows(models, arch):
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_c_layers_the_python_layers_and_transformers_compute_one_model(models, arch):
-    """Our C layers, our Python layers and ``transformers``' own model for the family (the
-    twin, over the same weights) agree up to rounding: the same model, not only an
-    invariant one."""
+    """Our C layers, our Python layers (exact, and with the fastest kernels: SDPA under masks
+    made per window) and ``transformers``' own model for the family (the twin, over the same
+    weights) agree up to rounding: the same model, not only an invariant one."""
     model = models[arch]
     tokens = [(7 * i + 3) % VOCAB for i in range(30)]  # past Gemma 3's window
     in_c = TransformersTarget(model).forward(tokens)
     in_python = TransformersTarget(model, layers_in_one_call=False).forward(tokens)
     scale = in_python.abs().max()
     assert torch.allclose(in_c, in_python, rtol=0, atol=1e-5 * scale)
+    fastest = TransformersTarget(model, row_invariant=False)  # masks by window, SDPA
+    assert not fastest.row_invariant
+    steps = torch.cat([fastest.forward(tokens[:20]), *(fastest.forward([t]) for t in tokens[20:])])
+    assert torch.allclose(steps, in_python, rtol=0, atol=1e-4 * scale)
     twin = model.as_transformers()
     assert model.as_transformers() is twin
     with torch.inference_mode():

@@ -39,9 +39,17 @@ ARCHS = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi4-mini": "phi3"}
 HEAD_DIMS = {"qwen3-1.7b": 128, "gemma3-1b": 256}
 
 
-def kind_of(tensor: str, layer: int, layers: int, mix: str) -> str:
-    """The type llama-quantize gives a tensor in ``mix`` (Q4_K_M: Q6_K for the head and, in
-    the layers its rule picks, the value and down projections)."""
+def kind_of(tensor: str, layer: int, layers: int, mix: str, k: int) -> str:
+    """The type llama-quantize gives a tensor of rows of ``k`` in ``mix`` (Q4_K_M: Q6_K for
+    the head and, in the layers its rule picks, the value and down projections; rows that are
+    not whole 256-blocks fall back to Q5_0 for Q4_K and Q8_0 for Q6_K, as Gemma-3-1B's do)."""
+    kind = _kind(tensor, layer, layers, mix)
+    if kind.endswith("_K") and k % 256:
+        return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
+    return kind
+
+
+def _kind(tensor: str, layer: int, layers: int, mix: str) -> str:
     if tensor == "output":
         return "Q6_K"
     if mix == "Q4_0":
@@ -114,10 +122,10 @@ def write_gguf(path: Path, shape: str, mix: str) -> dict:
         if k == 0:
             writer.add_tensor(full + ".weight", np.ones(n, dtype=np.float32))
             continue
-        kind = T[kind_of(name, layer, layers, mix)]
+        kind = T[kind_of(name, layer, layers, mix, k)]
         size, nbytes = gguf.GGML_QUANT_SIZES[kind]
         raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
-        halves = [208] if kind == T.Q6_K else [0] if kind == T.Q4_0 else [0, 2]
+        halves = {T.Q6_K: [208], T.Q4_0: [0], T.Q5_0: [0], T.Q8_0: [0]}.get(kind, [0, 2])
         for offset in halves:
             raw[..., offset : offset + 2] = np.array([0.002], dtype=np.float16).view(np.uint8)
         writer.add_tensor(full + ".weight", raw.reshape(n, -1), raw_dtype=kind)
