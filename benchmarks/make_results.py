@@ -231,7 +231,8 @@ STUDIES = [
         "forward-cost-xeon-0.7.0.md",
         "`benchmarks/studies/forward_cost.py`, version 0.7.0, on the Xeon, 1 December 2026, beside "
         "a bench run on the other core: too noisy to resolve a few percent (its float32 one-token "
-        "cells, the same code in two modes, differ by up to 13%). The latest forward-pass table.",
+        "cells, the same code in two modes, differ by up to 13%). Not rerun since 0.7.0: the code it measured has changed (the GGUF's own "
+        "modules and one-call quantized layers came later).",
     ),
     (
         "llamacpp-cost.md",
@@ -481,7 +482,8 @@ def prompts_line(meta: dict) -> str:
         "Prompts: the first 12 (sweeps: 4) rows of each of the project's evaluation files "
         "(`code_edit`, `summarization`, `qa`, `chat`; rows with `id`, `task`, `messages`; not "
         "public, written `DATA/` below) and of `benchmarks/data/open_ended.jsonl` (prompts with "
-        "nothing to copy). These runs predate the built-in suite; its command, which any reader "
+        "nothing to copy: the built-in suite's `open_ended` task; the file is in commit "
+        "0cb8297). These runs predate the built-in suite; its command, which any reader "
         f"can run, is `{REPRODUCE}` (and `--dtype float32`)."
     )
 

@@ -21,7 +21,6 @@ import json
 import sys
 import time
 import tracemalloc
-from dataclasses import asdict
 from pathlib import Path
 
 from promptlookup.bench import session_runs
@@ -134,7 +133,7 @@ def main(argv=None) -> int:
             "same_text": run.same_text,
             "records": run.records,
             "tallies": [
-                {"kind": kind, "mode": mode, **asdict(tally)}
+                {"kind": kind, "mode": mode, **tally.as_dict()}
                 for (kind, mode), tally in run.tallies.items()
             ],
         }

@@ -24,7 +24,7 @@ LAYERS = [
         "drafters.prompt_lookup",
     ],
     ["backends"],  # the target backends: forward passes over a KV cache
-    ["drafters", "drafters.draft_model", "policy", "loop", "batching"],
+    ["drafters", "drafters.draft_model", "policy", "calibration", "loop", "batching"],
     ["results", "generation"],
     ["loading", "hf_batch", "hf_generate"],
     ["cli", "demo", "server", "bench", "vllm", "__main__", ""],  # "": the package face

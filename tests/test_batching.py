@@ -186,23 +186,23 @@ def test_long_prompts_are_prefilled_in_chunks_while_others_decode(monkeypatch):
     assert len(passes) >= len(long) // 32
 
 
-def test_joint_draft_lengths_spend_the_pass_on_the_most_trusted_drafts():
+def test_joint_decisions_spend_the_pass_on_the_most_trusted_drafts():
     policy = SpeculationPolicy()
     for n in (1, 2, 4, 8, 16, 32, 64):  # a flat cost curve: every draft token is nearly free
         for _ in range(3):
-            policy.costs.record(n, 0.010 + 0.0001 * n)
+            policy.record_forward(n, 0.010 + 0.0001 * n)
     trusted, untrusted = AcceptanceModel(), AcceptanceModel()
     for _ in range(50):
         trusted.record(9, 16, 16)
         untrusted.record(1, 4, 0)
-    lengths = policy.joint_draft_lengths(
+    lengths = policy.decide(
         [SequenceDraft(16, 40, trusted, False), SequenceDraft(4, 1, untrusted, False)]
     )
     assert lengths[0] == 16 and lengths[1] < 4
     for n in (1, 2, 4, 8, 16, 32, 64):  # now each token costs as much as a pass: no drafts
         for _ in range(30):
-            policy.batch_costs(2).record(n, 0.010 * n)
-    assert policy.joint_draft_lengths(
+            policy.record_forward(n, 0.010 * n, batch_size=2)
+    assert policy.decide(
         [SequenceDraft(16, 1, untrusted, False), SequenceDraft(4, 1, untrusted, False)]
     ) == [0, 0]
 

@@ -4,6 +4,7 @@ identity check, fairness plumbing (seeds, counters), and one-line errors on bad 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import json
 import statistics
@@ -21,13 +22,14 @@ from promptlookup.bench.methods import (
     sweep_specs,
 )
 from promptlookup.bench.report import render_markdown
-from promptlookup.bench.runner import RESULT_KEYS, method_order
+from promptlookup.bench.runner import ResultRecord, method_order
 from promptlookup.bench.summary import (
     SUMMARY_KEYS,
     after_first_pass,
     best_promptlookup,
     held_out_ratio,
     repeat_spread,
+    speedup_parts,
     summarize,
 )
 from promptlookup.bench.transformers_methods import ForwardTrace
@@ -97,10 +99,12 @@ def test_cli_writes_results_summary_report_and_figures(tiny_backend, tmp_path):
         "meta.json",
         "speedup.png",
         "tokens_per_forward.png",
+        "speedup_parts.png",
     ):
         assert (out / name).is_file(), name
     records = read_results(out / "results.jsonl")
-    assert all(tuple(r) == RESULT_KEYS for r in records)
+    keys = tuple(f.name for f in dataclasses.fields(ResultRecord))[:-1]  # repeat_seconds: -
+    assert all(tuple(r) == keys for r in records)
     assert len(records) == 3 * 4  # prompts x methods, plain added as the baseline
     assert [r["method"] for r in records[:4]] == [
         "plain",
@@ -120,6 +124,15 @@ def test_cli_writes_results_summary_report_and_figures(tiny_backend, tmp_path):
     report = (out / "report.md").read_text()
     assert "| edit | hf-pld |" in report and "torch threads 1" in report
     assert "hf-pld" in result.output and "speed-up" in result.output  # the table printed
+    # The promptlookup speed-up split into the engine's part and drafting's, labelled.
+    assert "## What the speed-up is made of" in report and "engine's part" in report
+    assert "engine x drafting" in result.output
+    parts = {(p["task"], p["method"]): p for p in speedup_parts(summary)}
+    speedups = {(r["task"], r["method"]): r["speedup"] for r in summary}
+    for task in ("edit", "chat", "all"):
+        part = parts[(task, "promptlookup")]
+        assert part["engine"] == speedups[(task, "promptlookup-none")]
+        assert abs(part["engine"] * part["drafting"] - part["speedup"]) < 0.01
 
 
 def test_summary_numbers_are_recomputed_from_results(tiny_lm, tmp_path):

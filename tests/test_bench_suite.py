@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from promptlookup.bench import BenchRow, read_results
 from promptlookup.bench import suite as suite_module
 from promptlookup.bench.methods import get_backend
-from promptlookup.bench.open_ended import OPEN_ENDED
 from promptlookup.bench.suite import (
     DEFAULT_PER_TASK,
     TASKS,
@@ -70,14 +69,6 @@ def test_the_material_is_read_from_the_installed_standard_library():
     source = (stdlib_folder() / f"{module}.py").read_text(encoding="utf-8")
     body = CODE.search(code_edit.messages[0]["content"]).group(1)
     assert body.splitlines()[1].strip() in source
-
-
-def test_open_ended_prompts_are_the_shipped_files():
-    path = ROOT / "benchmarks" / "data" / "open_ended.jsonl"
-    if not path.is_file():
-        pytest.skip("benchmarks/data is not in this tree")
-    shipped = [json.loads(line)["messages"][0]["content"] for line in path.open()]
-    assert list(OPEN_ENDED) == shipped
 
 
 def test_the_repository_holds_no_standard_library_text(rows):

@@ -11,12 +11,13 @@ from promptlookup.backends.base import Target
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import ChainDrafter, Draft, NoDrafter, PromptLookupDrafter, make_drafter
 from promptlookup.loop import GenerationStats, speculative_generate
+from promptlookup.policy import NO_POLICY
 from promptlookup.sampling import SamplingParams, TokenChooser
 
 PROMPT = [3, 5, 7, 9, 11, 3, 5, 7, 9, 11, 3, 5]
 
 
-def generate(drafter, policy=None, chooser=None, max_new_tokens=20):
+def generate(drafter, policy=NO_POLICY, chooser=None, max_new_tokens=20):
     stats = GenerationStats()
     target = TransformersTarget(tiny_llama(seed=1))
     tokens = list(
@@ -54,17 +55,17 @@ def test_the_loop_hands_the_policy_the_draft_with_its_match_length():
         def __init__(self):
             self.seen = []
 
-        def start(self, target, probe_token, sampling):
+        def calibration_plan(self, context):
+            return (), 0
+
+        def decide(self, drafts):  # the policy is handed the draft's match length
+            self.seen += [draft.match_length for draft in drafts]
+            return [draft.length for draft in drafts]
+
+        def record_forward(self, num_tokens, seconds, context):
             pass
 
-        def shape(self, draft):  # the policy is handed the draft, match length and all
-            self.seen.append(draft.match_length)
-            return draft
-
-        def record_forward(self, num_tokens, seconds):
-            pass
-
-        def record_acceptance(self, match_length, num_drafted, num_accepted):
+        def learn(self, draft, num_accepted):
             pass
 
     class Reporting(ListDrafter):
@@ -88,20 +89,24 @@ def test_a_draft_carries_its_probabilities_through_cuts():
 def test_prompt_lookup_drafts_carry_their_match_length():
     drafter = PromptLookupDrafter(num_tokens=3)
     draft = drafter.propose([1, 2, 3, 4, 5, 9, 1, 2], max_tokens=10)
-    assert draft == [3, 4, 5] and draft.match_length == drafter.last_match.length == 2
+    assert draft == [3, 4, 5] and draft.match_length == drafter.index.match().length == 2
 
 
-def test_a_draft_model_receives_its_sampler_and_policy_when_built():
+def test_a_draft_model_receives_its_sampler_when_built_and_its_policy_from_the_sequence():
     from conftest import TinyTokenizer
 
     import promptlookup
+    from promptlookup.loop import DecodingSequence
 
     lm = promptlookup.from_transformers(tiny_llama(seed=1), TinyTokenizer(32))
     chooser = TokenChooser.from_params(SamplingParams(temperature=1.0, seed=0))
-    drafter = make_drafter(lm, tokenizer=lm.tokenizer, chooser=chooser, policy=lm.policy)
-    assert drafter.chooser is chooser and drafter.policy is lm.policy
-    chain = make_drafter([PromptLookupDrafter(), lm], tokenizer=lm.tokenizer, policy=lm.policy)
-    assert isinstance(chain, ChainDrafter) and chain.drafters[1].policy is lm.policy
+    drafter = make_drafter(lm, tokenizer=lm.tokenizer, chooser=chooser)
+    assert drafter.chooser is chooser and drafter.policy is None
+    chain = make_drafter([PromptLookupDrafter(), lm], tokenizer=lm.tokenizer)
+    sequence = DecodingSequence([1, 2], 8, chain, chooser, policy=lm.policy)
+    speculation = sequence.speculation
+    assert isinstance(chain, ChainDrafter) and chain.drafters[1].policy is speculation
+    assert speculation.policy is lm.policy and speculation.sampling
 
 
 def test_every_backend_declares_prepare():

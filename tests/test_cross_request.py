@@ -217,18 +217,18 @@ def test_drafter_publishes_accepted_tokens_as_one_document():
 
 
 def test_a_source_that_does_not_pay_is_not_drafted_from():
-    from promptlookup.policy import SpeculationPolicy
+    from promptlookup.policy import Speculation, SpeculationPolicy
 
     index = CrossRequestIndex()
     index.add([2, 7, 9, 4, 5, 6])
-    policy = SpeculationPolicy()
+    speculation = Speculation(SpeculationPolicy())  # one request's side of the policy
     context = [5, 8, 7, 9, 2, 7, 9]  # own: "7 9" -> 2 7 9 (length 2); shared: "2 7 9" -> 4 5 6
-    assert SharedLookupDrafter(index, policy=policy).propose(context, 3).source == SHARED
+    assert SharedLookupDrafter(index, policy=speculation).propose(context, 3).source == SHARED
     for _ in range(200):  # shared drafts from 3-token matches, never accepted
-        policy.record_acceptance(3, 3, 0, source=SHARED)
-    draft = SharedLookupDrafter(index, policy=policy).propose(context, 3)
+        speculation.policy.learn(speculation.entry(3, 3, SHARED), 0)
+    draft = SharedLookupDrafter(index, policy=speculation).propose(context, 3)
     assert draft.source is None and draft == [2, 7, 9]
-    assert policy.expected_accepted(3, 3) > policy.expected_accepted(3, 3, SHARED)
+    assert speculation.expected_accepted(3, 3) > speculation.expected_accepted(3, 3, SHARED)
 
 
 def test_make_drafter_builds_the_shared_drafter_only_with_an_index():

@@ -575,7 +575,7 @@ def test_adaptive_by_default_with_one_policy_per_model_and_fixed_on_request(tiny
             ids(REPETITIVE), do_sample=False, max_new_tokens=30, custom_generate=adaptive
         ),
     )
-    assert policy_for(model) is _POLICIES[model] and policy_for(model).costs.calibrated
+    assert policy_for(model) is _POLICIES[model] and policy_for(model).calibrated
     assert adaptive.last_stats.drafted_tokens <= fixed.last_stats.drafted_tokens
     with pytest.raises(promptlookup.InvalidParameterError, match="speculation"):
         make_custom_generate(speculation="sometimes")

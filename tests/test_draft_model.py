@@ -20,7 +20,8 @@ from promptlookup.drafters import (
 )
 from promptlookup.drafters.draft_model import common_prefix_length
 from promptlookup.loop import GenerationStats, speculative_generate
-from promptlookup.sampling import SamplingParams, TokenChooser
+from promptlookup.policy import NO_POLICY
+from promptlookup.sampling import SamplingParams, TokenChooser, logits_processors
 
 PROMPTS = [[3, 5, 7, 9, 2, 4], [1, 2, 3, 1, 2, 3, 1], [17, 4, 30, 8, 8, 12, 5, 21, 6]]
 
@@ -54,7 +55,7 @@ def one_thread(request):
     torch.set_num_threads(threads)
 
 
-def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=None):
+def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=NO_POLICY):
     stats = GenerationStats()
     tokens = list(
         speculative_generate(
@@ -234,7 +235,7 @@ def test_sampled_drafts_carry_the_distributions_they_were_drawn_from(other_model
         prefix = torch.tensor([tokens + draft[:i]])
         with torch.no_grad():
             logits = other_model(prefix).logits[0, -1]  # (vocab,)
-        expected = torch.softmax(params.logits_processor()(prefix, logits[None])[0], dim=-1)
+        expected = torch.softmax(logits_processors(params)(prefix, logits[None])[0], dim=-1)
         assert torch.allclose(draft_probs[i], expected, atol=1e-5)
         assert draft_probs[i][token] > 0
 
@@ -329,7 +330,7 @@ def target_distribution(model, tokens) -> np.ndarray:
     prefix = torch.tensor([tokens])
     with torch.no_grad():
         logits = model(prefix).logits[0, -1]
-    scores = SamplingParams(**SAMPLING).logits_processor()(prefix, logits[None].float())
+    scores = logits_processors(SamplingParams(**SAMPLING))(prefix, logits[None].float())
     return torch.softmax(scores[0].double(), dim=-1).numpy()
 
 

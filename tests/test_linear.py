@@ -134,7 +134,8 @@ def test_greedy_output_unchanged_whichever_kernel(monkeypatch, seed, kernel):
 
 
 def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
-    from promptlookup.cost_model import QUICK_CALIBRATION_SIZES, CostModel
+    from promptlookup.calibration import time_passes
+    from promptlookup.cost_store import QUICK_CALIBRATION_SIZES
 
     target = TransformersTarget(tiny_llama(seed=2))
     target.extend([1, 2, 3])  # (chooses for 3 rows)
@@ -147,7 +148,7 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
             timed_before_forward.append(sorted(target.kernels.choices)) or real_forward(ids)
         ),
     )
-    CostModel().calibrate(target, probe_token=4, sizes=QUICK_CALIBRATION_SIZES, repeats=1)
+    time_passes(target, 4, QUICK_CALIBRATION_SIZES, repeats=1)
     longest = max(QUICK_CALIBRATION_SIZES)  # and every timed count below it
     assert timed_before_forward[0] == [rows for rows in linear.TIMED_ROWS if rows <= longest]
     assert target.cache_length == 3

@@ -5,13 +5,23 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup as pl
+from promptlookup.calibration import calibrate, time_passes
 from promptlookup.cost_model import CostModel
-from promptlookup.cost_store import context_bucket
-from promptlookup.policy import AcceptanceModel, SequenceDraft, SpeculationPolicy, match_bucket
+from promptlookup.cost_store import CostStore, context_bucket
+from promptlookup.drafters.base import Draft
+from promptlookup.policy import (
+    NO_POLICY,
+    SequenceDraft,
+    Speculation,
+    SpeculationPolicy,
+    match_bucket,
+    prior_acceptance,
+)
 
 
 def policy_with_costs(costs: dict[int, float], exploration: float = 0.0) -> SpeculationPolicy:
@@ -19,6 +29,12 @@ def policy_with_costs(costs: dict[int, float], exploration: float = 0.0) -> Spec
     for size, seconds in costs.items():
         policy.record_forward(size, seconds)
     return policy
+
+
+def verified(speculation: Speculation, length: int, match_length: int | None) -> int:
+    """How many tokens of a ``length``-token draft found by ``match_length`` the policy keeps
+    for the request ``speculation`` stands for."""
+    return len(speculation.shape(Draft([5] * length, match_length=match_length)))
 
 
 def test_cost_model_joins_the_medians_of_measured_sizes():
@@ -127,12 +143,13 @@ class ClockedTarget:
 
 
 def test_calibration_measures_each_size_against_the_one_token_pass_before_it(monkeypatch):
-    import promptlookup.cost_model as cost_model_module
+    import promptlookup.calibration as calibration_module
 
     target = ClockedTarget(spell_after=6)  # the warm-up, one pass, then 1+2 and 1+4: a spell
-    monkeypatch.setattr(cost_model_module.time, "perf_counter", lambda: target.now)
-    model = CostModel()
-    model.calibrate(target, probe_token=5)
+    monkeypatch.setattr(calibration_module.time, "perf_counter", lambda: target.now)
+    store = CostStore()
+    store.record_calibration(100, time_passes(target, 5, sorted(SHAPE), repeats=3))
+    model = store.curve(100)
     assert target.cache_length == 100 and model.calibrated
     for n, shape in SHAPE.items():  # every timing of n tokens, over the one-token pass before it
         assert all(abs(ratio - shape) < 1e-9 for ratio in model.samples[n])
@@ -144,12 +161,12 @@ def test_a_uniform_slowdown_does_not_change_the_policy():
     for _ in range(3):
         for n, shape in SHAPE.items():
             policy.record_forward(n, 0.06 * shape)
-    draft = list(range(40))
-    before = [policy.draft_length(draft, match) for match in (1, 2, 3, 8, 20)]
+    request = Speculation(policy)
+    before = [verified(request, 40, match) for match in (1, 2, 3, 8, 20)]
     for _ in range(10):
         for n in (1, 8, 32):
             policy.record_forward(n, 0.06 * 1.7 * SHAPE[n])
-    assert [policy.draft_length(draft, match) for match in (1, 2, 3, 8, 20)] == before
+    assert [verified(request, 40, match) for match in (1, 2, 3, 8, 20)] == before
 
 
 def test_cost_model_survives_a_round_trip_to_disk(tmp_path):
@@ -179,86 +196,110 @@ def test_cost_model_reads_the_seconds_files_of_earlier_versions(tmp_path):
 def test_drafts_nothing_when_verification_is_expensive_and_acceptance_unknown():
     # Linear cost (like float32 on a CPU): a 1-token match is not worth one extra token.
     policy = policy_with_costs({1: 1.0, 2: 2.0, 8: 8.0, 64: 64.0})
-    assert policy.draft_length([5] * 10, match_length=1) == 0
+    assert verified(Speculation(policy), 10, match_length=1) == 0
 
 
 def test_drafts_the_whole_draft_when_verification_is_nearly_free():
     # Flat cost (like bfloat16 on a CPU, or a GPU): any draft with some chance pays.
     policy = policy_with_costs({1: 1.0, 64: 1.05})
-    assert policy.draft_length([5] * 20, match_length=16) == 20
+    assert verified(Speculation(policy), 20, match_length=16) == 20
 
 
 def test_drafts_more_after_long_matches_than_short_ones():
-    policy = policy_with_costs({1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2, 16: 3.0, 64: 9.0})
-    assert policy.draft_length([5] * 40, match_length=32) > policy.draft_length(
-        [5] * 40, match_length=2
-    )
+    request = Speculation(policy_with_costs({1: 1.0, 2: 1.6, 4: 1.8, 8: 2.2, 16: 3.0, 64: 9.0}))
+    assert verified(request, 40, match_length=32) > verified(request, 40, match_length=2)
 
 
 def test_learns_to_stop_drafting_when_drafts_are_rejected():
-    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
-    assert policy.draft_length([5] * 16, match_length=8) > 0
+    request = Speculation(policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0}))
+    assert verified(request, 16, match_length=8) > 0
     for _ in range(50):
-        policy.record_acceptance(8, num_drafted=16, num_accepted=0)
-    assert policy.draft_length([5] * 16, match_length=8) == 0
+        request.policy.learn(request.entry(16, 8), num_accepted=0)
+    assert verified(request, 16, match_length=8) == 0
 
 
 def test_learns_to_draft_when_drafts_are_accepted():
-    policy = policy_with_costs({1: 1.0, 2: 2.0, 16: 2.2, 64: 6.0})
-    assert policy.draft_length([5] * 16, match_length=1) == 0
+    request = Speculation(policy_with_costs({1: 1.0, 2: 2.0, 16: 2.2, 64: 6.0}))
+    assert verified(request, 16, match_length=1) == 0
     for _ in range(50):
-        policy.record_acceptance(1, num_drafted=16, num_accepted=16)
-    assert policy.draft_length([5] * 16, match_length=1) == 16
+        request.policy.learn(request.entry(16, 1), num_accepted=16)
+    assert verified(request, 16, match_length=1) == 16
 
 
 def test_greedy_and_sampling_keep_separate_statistics():
     policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
-    policy.sampling = True
+    sampled = Speculation(policy, sampling=True)
     for _ in range(50):
-        policy.record_acceptance(8, num_drafted=16, num_accepted=0)
-    assert policy.draft_length([5] * 16, match_length=8) == 0
-    policy.sampling, policy.request_acceptance = False, AcceptanceModel()
-    assert policy.draft_length([5] * 16, match_length=8) > 0
+        policy.learn(sampled.entry(16, 8), num_accepted=0)
+    assert verified(sampled, 16, match_length=8) == 0
+    assert verified(Speculation(policy, sampling=False), 16, match_length=8) > 0
+
+
+def test_the_policy_keeps_no_state_of_a_request():
+    """A request's own statistics live with it: a request whose drafts were all rejected drafts
+    less than a new one, whose statistics start from the history alone."""
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    failing = Speculation(policy)
+    for _ in range(6):
+        policy.learn(failing.entry(16, 8), num_accepted=0)
+    assert verified(failing, 16, 8) < verified(Speculation(policy), 16, 8)
+    assert failing.acceptance.evidence(match_bucket(8), 1) == 6
 
 
 def test_one_rule_sizes_drafts_alone_in_a_batch_and_for_draft_models():
-    """draft_length and worth_drafting are joint_draft_lengths for one sequence, and that is
-    the argmax over k of (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
+    """A request's shape and worth_drafting are decide for one sequence, and that is the
+    argmax over k of (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
     rng = random.Random(3)
     for _ in range(30):
         costs = {1: 1.0, 2: 1 + rng.random(), 8: 2 + 4 * rng.random(), 64: 10 + 40 * rng.random()}
-        policy = policy_with_costs(costs, exploration=rng.choice([0.0, 0.5]))
+        exploration = rng.choice([0.0, 0.5])
+        policy = policy_with_costs(costs, exploration=exploration)
+        request = Speculation(policy)
         match, draft_seconds = rng.choice([None, 1, 4, 20]), rng.choice([0.0, 0.1])
         for _ in range(rng.randint(0, 30)):
             drafted = rng.randint(1, 16)
-            policy.record_acceptance(match, drafted, rng.randint(0, drafted))
+            policy.learn(request.entry(drafted, match), rng.randint(0, drafted))
         length = rng.randint(1, 20)
+        # The rule written out: the request's own counts over the history's (the same counts
+        # here) over the prior, plus the exploration bonus, against the measured curve.
+        curve = CostModel()
+        for size, seconds in costs.items():
+            curve.record(size, seconds)
 
-        def rate(k, policy=policy, match=match, draft_seconds=draft_seconds):
+        def rate(k, match=match, draft_seconds=draft_seconds, request=request, curve=curve,
+                 exploration=exploration):  # fmt: skip
             expected = survive = 1.0
+            bucket = match_bucket(match)
             for position in range(1, k + 1):
-                survive *= policy.acceptance(match_bucket(match), position)
+                own = request.acceptance
+                history = own.rate(bucket, position, prior_acceptance(bucket), 3.0)
+                a = own.rate(bucket, position, history, 4.0)
+                evidence = 2 * own.evidence(bucket, position)
+                a += exploration * (a * (1 - a) / (evidence + 1)) ** 0.5
+                survive *= min(a, 0.999)
+                if survive < 1e-3:
+                    break
                 expected += survive
-            return expected / (policy.costs.cost(k + 1) + k * draft_seconds)
+            return expected / (curve.cost(k + 1) + k * draft_seconds)
 
         best = max(range(length + 1), key=lambda k: (rate(k), -k))  # the shortest of ties
-        alone = SequenceDraft(length, match, policy.request_acceptance, False)
-        assert policy.joint_draft_lengths([alone], draft_seconds=draft_seconds) == [best]
+        alone = SequenceDraft(length, match, request.acceptance, False)
+        assert policy.decide([alone], draft_seconds=draft_seconds) == [best]
         if draft_seconds == 0:
-            assert policy.draft_length([5] * length, match) == best
+            assert verified(request, length, match) == best
         if match is None:
-            assert policy.worth_drafting(draft_seconds, limit=length) == best
+            assert request.worth_drafting(draft_seconds, limit=length) == best
 
 
 def test_explores_while_evidence_is_thin_then_follows_the_evidence():
     costs = {1: 1.0, 2: 2.0, 8: 2.6}
-    cautious = policy_with_costs(costs, exploration=0.0)
-    curious = policy_with_costs(costs, exploration=0.5)
-    assert cautious.draft_length([5] * 7, match_length=2) == 0
-    assert curious.draft_length([5] * 7, match_length=2) > 0  # worth a try
+    cautious = Speculation(policy_with_costs(costs, exploration=0.0))
+    curious = Speculation(policy_with_costs(costs, exploration=0.5))
+    assert verified(cautious, 7, match_length=2) == 0
+    assert verified(curious, 7, match_length=2) > 0  # worth a try
     for _ in range(200):
-        curious.record_acceptance(2, num_drafted=7, num_accepted=0)
-    assert curious.draft_length([5] * 7, match_length=2) == 0  # tried: it does not pay
+        curious.policy.learn(curious.entry(7, 2), num_accepted=0)
+    assert verified(curious, 7, match_length=2) == 0  # tried: it does not pay
 
 
 def test_match_buckets_are_monotone():
@@ -274,13 +315,13 @@ def test_calibration_leaves_the_cache_as_it_was():
     target.extend(prompt)
     before = target.forward([7]).clone()
     target.crop(len(prompt))
-    CostModel().calibrate(target, probe_token=7, sizes=(1, 2, 5), repeats=1)
+    time_passes(target, 7, (1, 2, 5), repeats=1)
     assert target.cache_length == len(prompt)
     assert torch.equal(target.forward([7]), before)
     # Right after a prefill (as a request starts), with the prompt's last chunk still waiting:
     target.reset()
     target.prefill(prompt)
-    CostModel().calibrate(target, probe_token=7, sizes=(1, 2, 5), repeats=1)
+    time_passes(target, 7, (1, 2, 5), repeats=1)
     assert target.cache_length == len(prompt)
     assert torch.allclose(target.forward([7]), before, atol=1e-5, rtol=0)
 
@@ -292,11 +333,11 @@ class RandomLengthPolicy(SpeculationPolicy):
         super().__init__()
         self.rng = random.Random(seed)
 
-    def start(self, target, probe_token, sampling):  # no calibration needed
-        pass
+    def calibration_plan(self, context):  # no calibration needed
+        return (), 0
 
-    def draft_length(self, draft, match_length):
-        return self.rng.randint(0, len(draft))
+    def decide(self, drafts, fixed_tokens=0, draft_seconds=0.0, weights=None):
+        return [self.rng.randint(0, draft.length) for draft in drafts]
 
 
 def test_any_draft_length_choice_keeps_greedy_output_identical():
@@ -320,7 +361,7 @@ def test_default_generation_uses_the_adaptive_policy_and_stays_identical():
     plain = lm.generate(prompt, max_new_tokens=48, drafter="none")
     adaptive = lm.generate(prompt, max_new_tokens=48)
     assert adaptive.token_ids == plain.token_ids
-    assert lm.policy.costs.calibrated  # calibrated on first use
+    assert lm.policy.calibrated  # calibrated on first use
 
 
 def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
@@ -332,7 +373,7 @@ def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
             super().__init__(seed=5)
             self.recorded = []
 
-        def record_forward(self, num_tokens, seconds):
+        def record_forward(self, num_tokens, seconds, context=0, batch_size=1):
             self.recorded.append(num_tokens)
 
     lm = pl.from_transformers(tiny_llama(seed=2), TinyTokenizer(32))
@@ -343,9 +384,9 @@ def test_the_first_pass_of_a_request_is_not_timed_as_a_verification_pass():
 
 def test_warm_up_measures_what_the_first_request_would_pay_for():
     lm = pl.from_transformers(tiny_llama(seed=4), TinyTokenizer(32))
-    assert not lm.policy.costs.calibrated and not lm.target.kernels.choices
+    assert not lm.policy.calibrated and not lm.target.kernels.choices
     lm.warm_up()
-    assert lm.policy.costs.calibrated
+    assert lm.policy.calibrated
     assert {1, 64, 128} <= set(lm.target.kernels.choices)  # steps, drafts and prompt chunks
     before = dict(lm.target.kernels.choices)
     lm.generate(list(range(1, 13)) * 4, max_new_tokens=16)
@@ -354,19 +395,19 @@ def test_warm_up_measures_what_the_first_request_would_pay_for():
 
 def test_a_drafter_that_pays_per_token_drafts_less_the_more_each_token_costs():
     """worth_drafting: argmax_k (1 + E[accepted | k]) / (cost(k + 1) + k * draft cost)."""
-    policy = policy_with_costs({1: 1.0, 64: 1.05})  # verification nearly free
+    request = Speculation(policy_with_costs({1: 1.0, 64: 1.05}))  # verification nearly free
     rng = random.Random(0)
     for _ in range(400):  # draft-model drafts (no match information): each token 85% accepted
         accepted = next((i for i in range(16) if rng.random() > 0.85), 16)
-        policy.record_acceptance(None, 16, accepted)
-    lengths = [policy.worth_drafting(seconds, limit=16) for seconds in (0.0, 0.05, 0.15, 0.3, 5.0)]
+        request.policy.learn(request.entry(16), accepted)
+    lengths = [request.worth_drafting(s, limit=16) for s in (0.0, 0.05, 0.15, 0.3, 5.0)]
     assert lengths == sorted(lengths, reverse=True)
     assert lengths[0] == 16 and 0 < lengths[2] < 16
     assert lengths[-1] == 0  # a draft token dearer than the target's own pass never pays
 
 
-def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back():
-    from promptlookup.drafters.base import bind_generation
+def test_each_sequence_hands_its_side_of_the_policy_to_draft_models_in_chains():
+    from promptlookup.loop import DecodingSequence
 
     class Paying(pl.NoDrafter):
         policy = None
@@ -374,10 +415,12 @@ def test_the_loop_hands_the_policy_to_draft_models_in_chains_and_takes_it_back()
     paying = Paying()
     chain = pl.ChainDrafter([pl.PromptLookupDrafter(), paying])
     policy = SpeculationPolicy()
-    bind_generation(chain, policy=policy)
-    assert paying.policy is policy and not hasattr(chain.drafters[0], "policy")
-    bind_generation(chain, policy=None)  # e.g. speculation="fixed", the same drafter object
-    assert paying.policy is None
+    first = DecodingSequence([1, 2], 4, chain, policy=policy)
+    assert paying.policy is first.speculation and not hasattr(chain.drafters[0], "policy")
+    assert first.speculation.policy is policy
+    fixed = DecodingSequence([1, 2], 4, chain)  # speculation="fixed", the same drafter object
+    assert paying.policy is fixed.speculation and fixed.speculation.policy is NO_POLICY
+    assert NO_POLICY.decide([fixed.speculation.entry(7)]) == [7]  # whole drafts
 
 
 class InstantTarget:
@@ -387,9 +430,10 @@ class InstantTarget:
 
     def __init__(self, cache_length: int) -> None:
         self.cache_length = cache_length
+        self.passes = 0
 
     def forward(self, token_ids):
-        return None
+        self.passes += 1
 
     def crop(self, length: int) -> None:
         pass
@@ -415,57 +459,66 @@ def test_context_buckets_double():
 def test_keeps_one_cost_curve_per_context_length(tmp_path):
     """Attention over a long cache makes wide passes dearer, so each context bucket has its own
     measured curve (and cost file); a request uses the one of its prompt's length."""
-    policy = SpeculationPolicy(cost_file=tmp_path / "costs.json")
-    policy.start(InstantTarget(300), probe_token=1, sampling=False)
-    short = policy.costs
-    policy.start(InstantTarget(3000), probe_token=1, sampling=False)
-    assert policy.costs is not short and policy.costs.calibrated
-    policy.start(InstantTarget(900), probe_token=1, sampling=False)
-    assert policy.costs is short
-    assert sorted(policy.store.curves) == [0, 2]
+    store = CostStore(tmp_path / "costs.json")
+    store.record_calibration(300, time_passes(InstantTarget(300), 1, (1, 2, 4), repeats=1))
+    short = store.curve(300)
+    long = store.curve(3000)  # a copy of the short curve, refined by its own passes
+    for _ in range(3):
+        store.record(1, 1.0, context_length=3000)
+        store.record(8, 3.0, context_length=3000)
+    store.record(1, 1.0, context_length=900)  # back to a short context: the long curve is saved
+    assert store.curve(900) is short and long is not short and long.calibrated
+    assert sorted(store.curves) == [0, 2]
     assert (tmp_path / "costs.json").is_file() and (tmp_path / "costs-context2.json").is_file()
-    reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
-    reloaded.start(InstantTarget(3500), probe_token=1, sampling=False)
-    # Loaded from its file, not recalibrated: the very timings the first policy measured.
-    assert list(reloaded.costs.samples[1]) == list(policy.store.curves[2].samples[1])
+    reloaded = CostStore(tmp_path / "costs.json")
+    # Loaded from its file, not recalibrated: the very timings the first store measured.
+    assert list(reloaded.curve(3500).samples[8]) == list(long.samples[8])
+    assert reloaded.calibration_plan(3500) == ((), 0)
 
 
-class CountingTarget(InstantTarget):
-    def __init__(self, cache_length: int) -> None:
-        super().__init__(cache_length)
-        self.passes = 0
-
-    def forward(self, token_ids):
-        self.passes += 1
-
-
-def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passes(tmp_path):
+def test_a_new_context_length_starts_from_the_nearest_curve_without_timing_passes():
     """A request whose context length has no curve yet does not pay for a calibration: its curve
     starts as a copy of the nearest measured one (one sample per size), which its own passes
-    then refine. Only a policy with nothing measured calibrates inside a request."""
-    policy = SpeculationPolicy(cost_file=tmp_path / "costs.json")
-    first = CountingTarget(300)
-    policy.start(first, probe_token=1, sampling=False)
-    assert first.passes > 0  # nothing measured yet: calibrated here
-    short = policy.costs
-    long = CountingTarget(5000)
-    policy.start(long, probe_token=1, sampling=False)
-    assert long.passes == 0 and policy.store.context == 3 and policy.costs is not short
-    assert [list(samples) for _, samples in sorted(policy.costs.samples.items())] == [
+    then refine. Only a policy with nothing measured times passes, on the request's target."""
+    policy = SpeculationPolicy()
+    first = InstantTarget(300)
+    calibrate(first, policy, probe_token=1)
+    assert first.passes > 0  # nothing measured yet: timed here
+    long = InstantTarget(5000)
+    calibrate(long, policy, probe_token=1)
+    assert long.passes == 0 and policy.calibration_plan(5000) == ((), 0)
+    store = policy._costs
+    short, copy = store.curve(300), store.curve(5000)
+    assert copy is not short and context_bucket(5000) == 3
+    assert [list(samples) for _, samples in sorted(copy.samples.items())] == [
         [relative] for _, relative in short.curve()
     ]
     for _ in range(4):  # its own passes (8 tokens dearer here) soon outweigh the copy
-        policy.record_forward(1, short.cost(1))
-        policy.record_forward(8, 2.0 * short.cost(8))
-    assert policy.costs.cost(8) / policy.costs.cost(1) > 1.5 * short.cost(8) / short.cost(1)
+        policy.record_forward(1, short.cost(1), context=5000)
+        policy.record_forward(8, 2.0 * short.cost(8), context=5000)
+    assert copy.cost(8) / copy.cost(1) > 1.5 * short.cost(8) / short.cost(1)
 
-    # A new process whose first request is long: the nearest curve comes from its file.
-    reloaded = SpeculationPolicy(cost_file=tmp_path / "costs.json")
-    longer = CountingTarget(9000)
-    reloaded.start(longer, probe_token=1, sampling=False)
-    assert longer.passes == 0 and reloaded.store.context == 4
-    assert sorted(reloaded.store.curves) == [0, 3, 4]
-    nearest = reloaded.store.curves[3]  # as saved when the 5,000-token request began
-    assert [list(samples) for _, samples in sorted(reloaded.costs.samples.items())] == [
-        [relative] for _, relative in nearest.curve()
-    ]
+
+def test_each_tenant_drafts_by_its_own_history():
+    """One tenant's rejected drafts never make another's shorter: the history that requests
+    share is kept per tenant (the cost curves, facts of the machine, are shared)."""
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    fresh = verified(Speculation(policy, tenant="b"), 16, 8)
+    for _ in range(50):  # tenant a's requests: every draft rejected
+        request = Speculation(policy, tenant="a")
+        policy.learn(request.entry(16, 8), num_accepted=0)
+    assert verified(Speculation(policy, tenant="a"), 16, 8) < fresh
+    assert verified(Speculation(policy, tenant="b"), 16, 8) == fresh > 0
+
+
+def test_generate_passes_its_tenant_to_the_policy():
+    lm = pl.from_transformers(tiny_llama(seed=2), TinyTokenizer(32))
+    prompt = list(range(1, 13)) * 4
+    plain = lm.generate(prompt, max_new_tokens=24, drafter="none").token_ids
+    seen = []
+    learn = lm.policy.learn
+    lm.policy.learn = lambda draft, accepted: seen.append(draft.tenant) or learn(draft, accepted)
+    assert lm.generate(prompt, max_new_tokens=24, tenant="key-1").token_ids == plain
+    assert seen and set(seen) == {"key-1"}
+    with pytest.raises(pl.InvalidParameterError, match="tenant"):
+        lm.generate(prompt, max_new_tokens=4, tenant=7)

@@ -3,9 +3,8 @@
 import importlib.util
 from pathlib import Path
 
-from promptlookup.cost_model import CostModel
 from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
-from promptlookup.policy import SpeculationPolicy
+from promptlookup.policy import NO_POLICY, SpeculationPolicy
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "studies" / "policy_replay.py"
 spec = importlib.util.spec_from_file_location("policy_replay", SCRIPT)
@@ -25,9 +24,8 @@ class LinearCosts:
 
 def policy_with(costs: LinearCosts) -> SpeculationPolicy:
     policy = SpeculationPolicy()
-    curve = policy.store.curves[0] = CostModel()
     for n in (1, 2, 4, 8, 16, 32, 64):
-        curve.record(n, costs.cost(n))
+        policy.record_forward(n, costs.cost(n))
     return policy
 
 
@@ -36,7 +34,7 @@ def test_replay_accepts_the_true_prefix_of_each_draft_and_charges_each_pass():
     # Pass 1: "1 2" drafts 3 4 5, all accepted, plus the bonus 9 (4 tokens: 1.3 s). Pass 2:
     # nothing before "9" to match, a plain step (1 s). Pass 3: no room left, a plain step.
     seconds = policy_replay.replay(
-        prompt, output, PromptLookupDrafter(num_tokens=3), None, LinearCosts(0.1)
+        prompt, output, PromptLookupDrafter(num_tokens=3), NO_POLICY, LinearCosts(0.1)
     )
     assert seconds == 1.3 + 1.0 + 1.0
 

@@ -26,7 +26,7 @@ import promptlookup
 from promptlookup.backends.transformers_backend import TransformersTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
-from promptlookup.sampling import SamplingParams, TokenChooser
+from promptlookup.sampling import SamplingParams, TokenChooser, logits_processors
 
 VOCAB = 8
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
@@ -94,7 +94,7 @@ def processed_probs(
     params: SamplingParams, prefix: list[int], logits: torch.Tensor
 ) -> torch.Tensor:
     """The target's sampling distribution after ``prefix``: (vocab,)."""
-    scores = params.logits_processor()(torch.tensor([prefix]), logits[None])  # (1, vocab)
+    scores = logits_processors(params)(torch.tensor([prefix]), logits[None])  # (1, vocab)
     return torch.softmax(scores[0], dim=-1)
 
 

@@ -624,26 +624,35 @@ def test_a_model_is_retrieved_by_its_id_and_an_unknown_id_is_a_404(server):
     assert info.value.code == "model_not_found"
 
 
-def test_usage_counts_accepted_and_rejected_prediction_tokens(server, lm):
+def test_usage_counts_the_prediction_tokens_as_openai_does(server, lm):
+    """accepted: reported completion tokens that were accepted drafts from the prediction;
+    rejected: the prediction's other tokens (the tiny tokenizer: one token per character)."""
     answer = chat(server.client(), temperature=0, max_tokens=24).choices[0].message.content
-    response = httpx.post(
-        server.url + "/v1/chat/completions",
-        json={
-            **GOOD,
-            "max_tokens": 24,
-            "temperature": 0,
-            "prediction": {"type": "content", "content": answer},
-        },
-    ).json()
-    details, speculative = (
-        response["usage"]["completion_tokens_details"],
-        response["usage"]["speculative"],
+
+    def usage(prediction: str, **extra) -> dict:
+        body = {**GOOD, "max_tokens": 24, "temperature": 0, **extra}
+        body["prediction"] = {"type": "content", "content": prediction}
+        return httpx.post(server.url + "/v1/chat/completions", json=body).json()["usage"]
+
+    whole = usage(answer)
+    details = whole["completion_tokens_details"]
+    assert 0 < details["accepted_prediction_tokens"] <= whole["completion_tokens"]
+    assert details["accepted_prediction_tokens"] <= whole["speculative"]["accepted_tokens"]
+    assert (
+        details["rejected_prediction_tokens"] == len(answer) - details["accepted_prediction_tokens"]
     )
-    assert details["accepted_prediction_tokens"] == speculative["accepted_tokens"] > 0
-    assert details["rejected_prediction_tokens"] == (
-        speculative["drafted_tokens"] - speculative["accepted_tokens"]
-    )
-    assert response["system_fingerprint"].startswith("fp_")  # OpenAI's form
+    # An empty prediction drafts nothing of its own: nothing accepted or rejected from it,
+    # whatever the prompt's drafts did.
+    empty = usage("")
+    assert empty["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    assert empty["completion_tokens_details"]["rejected_prediction_tokens"] == 0
+    # A stop string cuts the answer: only the reported tokens count.
+    stop = answer[len(answer) // 2 : len(answer) // 2 + 2]
+    cut = usage(answer, stop=[stop])
+    accepted = cut["completion_tokens_details"]["accepted_prediction_tokens"]
+    assert cut["completion_tokens"] < whole["completion_tokens"]
+    assert accepted <= cut["completion_tokens"]
+    assert cut["completion_tokens_details"]["rejected_prediction_tokens"] == len(answer) - accepted
 
 
 def test_a_body_that_stops_arriving_is_a_408_and_frees_the_connection(lm):
@@ -787,11 +796,11 @@ def test_sigterm_ends_the_running_stream_with_an_error_event_and_answers_the_que
         ) as response:
             lines.extend(response.iter_lines())
 
-    def waiting():
+    def waiting():  # a streamed request still queued gets its 503 as JSON, not a 200
         queued["response"] = httpx.post(
             running.url + "/v1/chat/completions",
             timeout=60,
-            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4},
+            json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "stream": True},
         )
 
     first = threading.Thread(target=stream)
@@ -805,7 +814,69 @@ def test_sigterm_ends_the_running_stream_with_an_error_event_and_answers_the_que
     target.gate.set()
     first.join(60)
     assert queued["response"].status_code == 503
-    assert queued["response"].json()["error"]["type"] == "server_error"
+    assert queued["response"].json()["error"]["code"] == "server_shutting_down"
     events = [line for line in lines if line]  # blank lines separate server-sent events
     assert "event: error" in events and events[-1] == "data: [DONE]"
     assert "server_shutting_down" in events[events.index("event: error") + 1]
+
+
+def test_long_texts_are_tokenized_a_chunk_at_a_time_and_only_up_to_the_context():
+    """A prediction (or prompt) of 60,000 characters, under the character limit, is refused
+    after its first chunk: never tokenized whole while other requests wait for the tokenizer,
+    and a prediction is bounded in tokens by the context (the tiny tokenizer: one token per
+    character, a context of 512)."""
+    from conftest import TinyTokenizer
+
+    from promptlookup.generation import LanguageModel
+    from promptlookup.server.texts import CHUNK, chunks
+
+    pieces = []
+
+    class Spy(TinyTokenizer):
+        def __call__(self, text, add_special_tokens=True):
+            pieces.append(len(text))
+            return super().__call__(text, add_special_tokens)
+
+    tiny = tiny_lm()
+    lm = LanguageModel(tiny.target, Spy(32), name=MODEL, model=tiny.model)
+    long, short = "abcd " * 12_000, "abcd " * 40
+    assert "".join(chunks(long)) == long and max(map(len, chunks(long))) <= CHUNK
+
+    def ask(**body) -> httpx.Response:
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **body}
+        return httpx.post(running.url + "/v1/chat/completions", json=body, timeout=60)
+
+    with RunningServer(create_app(lm)) as running:
+        assert len(long) < running.state.max_text_chars  # the character check lets it in
+        answer = ask(prediction={"type": "content", "content": long})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "prediction"
+        assert len(pieces) == 1 and pieces[0] <= CHUNK  # one chunk: enough to refuse
+        pieces.clear()
+        answer = ask(messages=[{"role": "user", "content": long}])
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "context_length_exceeded"
+        assert len(pieces) == 1 and pieces[0] <= CHUNK
+        # A prediction within the context is tokenized whole and drafted from.
+        assert ask(prediction={"type": "content", "content": short}).status_code == 200
+
+
+def test_a_client_that_half_closes_after_its_request_has_gone():
+    """Documented (docs/server.md): a client that shuts down its sending side after a
+    complete request is taken to have left, as uvicorn reports the end of its input as a
+    disconnect; its generation is cancelled and nothing is sent."""
+    with RunningServer(create_app(tiny_lm(gated=True))) as running:
+        target = running.state.lm.target
+        target.gate.clear()
+        body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 50}).encode()
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+            )
+            wait_until(target.blocked.is_set, what="the generation to start")
+            job = running.worker.current
+            sock.shutdown(socket.SHUT_WR)  # half-close: the request is complete
+            wait_until(job.cancelled.is_set, what="the end of input to cancel the job")
+            target.gate.set()
+            wait_until(lambda: running.worker.cancelled == 1, what="the generation to end")
+            assert sock.recv(1024) == b""  # no answer: the connection is closed

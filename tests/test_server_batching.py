@@ -176,3 +176,42 @@ def test_a_streamed_batched_answer_concatenates_to_the_non_streamed_one():
         for entry in c["choices"][0]["logprobs"]["content"]
     ]
     assert "".join(entry["token"] for entry in tokens) == text
+
+
+def test_sigterm_ends_every_running_stream_with_server_shutting_down():
+    """Each of the batch's running streams ends with the shutdown's reason, not "cancelled"."""
+    import signal
+
+    lm = tiny_lm(gated=True)
+    lm.target.gate.clear()
+    with RunningServer(create_app(lm, ServerSettings(max_batch=3))) as running:
+        streams: list[list[str]] = [[] for _ in range(3)]
+
+        def stream(index: int) -> None:
+            with httpx.stream(
+                "POST",
+                running.url + "/v1/chat/completions",
+                json=body(PROMPTS[index], max_tokens=300, stream=True),
+                timeout=60,
+            ) as response:
+                streams[index].extend(line for line in response.iter_lines() if line)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        # The first pass waits while the other two queue; one opening of the gate lets them
+        # join, and the pass after holds all three.
+        wait_until(lambda: running.worker.waiting == 2, what="two requests to queue")
+        lm.target.gate.set()
+        lm.target.gate.clear()
+        wait_until(
+            lambda: len(running.worker.jobs) == 3 and lm.target.blocked.is_set(),
+            what="three running sequences at the gate",
+        )
+        running.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+        lm.target.gate.set()
+        for thread in threads:
+            thread.join(60)
+    for events in streams:
+        assert "event: error" in events and events[-1] == "data: [DONE]"
+        assert "server_shutting_down" in events[events.index("event: error") + 1]

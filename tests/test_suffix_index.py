@@ -157,7 +157,7 @@ def test_min_and_max_match_options_reach_the_index():
     assert drafter.propose([1, 2, 3, 9, 3], max_tokens=5) == []
     drafter = PromptLookupDrafter(num_tokens=1, max_match=2)
     assert drafter.propose([1, 2, 3, 7, 9, 2, 3, 8, 1, 2, 3], max_tokens=5) == [8]
-    assert drafter.last_match == Match(2, 7)
+    assert drafter.index.match() == Match(2, 7)  # the match the draft came from
 
 
 def test_reference_match_inside_the_reference():
@@ -182,7 +182,7 @@ def test_reference_draft_never_crosses_the_separator():
     # reference (3 tokens), not "12 | 10 11 12" or more.
     drafter = PromptLookupDrafter(num_tokens=10, reference_ids=[10, 11, 12])
     assert drafter.propose([10, 11, 12], max_tokens=10) == []
-    assert drafter.last_match == (3, 3)
+    assert drafter.index.match() == (3, 3)
 
 
 def test_equal_length_match_prefers_the_prompt_over_the_reference():

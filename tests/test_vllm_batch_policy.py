@@ -25,8 +25,9 @@ MAX_LEN = 512
 def policy_with_costs(per_token_ms: float = 1.0, step_ms: float = 25.0) -> SpeculationPolicy:
     """A policy whose passes over 2 rows cost ``step_ms`` plus ``per_token_ms`` per token."""
     policy = SpeculationPolicy()
-    for size, relative in PRIOR_SHAPE.items():  # as the proposer starts it
-        policy.costs.record(size, relative * 0.01, level=0.01)
+    policy.record_calibration(  # as the proposer starts it
+        0, [(size, relative * 0.01, 0.01) for size, relative in PRIOR_SHAPE.items()]
+    )
     for _ in range(8):
         for tokens in (2, 3, 4, 6, 10, 18, 34, 66):
             policy.record_forward(tokens, (step_ms + per_token_ms * tokens) / 1e3, batch_size=2)
@@ -58,15 +59,15 @@ def test_bottleneck_rule_is_the_policys_own_rule_alone_or_when_limits_are_unknow
     assert bottleneck_weights(unknown) == [1.0, 1.0]
     policy = policy_with_costs()
     drafts = [entry(8, 12), entry(8, 2)]
-    own = policy.joint_draft_lengths(drafts)
-    assert policy.joint_draft_lengths(drafts, weights=[1.0, 1.0]) == own
+    own = policy.decide(drafts)
+    assert policy.decide(drafts, weights=[1.0, 1.0]) == own
 
 
 def test_bottleneck_rule_gives_rows_ahead_no_draft_and_keeps_the_bottlenecks():
     policy = policy_with_costs()
     drafts = [entry(8, 12), entry(8, 12)]  # long trusted matches: both draft under the policy
-    assert all(policy.joint_draft_lengths(drafts))
-    lengths = policy.joint_draft_lengths(drafts, weights=[1.0, 0.0])
+    assert all(policy.decide(drafts))
+    lengths = policy.decide(drafts, weights=[1.0, 0.0])
     assert lengths[0] > 0 and lengths[1] == 0
 
 
@@ -78,7 +79,7 @@ def test_bottleneck_rule_drafts_nothing_when_the_bottleneck_cannot_be_sped_up():
     for _ in range(20):
         weak.acceptance.record(match_bucket(1), 8, 0)
     drafts = [weak, entry(8, 12)]
-    assert policy.joint_draft_lengths(drafts, weights=[1.0, 0.0]) == [0, 0]
+    assert policy.decide(drafts, weights=[1.0, 0.0]) == [0, 0]
 
 
 class FakeRunner:

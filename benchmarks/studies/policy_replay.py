@@ -16,7 +16,10 @@ the default adaptive policy and (``--fixed``) every fixed setting of the ``--swe
         --costs ~/.cache/promptlookup/costs/SmolLM2-...-bfloat16-cpu-1threads-v0.6.3-....json \\
         --data ../shared/data/code_edit.jsonl --data ../shared/data/summarization.jsonl \\
         --data ../shared/data/qa.jsonl --data ../shared/data/chat.jsonl \\
-        --data benchmarks/data/open_ended.jsonl
+        --data open_ended.jsonl
+
+(``open_ended.jsonl``: the built-in suite's ``open_ended`` prompts, rows with ``id``, ``task``
+and ``messages``; the file such runs read is in commit 0cb8297.)
 """
 
 from __future__ import annotations
@@ -29,37 +32,30 @@ from pathlib import Path
 
 from promptlookup.bench.methods import SWEEP_K, SWEEP_MIN_MATCH
 from promptlookup.cost_model import CostModel
+from promptlookup.drafters.base import Draft
 from promptlookup.drafters.prompt_lookup import PromptLookupDrafter
-from promptlookup.policy import SpeculationPolicy
-
-
-class CacheOnly:
-    """What :meth:`SpeculationPolicy.start` reads of a target: a short cache (one cost curve)."""
-
-    cache_length = 0
+from promptlookup.policy import NO_POLICY, Speculation, SpeculationPolicy
 
 
 def replay(prompt: list[int], output: list[int], drafter, policy, costs: CostModel) -> float:
-    """Seconds of forward passes to produce ``output`` after ``prompt``."""
+    """Seconds of forward passes to produce ``output`` after ``prompt`` (``policy``:
+    ``NO_POLICY`` verifies whole drafts)."""
     tokens, position, seconds = list(prompt), 0, 0.0
-    if policy is not None:
-        policy.start(CacheOnly(), probe_token=tokens[-1], sampling=False)
+    speculation = Speculation(policy)  # this request's side of the policy
     while position < len(output):
+        # Draft, leaving room for the bonus token; the policy keeps what is worth verifying.
         room = len(output) - position - 1
-        draft = drafter.propose(tokens, room)[:room] if room > 0 else []
-        match = getattr(drafter.last_match, "length", None) if draft else None
-        if policy is not None:
-            draft = draft[: policy.draft_length(draft, match)]
+        draft = Draft.of(drafter.propose(tokens, room)).cut(room) if room > 0 else Draft()
+        draft = speculation.shape(draft)
+        # The pass accepts the draft's true prefix and the bonus token; it costs the curve's.
         truth = output[position:]
         accepted = 0
         while accepted < len(draft) and draft[accepted] == truth[accepted]:
             accepted += 1
         cost = costs.cost(len(draft) + 1)
         seconds += cost
-        if policy is not None:
-            policy.record_forward(len(draft) + 1, cost)
-            if draft:
-                policy.record_acceptance(match, len(draft), accepted)
+        policy.record_forward(len(draft) + 1, cost)
+        speculation.learn(draft, accepted)
         tokens.extend(truth[: accepted + 1])
         position += accepted + 1
     return seconds
@@ -90,7 +86,7 @@ def main() -> None:
                     lambda k=k, m=m: PromptLookupDrafter(
                         num_tokens=k, min_match=m, eos_token_ids=eos
                     ),
-                    None,
+                    NO_POLICY,
                 )
     totals = collections.defaultdict(lambda: [0.0, 0.0])  # (task, variant) -> plain s, s
     for task, prompt, output in outputs:

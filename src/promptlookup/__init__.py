@@ -13,19 +13,19 @@ from __future__ import annotations
 import importlib
 
 from ._version import __version__ as __version__
-from .errors import (
-    EmptyPromptError,
-    InvalidParameterError,
-    ModelLoadError,
-    ModelNotFoundError,
-    PromptLookupError,
-    PromptTooLongError,
-    UnsupportedModelError,
-)
 
-# The rest of the API is imported on first use (PEP 562): `import promptlookup` stays fast and
-# does not load torch until something needs it.
+# The API is imported on first use (PEP 562): `import promptlookup` stays fast and does not
+# load torch until something needs it. This table is the package's whole face (`__all__`).
 _LAZY = {
+    ".errors": (
+        "EmptyPromptError",
+        "InvalidParameterError",
+        "ModelLoadError",
+        "ModelNotFoundError",
+        "PromptLookupError",
+        "PromptTooLongError",
+        "UnsupportedModelError",
+    ),
     ".drafters": (
         "CallableDrafter",
         "ChainDrafter",
@@ -42,9 +42,11 @@ _LAZY = {
     ".loading": ("from_transformers", "load_model"),
     ".cache_files": ("cost_file_for",),
     ".loop": ("GenerationStats", "speculative_generate"),
-    ".sampling": ("SamplingParams", "TokenChooser"),
+    ".limits": ("SamplingParams",),
+    ".sampling": ("TokenChooser",),
 }
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
+__all__ = sorted(_LAZY_NAMES)
 
 
 def __getattr__(name: str):
@@ -58,34 +60,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
-
-
-__all__ = [
-    "CallableDrafter",
-    "ChainDrafter",
-    "CrossRequestIndex",
-    "Draft",
-    "DraftModelDrafter",
-    "Drafter",
-    "EmptyPromptError",
-    "GenerationResult",
-    "GenerationStats",
-    "GenerationStream",
-    "InvalidParameterError",
-    "LanguageModel",
-    "ModelLoadError",
-    "ModelNotFoundError",
-    "NoDrafter",
-    "PromptLookupDrafter",
-    "PromptLookupError",
-    "PromptTooLongError",
-    "SamplingParams",
-    "TokenChooser",
-    "UnsupportedModelError",
-    "custom_generate",
-    "from_transformers",
-    "load_model",
-    "make_custom_generate",
-    "make_drafter",
-    "speculative_generate",
-]

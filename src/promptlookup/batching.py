@@ -1,19 +1,19 @@
 """Continuous batching: the decoding loop of :mod:`promptlookup.loop` over many sequences at
 once, every step verifying all their drafts in **one** forward pass.
 
-Each :meth:`BatchDecoder.step`:
+Each :meth:`BatchDecoder.step` first *admits* waiting sequences while fewer than
+``max_batch`` run (sequences join and leave only at step boundaries), then runs the steps of
+the loop (numbered as in :mod:`promptlookup.loop` and ``docs/design.md``) for all of them:
 
-1. *Admit*: waiting sequences join while fewer than ``max_batch`` run (sequences join and
-   leave only at step boundaries).
-2. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
-3. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
-   each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths`).
-4. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
+1. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
+2. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
+   each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.decide`).
+3. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
    prompt, or a running sequence's last token and its draft.
-5. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
+4. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
    chooser, and ends at EOS, its token budget or its ``should_stop`` (the step of a single
    stream: :meth:`~promptlookup.loop.DecodingSequence.accept`).
-6. *Crop* each cache back to its accepted tokens; finished sequences leave.
+5. *Crop* each cache back to its accepted tokens; finished sequences leave.
 
 Exactness: a :class:`~promptlookup.backends.base.BatchTarget` with ``row_invariant`` computes
 each sequence's rows bit for bit as a pass over that sequence alone would, so a sequence's
@@ -39,13 +39,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .backends.base import PREFILL_CHUNK, BatchTarget
+from .calibration import calibrate_alone
 from .drafters.base import Draft
 from .errors import InvalidParameterError
 from .loop import DecodingSequence
-from .policy import AcceptanceModel, SequenceDraft, SpeculationPolicy
+from .policy import NO_POLICY, NoPolicy, SpeculationPolicy
 
 
 def default_max_batch(target: BatchTarget) -> int:
@@ -68,13 +69,10 @@ PREFILL_TOKENS = 512
 @dataclass(eq=False)
 class BatchSequence(DecodingSequence):
     """One sequence of a batch: a :class:`~promptlookup.loop.DecodingSequence` (its inputs, as
-    :func:`~promptlookup.loop.speculative_generate` takes them, its state and its step) with
-    its own acceptance statistics, and its KV cache once it joins. ``adaptive``: whether the
-    policy trims its drafts (else they are verified whole). ``should_stop()``, asked before
-    every step, cancels it when true (as :meth:`cancel` does)."""
+    :func:`~promptlookup.loop.speculative_generate` takes them, its state and its step, its
+    policy) and its KV cache once it joins. ``should_stop()``, asked before every step,
+    cancels it when true (as :meth:`cancel` does)."""
 
-    acceptance: AcceptanceModel | None = field(default_factory=AcceptanceModel)
-    adaptive: bool = True
     should_stop: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
@@ -116,7 +114,7 @@ class BatchDecoder:
     def __init__(
         self,
         target: BatchTarget,
-        policy: SpeculationPolicy | None = None,
+        policy: SpeculationPolicy | NoPolicy = NO_POLICY,
         max_batch: int = 8,
         prefill_tokens: int = PREFILL_TOKENS,
     ) -> None:
@@ -151,10 +149,10 @@ class BatchDecoder:
     def step(self) -> list[tuple[BatchSequence, list[int]]]:
         """One step (see the module doc): ``(sequence, its new tokens)`` for every sequence
         that took part, finished ones included (their ``finish_reason`` set)."""
-        # 1. Admit waiting sequences; drop the ones that were cancelled or asked to stop.
-        adaptive = [sequence for sequence in self.waiting if sequence.adaptive]
-        if self.policy is not None and not self.policy.costs.calibrated and adaptive:
-            self._calibrate(adaptive[0].tokens[-1])
+        # Admit waiting sequences (their policy's costs timed first, when it has none); drop
+        #    the ones that were cancelled or asked to stop.
+        for sequence in self.waiting:
+            calibrate_alone(self.target, sequence.policy, sequence.tokens[-1])
         while self.waiting and len(self.running) < self.max_batch:
             sequence = self.waiting.popleft()
             sequence.cache = self.target.new_sequence()
@@ -169,9 +167,9 @@ class BatchDecoder:
         self.running = [sequence for sequence in self.running if not sequence.done]
         if not self.running:
             return events
-        # 2-3. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
+        # 1-2. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
         entries = self._entries()
-        # 4. One forward pass over every sequence's new tokens.
+        # 3. One forward pass over every sequence's new tokens.
         decoding = [entry for entry in entries if entry.rows]
         total = sum(len(entry.token_ids) for entry in entries)
         self.target.prepare([total])
@@ -182,35 +180,26 @@ class BatchDecoder:
             [entry.rows for entry in entries],
         )
         seconds = time.perf_counter() - forward_start
-        if (
-            self.policy is not None
-            and len(decoding) == len(entries)
-            and all(entry.sequence.stats.forward_passes for entry in entries)
-        ):
-            self.policy.record_forward(total, seconds, batch_size=len(entries))
-        # 5-6. Each sequence verifies its own draft, then its cache is cropped back.
+        if len(decoding) == len(entries) and all(
+            entry.sequence.stats.forward_passes for entry in entries
+        ):  # decoding steps only (a prompt chunk or a first step also ends a prompt)
+            context = max(entry.sequence.speculation.context for entry in entries)
+            self.policy.record_forward(total, seconds, context, batch_size=len(entries))
+        # 4-5. Each sequence verifies its own draft, then its cache is cropped back.
         for entry, logits in zip(entries, target_logits):
             if entry.rows:
                 sequence = entry.sequence
-                new_tokens = sequence.accept(entry.draft, logits, self.policy)
+                new_tokens = sequence.accept(entry.draft, logits)
                 # Crop the cache back to the accepted tokens (the bonus token is fed next step).
                 sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
                 events.append((sequence, new_tokens))
         self.running = [sequence for sequence in self.running if not sequence.done]
         return events
 
-    def _calibrate(self, probe_token: int) -> None:
-        """Measure the one-sequence cost curve (once per policy, or never with a cost file)
-        on the target's own cache, which batched passes do not use."""
-        self.target.reset()
-        self.target.prefill([probe_token])
-        self.policy.store.begin(self.target, probe_token)
-        self.target.reset()
-
     def _entries(self) -> list[_Entry]:
-        """This step's tokens per running sequence (steps 2 and 3 of the module doc)."""
+        """This step's tokens per running sequence (steps 1 and 2 of the module doc)."""
         budget = PREFILL_CHUNK if all(s.prefilling for s in self.running) else self.prefill_tokens
-        entries, decided = [], []
+        entries = []
         for sequence in self.running:
             missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached
             if len(missing) > budget:  # a chunk of the prompt only (if any room is left)
@@ -221,27 +210,18 @@ class BatchDecoder:
             budget -= len(missing)
             draft = sequence.propose()
             entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
-            if draft and sequence.adaptive and self.policy is not None:
-                decided.append(entries[-1])
-        if decided:  # every row but the decided drafts' is fixed
+        # Each policy sizes its sequences' drafts jointly; every other row is fixed for it.
+        groups: dict[int, list[_Entry]] = {}
+        for entry in entries:
+            if entry.draft:
+                groups.setdefault(id(entry.sequence.policy), []).append(entry)
+        for group in groups.values():
             fixed = sum(
-                len(entry.token_ids) + len(entry.draft) * (entry not in decided)
-                for entry in entries
-            ) - len(decided)
-            lengths = self.policy.joint_draft_lengths(
-                [
-                    SequenceDraft(
-                        len(entry.draft),
-                        entry.draft.match_length,
-                        entry.sequence.acceptance,
-                        entry.sequence.chooser.do_sample,
-                        entry.draft.source,
-                    )
-                    for entry in decided
-                ],
-                fixed_tokens=fixed,
-            )
-            for entry, length in zip(decided, lengths):
+                len(entry.token_ids) + len(entry.draft) * (entry not in group) for entry in entries
+            ) - len(group)
+            drafts = [entry.sequence.speculation.of(entry.draft) for entry in group]
+            lengths = group[0].sequence.policy.decide(drafts, fixed_tokens=fixed)
+            for entry, length in zip(group, lengths):
                 entry.draft = entry.draft.cut(length)
         for entry in entries:
             if entry.rows:

@@ -92,12 +92,24 @@ def model_options(func):
     return func
 
 
+#: --backend, shared by generate and serve.
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["transformers", "llama.cpp"]),
+    default="transformers",
+    show_default=True,
+    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
+    "(fast on CPUs; --dtype is ignored).",
+)
+
+
 def drafter_options(func):
     """--drafter, --speculation and one flag per flagged drafter option of the table
     (:data:`promptlookup.drafters.options.DRAFTER_OPTIONS`): the command receives the flags
     given as one dict, ``drafter_options`` (option name -> value; flags not given are left
     out), so a flag added to the table reaches every command without touching it."""
     from .drafters.options import FLAGGED_OPTIONS, options_from_flags
+    from .policy import SPECULATION_MODES
 
     @functools.wraps(func)
     def command(*args, **values):
@@ -110,7 +122,7 @@ def drafter_options(func):
         )(command)
     command = click.option(
         "--speculation",
-        type=click.Choice(["adaptive", "fixed"]),
+        type=click.Choice(SPECULATION_MODES),
         default="adaptive",
         show_default=True,
         help="adaptive: verify as much of each draft as measured costs and "
@@ -162,14 +174,7 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
     help="Wrap the prompt as a user message in the model's chat template.",
 )
 @model_options
-@click.option(
-    "--backend",
-    type=click.Choice(["transformers", "llama.cpp"]),
-    default="transformers",
-    show_default=True,
-    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
-    "(fast on CPUs; --dtype is ignored).",
-)
+@backend_option
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option(
     "--temperature",

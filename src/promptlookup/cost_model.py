@@ -1,8 +1,9 @@
 """What a forward pass of the target costs, as a function of the number of tokens it checks.
 
-Measured on the actual hardware, model and dtype (a calibration on first use, then every pass
-of every request), and kept relative to a tracked speed level; see :class:`CostModel`. The
-policy (:mod:`promptlookup.policy`) keeps one per context length and prices drafts with it.
+Measured on the actual hardware, model and dtype (timed passes on first use,
+:mod:`promptlookup.calibration`, then every pass of every request), and kept relative to a
+tracked speed level; see :class:`CostModel`. A :class:`~promptlookup.cost_store.CostStore`
+keeps one per context length, and the policy (:mod:`promptlookup.policy`) prices drafts with it.
 """
 
 from __future__ import annotations
@@ -11,15 +12,8 @@ import bisect
 import json
 import math
 import statistics
-import time
 from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
-
-#: Draft lengths + 1 at which the cost curve is calibrated (others are interpolated).
-CALIBRATION_SIZES = (1, 2, 4, 8, 16, 32, 64)
-#: The same for longer contexts, whose passes are slower (the line extends to longer drafts).
-QUICK_CALIBRATION_SIZES = (1, 2, 4, 8, 16)
 
 
 class CostModel:
@@ -81,7 +75,7 @@ class CostModel:
     def record(self, num_tokens: int, seconds: float, level: float | None = None) -> None:
         """Note a pass over ``num_tokens`` tokens that took ``seconds``, relative to ``level``
         (default: the current level; calibration passes the time of the one-token pass just
-        before, so its ratios are measured in pairs)."""
+        before, so its ratios are measured in pairs, :func:`promptlookup.calibration.time_passes`)."""
         n = max(num_tokens, 1)
         if not self.levels:  # the first pass sets the scale
             self.levels.append(seconds if level is None else level)
@@ -141,34 +135,6 @@ class CostModel:
         n = max(num_tokens, 1)
         one = self.curve()[0][1]
         return self.level * min(max(self._relative(n), one / 2), one * n)
-
-    def calibrate(
-        self, target, probe_token: int, sizes: Sequence[int] = CALIBRATION_SIZES, repeats: int = 3
-    ) -> None:
-        """Time forward passes of each size on ``target`` at its current cache length, each
-        right after a one-token pass and recorded as a ratio to it (so a slow spell that starts
-        mid-calibration cannot bend the curve), then crop the cache back (the cache ends
-        exactly as it started)."""
-        length = target.cache_length
-        limit = max(1, target.max_context - length)
-        target.prepare([size for size in sizes if size <= limit])  # set up before timing
-
-        def timed(size: int) -> float:
-            start = time.perf_counter()
-            target.forward([probe_token] * size)
-            seconds = time.perf_counter() - start
-            target.crop(length)
-            return seconds
-
-        timed(1)  # warm-up
-        for _ in range(repeats):
-            for size in sizes:
-                if size > limit:
-                    break
-                one = timed(1)
-                self.record(1, one, level=one)
-                if size > 1:
-                    self.record(size, timed(size), level=one)
 
     def seed(self, other: CostModel) -> None:
         """Start from ``other``'s curve and level: one sample per measured size, so this

@@ -19,9 +19,10 @@ from .errors import (
     UnsupportedModelError,
 )
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy, check_speculation
+from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
+from .text import eos_token_ids
 
 #: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
 Prompt = Union[str, Sequence[dict], Sequence[int]]
@@ -36,9 +37,10 @@ class _Request:
     drafter: Drafter
     chooser: TokenChooser
     stops: list[str]
-    policy: SpeculationPolicy | None  # None: whole drafts are verified
+    policy: SpeculationPolicy | NoPolicy  # NO_POLICY: whole drafts are verified
     should_stop: Callable[[], bool] | None
     logprobs: int | None
+    tenant: str | None
 
 
 class LanguageModel:
@@ -54,9 +56,8 @@ class LanguageModel:
         self.tokenizer = tokenizer
         self.name = name
         self.model = model  # the underlying framework model, when there is one
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos_token_ids = eos_token_ids(configured, tokenizer.eos_token_id)
         #: Learned costs and acceptance statistics, shared by this model's requests.
         self.policy = SpeculationPolicy()
 
@@ -134,6 +135,7 @@ class LanguageModel:
         speculation: str = "adaptive",
         should_stop: Callable[[], bool] | None = None,
         logprobs: int | None = None,
+        tenant: str | None = None,
         **drafter_options,
     ) -> GenerationStream:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
@@ -148,6 +150,7 @@ class LanguageModel:
             speculation,
             should_stop,
             logprobs,
+            tenant,
             drafter_options,
         )
         stream = GenerationStream(iter(()))
@@ -166,6 +169,7 @@ class LanguageModel:
         speculation,
         should_stop,
         logprobs,
+        tenant,
         drafter_options,
     ) -> _Request:
         """A checked request: every argument of :meth:`stream`, validated and built."""
@@ -179,7 +183,7 @@ class LanguageModel:
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.target.max_context} tokens"
             )
-        check_speculation(speculation)
+        policy = policy_for_speculation(speculation, self.policy)
         if logprobs is not None and (
             not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs < 0
         ):
@@ -187,22 +191,30 @@ class LanguageModel:
         stops = [stop] if isinstance(stop, str) else list(stop)
         device = getattr(self.target, "device", "cpu")
         chooser = TokenChooser.from_params(params, device=device)
-        adaptive = self.policy if speculation == "adaptive" else None
-        # A draft model is loaded on the target's device and dtype, samples with `chooser` and
-        # sizes its drafts by their cost with the policy.
+        # A draft model is loaded on the target's device and dtype and samples with `chooser`.
         drafter_obj = make_drafter(
             drafter,
             eos_token_ids=self.eos_token_ids,
             tokenizer=self.tokenizer,
             chooser=chooser,
-            policy=adaptive,
             device=str(device),
             dtype=str(getattr(self.model, "dtype", "float32")),
             **drafter_options,
         )
-        policy = adaptive if not isinstance(drafter_obj, NoDrafter) else None
+        if isinstance(drafter_obj, NoDrafter):
+            policy = NO_POLICY  # plain decoding: nothing to decide, no costs to time
+        if tenant is not None and not isinstance(tenant, str):
+            raise InvalidParameterError(f"tenant must be a string, got {tenant!r}")
         return _Request(
-            prompt_ids, max_new_tokens, drafter_obj, chooser, stops, policy, should_stop, logprobs
+            prompt_ids,
+            max_new_tokens,
+            drafter_obj,
+            chooser,
+            stops,
+            policy,
+            should_stop,
+            logprobs,
+            tenant,
         )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
@@ -219,6 +231,7 @@ class LanguageModel:
             policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
         )
         try:
             for token in tokens:
@@ -250,7 +263,9 @@ class LanguageModel:
         asked before every forward pass, ends the generation early when it returns true.
         ``logprobs=N`` records every new token's log-probability and its ``N`` most likely
         alternatives in ``result.stats.logprobs`` (see
-        :class:`~promptlookup.sampling.TokenLogprob`). Extra keyword
+        :class:`~promptlookup.sampling.TokenLogprob`). ``tenant`` (an opaque string, e.g. a
+        server's client): whose acceptance history the policy weighs this request's drafts
+        with; requests of other tenants never shape them. Extra keyword
         arguments configure the drafter (e.g. ``num_tokens=8``, or ``reference_text=old_code``
         for prompt lookup).
 
@@ -320,9 +335,10 @@ class LanguageModel:
             request.drafter,
             request.chooser,
             self.eos_token_ids,
-            adaptive=request.policy is not None,
+            policy=request.policy,
             should_stop=request.should_stop,
             logprobs=request.logprobs,
+            tenant=request.tenant,
         )
         return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 

@@ -53,7 +53,7 @@ def decode_batch(
             row[pad:],
             budget,
             drafter=drafter,
-            adaptive=policy is not None,
+            policy=policy,
             chooser=PaddedChooser(
                 row[:pad], row_processors(logits_processor, i), bool(generation_config.do_sample)
             ),

@@ -49,7 +49,8 @@ from .errors import InvalidParameterError, UnsupportedModelError
 from .hf_batch import PaddedChooser, decode_batch
 from .loading import transformers_cost_file
 from .loop import GenerationStats, speculative_generate
-from .policy import SpeculationPolicy, check_speculation
+from .policy import NO_POLICY, SpeculationPolicy, policy_for_speculation
+from .text import eos_token_ids
 
 __all__ = ["CustomGenerate", "custom_generate", "generate", "make_custom_generate"]
 
@@ -123,7 +124,7 @@ class CustomGenerate:
         speculation: str = "adaptive",
         **drafter_options: Any,
     ) -> None:
-        check_speculation(speculation)
+        policy_for_speculation(speculation, None)  # checked here; the model's policy per call
         make_drafter(drafter, **drafter_options)  # invalid options raise now, not mid-generate
         self.drafter = drafter
         self.speculation = speculation
@@ -163,17 +164,15 @@ class CustomGenerate:
                     "promptlookup's custom_generate streams one sequence "
                     "at a time; drop the streamer or the batch"
                 )
-            eos = generation_config.eos_token_id
-            eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
-            # The model's policy (a draft model is built with it too, to size its drafts).
-            policy = policy_for(model) if self.speculation == "adaptive" else None
+            eos_ids = eos_token_ids(generation_config.eos_token_id)
             drafters = [
-                make_drafter(
-                    self.drafter, eos_token_ids=eos_token_ids, policy=policy, **self.drafter_options
-                )
+                make_drafter(self.drafter, eos_token_ids=eos_ids, **self.drafter_options)
                 for _ in pads
             ]
-            policy = policy if not isinstance(drafters[0], NoDrafter) else None
+            # The model's policy (NO_POLICY: whole drafts, or plain decoding).
+            policy = NO_POLICY
+            if not isinstance(drafters[0], NoDrafter) and self.speculation == "adaptive":
+                policy = policy_for(model)
             target = target_for(model)  # sets eval mode; restored below
             if len(pads) > 1:
                 sequences, self.last_stats = decode_batch(

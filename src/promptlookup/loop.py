@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .backends.base import Target
-from .drafters.base import Draft, Drafter, NoDrafter
+from .calibration import calibrate
+from .drafters.base import Draft, Drafter, NoDrafter, bind_generation
+from .drafters.prompt_lookup import REFERENCE
 from .errors import UnsupportedModelError
-from .policy import AcceptanceModel, SpeculationPolicy
+from .policy import NO_POLICY, NoPolicy, Speculation, SpeculationPolicy
 from .sampling import TokenChooser, TokenLogprob, token_logprob
 
 
@@ -47,6 +49,9 @@ class GenerationStats:
     token_seconds: list[float] = field(default_factory=list, repr=False)
     #: With ``speculative_generate(logprobs=N)``: one entry per new token, in order.
     logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
+    #: Per new token: whether it was an accepted draft token from the reference (a predicted
+    #: output, :data:`~promptlookup.drafters.prompt_lookup.REFERENCE`).
+    from_reference: list[bool] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_second(self) -> float:
@@ -80,8 +85,10 @@ class DecodingSequence:
     (:mod:`promptlookup.batching`) both run: :meth:`propose` a draft, then, after a forward
     pass over the last token and (part of) it, :meth:`accept` what the target agrees with.
 
-    ``acceptance``: the sequence's own acceptance statistics for the policy (None: the
-    policy's current request's, :meth:`~promptlookup.policy.SpeculationPolicy.start`).
+    ``policy`` sizes its drafts (:data:`~promptlookup.policy.NO_POLICY`: verified whole),
+    weighing them with the acceptance history of ``tenant``'s requests;
+    ``speculation`` holds the sequence's side of it, its own acceptance statistics, and is
+    its drafter's ``policy`` (:func:`~promptlookup.drafters.base.bind_generation`).
     ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
     criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``."""
 
@@ -93,11 +100,16 @@ class DecodingSequence:
     logprobs: int | None = None
     stats: GenerationStats = field(default_factory=GenerationStats)
     finish_reason: str | None = None
-    acceptance: AcceptanceModel | None = None
+    policy: SpeculationPolicy | NoPolicy = NO_POLICY
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)  # the prompt plus every accepted token
         self.stats.prompt_tokens = len(self.tokens)
+        self.speculation = Speculation(
+            self.policy, self.chooser.do_sample, len(self.tokens), self.tenant
+        )
+        bind_generation(self.drafter, policy=self.speculation)
         self.started = time.perf_counter()
         self._eos = frozenset(self.eos_token_ids)
         self._accepted: list[bool] = []  # per new token: whether it was an accepted draft token
@@ -107,22 +119,20 @@ class DecodingSequence:
         return self.finish_reason is not None
 
     def propose(self) -> Draft:
-        """Step 2: the drafter's draft, leaving room for the bonus token so that a step never
+        """Step 1: the drafter's draft, leaving room for the bonus token so that a step never
         overshoots the token budget."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
         if room <= 0:
             return Draft()
         return Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
 
-    def accept(
-        self, draft: Draft, target_logits: torch.Tensor, policy: SpeculationPolicy | None = None
-    ) -> list[int]:
+    def accept(self, draft: Draft, target_logits: torch.Tensor) -> list[int]:
         """Steps 4 and 5 after a forward pass over the last token and ``draft``
         (``target_logits`` (len(draft) + 1, vocab)): the target's own choice at each position,
         the draft tokens kept while they agree, then the bonus token. Each is appended to
         ``tokens`` and counted in ``stats`` (its logprob with ``logprobs=N``, its time since
         the start); an EOS token ends the sequence (``"stop"``), as does the token budget
-        (``"length"``). The drafter and ``policy`` are told how the draft fared. Returns the
+        (``"length"``). The drafter and the policy are told how the draft fared. Returns the
         new tokens; the caller crops its cache to ``len(tokens) - 1`` (the bonus token is fed
         next step)."""
         stats = self.stats
@@ -130,6 +140,7 @@ class DecodingSequence:
         stats.drafted_tokens += len(draft)
         new_tokens: list[int] = []
         probs = draft.draft_probs if draft else None
+        referenced = draft.source == REFERENCE
         for i, token in enumerate(
             verified_tokens(self.chooser, self.tokens, draft, target_logits, probs)
         ):
@@ -146,6 +157,7 @@ class DecodingSequence:
             stats.accepted_tokens += accepted
             stats.seconds = time.perf_counter() - self.started
             stats.token_seconds.append(stats.seconds)
+            stats.from_reference.append(accepted and referenced)
             if token in self._eos:
                 self.finish_reason = "stop"
                 break
@@ -153,19 +165,8 @@ class DecodingSequence:
             self.finish_reason = "length"
         num_accepted = sum(self._accepted[len(self._accepted) - len(new_tokens) :])
         self.drafter.update(draft, num_accepted)
-        if policy is not None and draft:
-            self.record(policy, draft.match_length, len(draft), num_accepted, draft.source)
+        self.speculation.learn(draft, num_accepted)
         return new_tokens
-
-    def record(
-        self, policy: SpeculationPolicy, match_length: int | None, num_drafted: int,
-        num_accepted: int, source: str | None = None,
-    ) -> None:  # fmt: skip
-        """Tell ``policy`` how a draft fared, in this sequence's own statistics (with
-        ``acceptance``) and under ``source``'s (None: the request's own context)."""
-        own = () if self.acceptance is None else (self.acceptance, self.chooser.do_sample)
-        extra = {} if source is None else {"source": source}
-        policy.record_acceptance(match_length, num_drafted, num_accepted, *own, **extra)
 
     def forget(self, count: int) -> None:
         """Forget the last ``count`` new tokens, which came after a caller's stop (a stop
@@ -176,6 +177,7 @@ class DecodingSequence:
         stats.accepted_tokens -= sum(self._accepted[-count:])
         stats.new_tokens -= count
         del self.tokens[-count:], self._accepted[-count:], stats.token_seconds[-count:]
+        del stats.from_reference[-count:]
         del stats.logprobs[max(0, len(stats.logprobs) - count) :]
 
     def finish(self, reason: str, drop: int = 0) -> None:
@@ -195,9 +197,10 @@ def speculative_generate(
     chooser: TokenChooser | None = None,
     eos_token_ids: Sequence[int] = (),
     stats: GenerationStats | None = None,
-    policy: SpeculationPolicy | None = None,
+    policy: SpeculationPolicy | NoPolicy = NO_POLICY,
     should_stop: Callable[[], bool] | None = None,
     logprobs: int | None = None,
+    tenant: str | None = None,
 ) -> Iterator[int]:
     """Yield the target's tokens after ``prompt_ids`` one by one, at most ``max_new_tokens``,
     stopping after an EOS token. Closing the generator early (a stop string) is fine: the
@@ -205,16 +208,18 @@ def speculative_generate(
 
     ``drafter.propose`` returns a :class:`~promptlookup.drafters.base.Draft` (or a plain list):
     its tokens, and optionally the distributions they were sampled from and the match length
-    behind them; that is all the loop reads from a drafter. ``policy`` (optional) trims each
-    draft to the length worth verifying, from measured forward-pass costs and learned
-    acceptance; without it every draft is verified whole. A drafter that needs the policy too
-    (a draft model) is built with it (:func:`promptlookup.make_drafter`).
+    behind them; that is all the loop reads from a drafter. ``policy`` trims each draft to the
+    length worth verifying, from measured forward-pass costs and learned acceptance (the
+    default, :data:`~promptlookup.policy.NO_POLICY`, verifies every draft whole); a drafter
+    that consults it too (a draft model) is handed the sequence's side of it.
 
     ``should_stop()`` (optional) is asked before every forward pass, the prefill included; when
     it returns true the generator ends there (a cancelled request). ``logprobs=N`` records each
     yielded token's :class:`~promptlookup.sampling.TokenLogprob` with its ``N`` most likely
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
-    token gets exactly the value plain decoding computes from the same row."""
+    token gets exactly the value plain decoding computes from the same row. ``tenant``: whose
+    acceptance history the policy weighs this request's drafts with (an opaque key; a server
+    passes its client's)."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -223,6 +228,8 @@ def speculative_generate(
         eos_token_ids,
         logprobs,
         stats if stats is not None else GenerationStats(),
+        policy=policy,
+        tenant=tenant,
     )
     tokens, stats = sequence.tokens, sequence.stats  # tokens: the prompt and every accepted one
     if not tokens or max_new_tokens < 1:
@@ -234,29 +241,28 @@ def speculative_generate(
         )
     if should_stop is not None and should_stop():
         return
-    # 1. Prefill: the cache holds every token but the last, which each step feeds first (a
-    #    target may keep the prompt's last chunk back and run it in the first step's pass).
+    # Before the steps, prefill: the cache holds every token but the last, which each step
+    # feeds first (a target may keep the prompt's last chunk back for the first step's pass).
     target.reset()
     target.prefill(tokens[:-1])
-    if policy is not None:
-        policy.start(target, probe_token=tokens[-1], sampling=sequence.chooser.do_sample)
+    # Time passes for the policy's cost curve if it has none for this context yet.
+    calibrate(target, policy, probe_token=tokens[-1])
     while not sequence.done:
         if should_stop is not None and should_stop():
             break
-        # 2. Draft, and keep only the part of it worth its verification cost.
-        draft = sequence.propose()
-        if policy is not None:
-            draft = policy.shape(draft)
+        # 1-2. Draft, and keep only the part of it worth its verification cost.
+        draft = sequence.speculation.shape(sequence.propose())
         # 3. One target forward pass over the last token and the draft (the target's one-off
         #    set-up for a new pass size comes first, so the policy times the pass alone).
         target.prepare([len(draft) + 1])
         forward_start = time.perf_counter()
         target_logits = target.forward([tokens[-1], *draft])  # (len(draft) + 1, vocab)
-        if policy is not None and stats.forward_passes:  # the first also ends the prompt
-            policy.record_forward(len(draft) + 1, time.perf_counter() - forward_start)
+        if stats.forward_passes:  # the first also ends the prompt
+            seconds = time.perf_counter() - forward_start
+            policy.record_forward(len(draft) + 1, seconds, sequence.speculation.context)
         # 4-5. Verify and learn (DecodingSequence.accept); crop the cache back to the accepted
         #      tokens (the bonus token is fed next step).
-        new_tokens = sequence.accept(draft, target_logits, policy)
+        new_tokens = sequence.accept(draft, target_logits)
         target.crop(len(tokens) - 1)
         for position, token in enumerate(new_tokens):
             try:
@@ -265,7 +271,7 @@ def speculative_generate(
                 sequence.forget(len(new_tokens) - position - 1)
                 raise
     stats.seconds = time.perf_counter() - sequence.started
-    # 6. Free the KV cache (each generation starts from an empty one).
+    # After the steps, free the KV cache (each generation starts from an empty one).
     target.reset()
 
 

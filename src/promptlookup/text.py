@@ -5,6 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def eos_token_ids(*configured) -> list[int]:
+    """The end-of-sequence ids of the first of ``configured`` that is not None (a config's or
+    tokenizer's ``eos_token_id``: one id or a list of them); none when all are None.
+
+    >>> eos_token_ids(None, 2), eos_token_ids([2, 7]), eos_token_ids(None)
+    ([2], [2, 7], [])
+    """
+    eos = next((value for value in configured if value is not None), None)
+    return [int(eos)] if isinstance(eos, int) else [int(token) for token in eos or ()]
+
+
 class IncrementalDetokenizer:
     """Decodes a growing token list into text deltas without re-decoding everything, holding
     back text while the last tokens end inside a multi-byte character.

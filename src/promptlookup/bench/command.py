@@ -71,10 +71,11 @@ QUICK_TOKENS = 64
 )
 @click.option(
     "--methods",
-    default="plain,hf-pld,promptlookup",
+    default="plain,hf-pld,promptlookup-none,promptlookup",
     show_default=True,
     help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
-    "promptlookup:k=4,min=2. plain (the baseline) is always added.",
+    "promptlookup:k=4,min=2. plain (the baseline) is always added; with promptlookup-none "
+    "the report splits each promptlookup speed-up into the engine's part and drafting's.",
 )
 @click.option(
     "--drafter-method",

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from .methods import (
-    LOOKUP_PARAMS,
     MethodOutput,
     PromptLookupMethod,
     Settings,
@@ -144,7 +144,7 @@ register_method(
     lambda lm, options: PromptLookupMethod(
         lm, "prompt-lookup", check_int_options("promptlookup", options)
     ),
-    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+    params={**BENCH_PARAMS, "speculation": "speculation"},
 )
 register_method(
     BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none", {})

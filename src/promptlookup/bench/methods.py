@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
+from ..limits import SamplingParams
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
 BACKEND_MODULES = {
@@ -46,24 +46,25 @@ BACKEND_MODULES = {
 
 #: The baseline every speed-up and identity check is measured against.
 BASELINE = "plain"
+#: promptlookup's own plain decoding (its engine without a drafter): every drafting method must
+#: write its text, sampling too, and a speed-up over ``plain`` splits into its part and
+#: drafting's (:func:`~promptlookup.bench.summary.speedup_parts`).
+OWN_PLAIN = "promptlookup-none"
 #: The summaries' row of every task together.
 ALL_TASKS = "all"
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Generation settings shared by every method of a run. ``temperature=0`` is greedy;
-    ``seed`` is set per prompt by the runner (base seed + prompt index) when sampling."""
+class Settings(SamplingParams):
+    """Generation settings shared by every method of a run: the sampling parameters
+    (``temperature=0`` is greedy; ``seed`` is set per prompt by the runner, base seed + prompt
+    index, when sampling) and the token budget."""
 
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
 
     @property
     def sampling(self) -> bool:
-        return self.temperature > 0
+        return not self.greedy
 
 
 @dataclass
@@ -239,7 +240,6 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
 
 
 #: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
-LOOKUP_PARAMS = BENCH_PARAMS  # from the one table of drafter options
 
 
 def check_int_options(method: str, options: dict) -> dict:
@@ -269,22 +269,11 @@ class PromptLookupMethod:
         check_drafter_spec(drafter, **self.options)  # fail early
 
     def run(self, prompt_ids: Sequence[int], settings: Settings) -> MethodOutput:
-        sampling = (
-            {
-                "temperature": settings.temperature,
-                "top_k": settings.top_k,
-                "top_p": settings.top_p,
-                "seed": settings.seed,
-            }
-            if settings.sampling
-            else {}
-        )
         with Timer() as timer:
             result = self.lm.generate(
                 list(prompt_ids),
-                max_new_tokens=settings.max_new_tokens,
                 drafter=self.drafter,
-                **sampling,
+                **settings.as_kwargs(),  # the sampling parameters and max_new_tokens
                 **self.generate_options,
                 **self.options,
             )

@@ -1,6 +1,6 @@
 """Requests with nothing to copy from the prompt (where prompt lookup has least to offer): the
-built-in suite's ``open_ended`` task, the same prompts as ``benchmarks/data/open_ended.jsonl``
-(written for this project)."""
+built-in suite's ``open_ended`` task (written for this project). Runs before 0.15.0 read the
+same prompts from ``benchmarks/data/open_ended.jsonl``, which commit 0cb8297 holds."""
 
 OPEN_ENDED = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",

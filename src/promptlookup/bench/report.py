@@ -10,12 +10,13 @@ from pathlib import Path
 
 from .figures import bar_figure, headline_methods, sweep_figure
 from .summary import (
-    SUMMARY_KEYS,
+    SUMMARY_COLUMNS,
     agreed_summary,
     best_promptlookup,
     held_out_ratio,
     read_results,
     repeat_spread,
+    speedup_parts,
     summarize,
 )
 
@@ -28,58 +29,47 @@ def _cell(value) -> str:
     return str(value)
 
 
-TABLE_HEADERS = (
-    "task",
-    "method",
-    "prompts",
-    "tokens/s",
-    "speed-up",
-    "median speed-up",
-    "tokens/forward",
-    "acceptance",
-    "identical",
-    "identical to -none",
-    "first token s",
-    "decode speed-up",
-    "peak RSS MiB",
+#: Columns of the agreed-prefix table (rows of :func:`agreed_summary`): key, header.
+AGREED_COLUMNS = (
+    ("task", "task"),
+    ("method", "method"),
+    ("prompts", "prompts"),
+    ("agreed_share", "share"),
+    ("tokens_per_second", "tokens/s"),
+    ("speedup", "speed-up"),
+    ("median_speedup", "median speed-up"),
+    ("decode_speedup", "decode speed-up"),
 )
-#: Columns of the agreed-prefix table (rows of :func:`agreed_summary`).
-AGREED_KEYS = (
-    "task",
-    "method",
-    "prompts",
-    "agreed_share",
-    "tokens_per_second",
-    "speedup",
-    "median_speedup",
-    "decode_speedup",
+#: Columns of the speed-up's parts (rows of :func:`speedup_parts`): key, header.
+PARTS_COLUMNS = (
+    ("task", "task"),
+    ("method", "method"),
+    ("speedup", "speed-up vs plain"),
+    ("engine", "engine's part (promptlookup-none vs plain)"),
+    ("drafting", "drafting's part (method vs promptlookup-none)"),
 )
-AGREED_HEADERS = (
-    "task",
-    "method",
-    "prompts",
-    "share",
-    "tokens/s",
-    "speed-up",
-    "median speed-up",
-    "decode speed-up",
+#: The bars of the parts figure: each row's value and its label.
+PART_LABELS = (
+    ("speedup", "total vs plain"),
+    ("engine", "engine's part (promptlookup-none vs plain)"),
+    ("drafting", "drafting's part (vs promptlookup-none)"),
 )
+Columns = Sequence[tuple[str, str]]
 
 
-def _known_columns(rows: Sequence[dict], keys: Sequence[str], headers: Sequence[str]):
-    """The columns to show: all but a peak-RSS column that no row measured (older runs)."""
+def _known_columns(rows: Sequence[dict], columns: Columns):
+    """The columns to show (keys, headers): all but a peak-RSS column that no row measured
+    (older runs)."""
     shown = [
         (k, h)
-        for k, h in zip(keys, headers)
+        for k, h in columns
         if k != "peak_rss_mib" or any(row.get(k) is not None for row in rows)
     ]
     return [k for k, _ in shown], [h for _, h in shown]
 
 
-def markdown_table(
-    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
-) -> str:
-    keys, headers = _known_columns(rows, keys, headers)
+def markdown_table(rows: Sequence[dict], columns: Columns = SUMMARY_COLUMNS) -> str:
+    keys, headers = _known_columns(rows, columns)
     lines = [
         "| " + " | ".join(headers) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|",
@@ -88,11 +78,9 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def text_table(
-    rows: Sequence[dict], keys: Sequence[str] = SUMMARY_KEYS, headers: Sequence[str] = TABLE_HEADERS
-) -> str:
+def text_table(rows: Sequence[dict], columns: Columns = SUMMARY_COLUMNS) -> str:
     """Summary rows as aligned plain text (printed at the end of a run)."""
-    keys, headers = _known_columns(rows, keys, headers)
+    keys, headers = _known_columns(rows, columns)
     cells = [list(headers)] + [[_cell(row[k]) for k in keys] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
@@ -105,13 +93,17 @@ def console_tables(records: Sequence[dict], summary: Sequence[dict]) -> str:
     """What a finished run prints: the summary, and speeds on agreed prefixes where greedy
     outputs parted from plain's (a sweep's grid left to the report)."""
     text = text_table(summary)
+    parts = speedup_parts(summary)
+    if parts:
+        text += "\n\nWhat the speed-up is made of (engine x drafting):\n"
+        text += text_table(parts, PARTS_COLUMNS)
     agreed, _ = agreed_summary(records)
     if agreed:
         shown = set(headline_methods(agreed))
         text += (
             "\n\nOn agreed prefixes (the tokens every method wrote first; share: of "
             "plain's tokens):\n"
-            + text_table([r for r in agreed if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS)
+            + text_table([r for r in agreed if r["method"] in shown], AGREED_COLUMNS)
         )
     return text
 
@@ -193,6 +185,26 @@ def best_lines(summary: Sequence[dict], records: Sequence[dict], where: str = ""
     ]
 
 
+def parts_lines(summary: Sequence[dict]) -> list[str]:
+    """The section saying what each promptlookup speed-up is made of (when
+    ``promptlookup-none`` ran)."""
+    parts = speedup_parts(summary)
+    if not parts:
+        return []
+    return [
+        "",
+        "## What the speed-up is made of",
+        "",
+        "`plain` is `transformers`' `generate` over the same model; `promptlookup-none` is "
+        "promptlookup's loop and forward passes without a drafter. So a speed-up over `plain` "
+        "is the product of two parts: the *engine's* (`promptlookup-none` against `plain`: "
+        "our forward passes and loop, one token per pass) and *drafting's* (the method "
+        "against `promptlookup-none`: more tokens per pass on the same engine).",
+        "",
+        markdown_table(parts, PARTS_COLUMNS),
+    ]
+
+
 def agreed_lines(records: Sequence[dict]) -> list[str]:
     rows, agreed = agreed_summary(records)
     if not rows:
@@ -207,7 +219,7 @@ def agreed_lines(records: Sequence[dict]) -> list[str]:
         "*all* methods produced first on that prompt (`promptlookup.bench.agreed`); share: "
         "agreed tokens / plain's new tokens.",
         "",
-        markdown_table([r for r in rows if r["method"] in shown], AGREED_KEYS, AGREED_HEADERS),
+        markdown_table([r for r in rows if r["method"] in shown], AGREED_COLUMNS),
     ]
     return lines + best_lines(rows, agreed, ", on agreed prefixes")
 
@@ -239,6 +251,7 @@ def render_markdown(
             else ""
         ),
     ]
+    parts += parts_lines(summary)
     parts += best_lines(summary, records)
     parts += agreed_lines(records)
     if figures:
@@ -275,6 +288,22 @@ def write_outputs(out_dir: str | Path, records: Sequence[dict], meta: dict) -> l
             out / "tokens_per_forward.png",
         )
         figures = ["speedup.png", "tokens_per_forward.png"]
+        parts = speedup_parts(summary)
+        if parts:  # each promptlookup method's speed-up, its engine's part and drafting's
+            bar_figure(
+                [
+                    {**row, "method": f"{row['method']}: {label}", "part": row[key]}
+                    for row in parts
+                    for key, label in PART_LABELS
+                ],
+                "part",
+                "speed-up (tokens/s ratio)",
+                "The speed-up and its parts: engine x drafting",
+                out / "speedup_parts.png",
+            )
+            figures.append("speedup_parts.png")
+        else:
+            (out / "speedup_parts.png").unlink(missing_ok=True)  # from an earlier run here
         if sweep_figure(summary, out / "sweep.png"):
             figures.append("sweep.png")
         else:

@@ -40,34 +40,45 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
 from .data import BenchRow
 from .memory import PeakMeter, weights_format
-from .methods import BASELINE, Method, MethodOutput, Settings, make_method
+from .methods import BASELINE, OWN_PLAIN, Method, MethodOutput, Settings, make_method
 
-RESULT_KEYS = (
-    "task",
-    "id",
-    "method",
-    "prompt_tokens",
-    "new_tokens",
-    "seconds",
-    "forward_passes",
-    "drafted_tokens",
-    "accepted_tokens",
-    "identical_to_plain",
-    "identical_to_none",
-    "text",
-    "token_ids",
-    "token_seconds",
-    "peak_rss_mib",
-)
-#: promptlookup's own plain decoding: every drafting method must write its text, sampling too.
-OWN_PLAIN = "promptlookup-none"
+
+@dataclass
+class ResultRecord:
+    """One row of ``results.jsonl``: one method's generation on one prompt (its fastest of
+    ``repeat`` runs, whose seconds ``repeat_seconds`` lists when there were several)."""
+
+    task: str
+    id: str
+    method: str
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    forward_passes: int | None
+    drafted_tokens: int | None
+    accepted_tokens: int | None
+    identical_to_plain: bool | None
+    identical_to_none: bool | None
+    text: str
+    token_ids: list[int]
+    token_seconds: list[float] | None
+    peak_rss_mib: float | None
+    repeat_seconds: list[float] | None = None
+
+    def as_dict(self) -> dict:
+        record = asdict(self)
+        if record["repeat_seconds"] is None:
+            del record["repeat_seconds"]
+        return record
+
+
 WARMUP_TOKENS = 32
 
 
@@ -260,18 +271,7 @@ def run_bench(
         settings = replace(settings, seed=0)
     method_objs = resolve_methods(model, methods, backend)
     prompts = encode_rows(model, rows, settings.max_new_tokens)
-    meta = {
-        **(meta or {}),
-        "machine": machine_info(),
-        "backend": backend,
-        "model": (meta or {}).get("model") or getattr(model, "name", None),
-        "weights": weights_format(model),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "settings": settings.__dict__,
-        "methods": [m.name for m in method_objs],
-        "repeat": repeat,
-        "command": (meta or {}).get("command") or " ".join(sys.argv),
-    }
+    meta = _meta(model, meta or {}, backend, settings, method_objs, repeat)
     out = Path(out_dir) if out_dir is not None else None
     records: list[dict] = []
     if out is not None:
@@ -282,9 +282,9 @@ def run_bench(
     done = {(r["task"], r["id"]) for r in records}
     handle = (out / "results.jsonl").open("w", encoding="utf-8") if out is not None else None
     try:
-        for record in records:
+        for record in records:  # kept from an earlier run (resume)
             handle.write(json.dumps(record) + "\n")
-        if warmup and prompts:
+        if warmup and prompts:  # every method once, not recorded
             warm = replace(settings, max_new_tokens=min(settings.max_new_tokens, WARMUP_TOKENS))
             for method in method_objs:
                 generate(method, prompts[0], rows[0], warm)
@@ -293,63 +293,17 @@ def run_bench(
             for i, (row, ids) in enumerate(zip(rows, prompts))
             if (row.task, row.id) not in done
         ]
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=len(todo) * len(method_objs) * repeat,
-            disable=not progress,
-            unit="gen",
-            desc="bench",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
-        with bar:
+        with _progress_bar(len(todo) * len(method_objs) * repeat, progress) as bar:
             for index, row, prompt_ids in todo:
-                prompt_settings = (
-                    replace(settings, seed=settings.seed + index) if settings.sampling else settings
+                # Every method on this prompt (interleaved), then its rows, written at once.
+                if settings.sampling:
+                    prompt_settings = replace(settings, seed=settings.seed + index)
+                else:
+                    prompt_settings = settings
+                runs = _run_prompt(
+                    method_objs, index, row, prompt_ids, prompt_settings, repeat, bar
                 )
-                runs: dict[str, list[MethodOutput]] = {m.name: [] for m in method_objs}
-                for round_ in range(repeat):
-                    for i in method_order(len(method_objs), index * repeat + round_):
-                        method = method_objs[i]
-                        bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
-                        runs[method.name].append(generate(method, prompt_ids, row, prompt_settings))
-                        bar.update(1)
-                outputs = {name: _fastest(outs) for name, outs in runs.items()}
-                baseline = outputs[BASELINE]
-                own_plain = outputs.get(OWN_PLAIN)
-                for method in method_objs:
-                    output = outputs[method.name]
-                    identical = None if settings.sampling else same_output(model, output, baseline)
-                    same_as_none = (
-                        None if own_plain is None else same_output(model, output, own_plain)
-                    )
-                    record = dict(
-                        zip(
-                            RESULT_KEYS,
-                            (
-                                row.task,
-                                row.id,
-                                method.name,
-                                len(prompt_ids),
-                                _new_tokens(output),
-                                round(output.seconds, 6),
-                                output.forward_passes,
-                                output.drafted_tokens,
-                                output.accepted_tokens,
-                                identical,
-                                same_as_none,
-                                output.text
-                                if output.text is not None
-                                else _decode(model, output.token_ids),
-                                list(output.token_ids),
-                                _rounded(output.token_seconds),
-                                output.peak_rss_mib,
-                            ),
-                        )
-                    )
-                    if repeat > 1:
-                        record["repeat_seconds"] = [round(o.seconds, 6) for o in runs[method.name]]
+                for record in _records(model, row, prompt_ids, runs, settings.sampling):
                     records.append(record)
                     if handle is not None:
                         handle.write(json.dumps(record) + "\n")
@@ -361,3 +315,77 @@ def run_bench(
     if out is not None:
         write_outputs(out, records, meta)
     return BenchResult(records, summary, out)
+
+
+def _meta(model, given: dict, backend, settings, method_objs, repeat) -> dict:
+    """meta.json: ``given`` (the command's), the machine, model, settings and methods."""
+    return {
+        **given,
+        "machine": machine_info(),
+        "backend": backend,
+        "model": given.get("model") or getattr(model, "name", None),
+        "weights": weights_format(model),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "settings": settings.__dict__,
+        "methods": [m.name for m in method_objs],
+        "repeat": repeat,
+        "command": given.get("command") or " ".join(sys.argv),
+    }
+
+
+def _progress_bar(total: int, shown: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        disable=not shown,
+        unit="gen",
+        desc="bench",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+def _run_prompt(method_objs, index, row, prompt_ids, settings, repeat, bar):
+    """Every method's ``repeat`` runs on prompt ``index``, each round in its balanced order
+    (:func:`method_order`): ``{method name: its outputs}``, in the methods' order."""
+    runs: dict[str, list[MethodOutput]] = {m.name: [] for m in method_objs}
+    for round_ in range(repeat):
+        for i in method_order(len(method_objs), index * repeat + round_):
+            method = method_objs[i]
+            bar.set_postfix_str(f"{row.task}/{row.id} {method.name}", refresh=False)
+            runs[method.name].append(generate(method, prompt_ids, row, settings))
+            bar.update(1)
+    return runs
+
+
+def _records(model, row, prompt_ids, runs: dict[str, list[MethodOutput]], sampling: bool):
+    """The rows of one prompt: each method's fastest run, checked against ``plain``'s output
+    (greedy) and ``promptlookup-none``'s (when it ran)."""
+    outputs = {name: _fastest(outs) for name, outs in runs.items()}
+    baseline, own_plain = outputs[BASELINE], outputs.get(OWN_PLAIN)
+    records = []
+    for name, output in outputs.items():
+        text = output.text if output.text is not None else _decode(model, output.token_ids)
+        record = ResultRecord(
+            task=row.task,
+            id=row.id,
+            method=name,
+            prompt_tokens=len(prompt_ids),
+            new_tokens=_new_tokens(output),
+            seconds=round(output.seconds, 6),
+            forward_passes=output.forward_passes,
+            drafted_tokens=output.drafted_tokens,
+            accepted_tokens=output.accepted_tokens,
+            identical_to_plain=None if sampling else same_output(model, output, baseline),
+            identical_to_none=None if own_plain is None else same_output(model, output, own_plain),
+            text=text,
+            token_ids=list(output.token_ids),
+            token_seconds=_rounded(output.token_seconds),
+            peak_rss_mib=output.peak_rss_mib,
+            repeat_seconds=[round(o.seconds, 6) for o in runs[name]]
+            if len(runs[name]) > 1
+            else None,
+        )
+        records.append(record.as_dict())
+    return records

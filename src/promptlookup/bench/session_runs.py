@@ -24,26 +24,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..drafters import CrossRequestIndex
+from ..drafters.cross_request import INDEX_TOKENS
+from ..drafters.shared_lookup import SHARING
+from ..loop import GenerationStats
 from .sessions import KINDS, Session
 
-MODES = ("off", "per-key", "global")
+MODES = SHARING
 
 
 @dataclass
-class Tally:
-    """What one mode did over some requests."""
+class Tally(GenerationStats):
+    """What one mode did over some requests: their :class:`~promptlookup.GenerationStats`
+    added up (``seconds``: as the client waited), with the request count and the decoding
+    after each request's first token (its prompt's prefill and first pass left out)."""
 
     requests: int = 0
-    new_tokens: int = 0
-    forward_passes: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    seconds: float = 0.0
-    #: After each request's first token (its prompt's prefill and first pass left out).
     decode_tokens: int = 0
     decode_seconds: float = 0.0
 
     def add(self, stats, seconds: float) -> None:
+        """Add one request's counters (a GenerationStats, or a server's, which has no
+        prompt or logprobs) and the seconds its client waited."""
         self.requests += 1
         self.new_tokens += stats.new_tokens
         self.forward_passes += stats.forward_passes
@@ -58,13 +59,13 @@ class Tally:
     def decode_tokens_per_second(self) -> float:
         return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+    def as_dict(self) -> dict:
+        return {
+            **super().as_dict(),
+            "requests": self.requests,
+            "decode_tokens": self.decode_tokens,
+            "decode_seconds": round(self.decode_seconds, 6),
+        }
 
 
 @dataclass
@@ -90,7 +91,7 @@ def run_sessions(
     max_new_tokens: int = 160,
     requests: int = 6,
     concurrency: int = 1,
-    max_tokens: int = 32768,
+    max_tokens: int = INDEX_TOKENS,
     servers: Sequence = (),
     log=print,
 ) -> SessionRun:
@@ -237,7 +238,7 @@ def report(run: SessionRun, modes: Sequence[str] = MODES) -> str:
         for mode in modes:
             tally = run.tallies[(kind, mode)]
             passes = "-" if mode in run.same_text else str(tally.forward_passes)
-            per_pass = "-" if mode in run.same_text else f"{tally.tokens_per_pass:.2f}"
+            per_pass = "-" if mode in run.same_text else f"{tally.tokens_per_forward:.2f}"
             lines.append(
                 f"| {kind} | {mode} | {tally.requests} | {tally.new_tokens} | "
                 f"{passes} | {per_pass} | "

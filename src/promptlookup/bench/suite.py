@@ -12,8 +12,7 @@ Each task builds requests of the same shape as the project's evaluation sets (``
   phrase of them (a parameter's default value, the exceptions a function raises).
 - ``chat``: a function and its docstring as the assistant's first answer, then a request to
   rewrite that answer.
-- ``open_ended``: requests with nothing to copy (:data:`OPEN_ENDED`, the prompts of
-  ``benchmarks/data/open_ended.jsonl``).
+- ``open_ended``: requests with nothing to copy (:data:`OPEN_ENDED`).
 
 Determinism: modules are the standard library's top-level ``.py`` files in sorted order,
 shuffled with a fixed seed per task; each task takes at most one function per module, the first

@@ -32,23 +32,25 @@ from pathlib import Path
 
 from .agreed import agreed_records, agreed_share
 from .data import BenchDataError
-from .methods import ALL_TASKS, BASELINE
+from .methods import ALL_TASKS, BASELINE, OWN_PLAIN
 
-SUMMARY_KEYS = (
-    "task",
-    "method",
-    "prompts",
-    "tokens_per_second",
-    "speedup",
-    "median_speedup",
-    "tokens_per_forward",
-    "acceptance_rate",
-    "identical_fraction",
-    "identical_to_none_fraction",
-    "first_token_seconds",
-    "decode_speedup",
-    "peak_rss_mib",
+#: The summary's columns, in order: each row's key and the header the report's tables show.
+SUMMARY_COLUMNS = (
+    ("task", "task"),
+    ("method", "method"),
+    ("prompts", "prompts"),
+    ("tokens_per_second", "tokens/s"),
+    ("speedup", "speed-up"),
+    ("median_speedup", "median speed-up"),
+    ("tokens_per_forward", "tokens/forward"),
+    ("acceptance_rate", "acceptance"),
+    ("identical_fraction", "identical"),
+    ("identical_to_none_fraction", "identical to -none"),
+    ("first_token_seconds", "first token s"),
+    ("decode_speedup", "decode speed-up"),
+    ("peak_rss_mib", "peak RSS MiB"),
 )
+SUMMARY_KEYS = tuple(key for key, _ in SUMMARY_COLUMNS)
 
 
 def read_results(path: str | Path, tolerate_partial_last_line: bool = False) -> list[dict]:
@@ -142,32 +144,30 @@ def _summary_row(task: str, method: str, mine: list[dict], plain: dict[tuple, di
     decode = _decode_rate([r for r, _ in paired])
     plain_decode = _decode_rate([p for _, p in paired])
     peaks = [r["peak_rss_mib"] for r in mine if r.get("peak_rss_mib") is not None]
-    return dict(
-        zip(
-            SUMMARY_KEYS,
-            (
-                task,
-                method,
-                len(mine),
-                _round(rate, 3),
-                _round(speedup),
-                _round(statistics.median(per_prompt)) if per_prompt else None,
-                _round(_ratio(total("new_tokens", mine), forwards))
-                if forwards is not None
-                else None,
-                _round(_ratio(accepted, drafted))
-                if drafted is not None and accepted is not None
-                else None,
-                _round(sum(identical) / len(identical)) if identical else None,
-                _round(sum(same_as_none) / len(same_as_none)) if same_as_none else None,
-                _round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
-                _round(_ratio(decode, plain_decode))
-                if decode is not None and plain_decode
-                else None,
-                max(peaks) if peaks else None,
-            ),
-        )
+    row = dict(
+        task=task,
+        method=method,
+        prompts=len(mine),
+        tokens_per_second=_round(rate, 3),
+        speedup=_round(speedup),
+        median_speedup=_round(statistics.median(per_prompt)) if per_prompt else None,
+        tokens_per_forward=_round(_ratio(total("new_tokens", mine), forwards))
+        if forwards is not None
+        else None,
+        acceptance_rate=_round(_ratio(accepted, drafted))
+        if drafted is not None and accepted is not None
+        else None,
+        identical_fraction=_round(sum(identical) / len(identical)) if identical else None,
+        identical_to_none_fraction=_round(sum(same_as_none) / len(same_as_none))
+        if same_as_none
+        else None,
+        first_token_seconds=_round(statistics.median(firsts)) if len(firsts) == len(mine) else None,
+        decode_speedup=_round(_ratio(decode, plain_decode))
+        if decode is not None and plain_decode
+        else None,
+        peak_rss_mib=max(peaks) if peaks else None,
     )
+    return {key: row[key] for key in SUMMARY_KEYS}  # in the columns' order
 
 
 def summarize(records: Sequence[dict]) -> list[dict]:
@@ -303,3 +303,23 @@ def agreed_summary(records: Sequence[dict]) -> tuple[list[dict], list[dict]]:
     for row in rows:
         row["agreed_share"] = _round(agreed_share(records, agreed, row["task"]))
     return rows, agreed
+
+
+def speedup_parts(summary: Sequence[dict]) -> list[dict]:
+    """What each promptlookup method's speed-up over ``plain`` is made of, per task, when
+    ``promptlookup-none`` (the same engine, no drafter) ran: ``engine``, its own speed-up
+    (promptlookup's forward passes against ``transformers``' ``generate``), and ``drafting``,
+    the method's over ``promptlookup-none`` (what drafting adds on that engine). Their product
+    is the method's speed-up (every ratio is of totals over the same prompts)."""
+    speedups = {(r["task"], r["method"]): r["speedup"] for r in summary}
+    parts = []
+    for row in summary:
+        engine = speedups.get((row["task"], OWN_PLAIN))
+        method, total = row["method"], row["speedup"]
+        if method.split(":")[0] != "promptlookup" or method == OWN_PLAIN or not engine:
+            continue
+        if total is not None:
+            drafting = _round(total / engine)
+            parts.append(dict(task=row["task"], method=method, speedup=total, engine=engine,
+                              drafting=drafting))  # fmt: skip
+    return parts

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from .methods import (
-    LOOKUP_PARAMS,
     MethodOutput,
     PromptLookupMethod,
     Settings,
@@ -185,28 +185,19 @@ class HFGenerate:
 
 class HFCustomGenerate(HFGenerate):
     """``model.generate(custom_generate=make_custom_generate(...))``; counters come from the
-    callable's ``last_stats`` when it keeps them, else from the forward trace."""
+    callable's ``last_stats``, else (a generation cut short by EOS after its last pass) from
+    the forward trace."""
 
     def __init__(self, lm, options: dict) -> None:
-        try:
-            from .. import hf_generate
-        except ImportError as exc:
-            raise InvalidParameterError(
-                f"method hf-custom needs promptlookup.hf_generate, which is missing: {exc}"
-            ) from exc
+        from ..hf_generate import make_custom_generate
+
         if "num_tokens" in options:  # an explicit k is a fixed setting, as for promptlookup:k=
             options = {"speculation": "fixed", **options}
-        if hasattr(hf_generate, "make_custom_generate"):
-            decoding = hf_generate.make_custom_generate("prompt-lookup", **options)
-        elif options:
-            raise InvalidParameterError("hf-custom: this promptlookup.hf_generate takes no options")
-        else:
-            decoding = hf_generate.custom_generate
-        super().__init__(lm, custom_generate=decoding)
-        self.decoding = decoding
+        self.decoding = make_custom_generate("prompt-lookup", **options)
+        super().__init__(lm, custom_generate=self.decoding)
 
     def _counts(self, trace, prompt_tokens, new_tokens):
-        stats = getattr(self.decoding, "last_stats", None)
+        stats = self.decoding.last_stats
         if stats is not None and stats.new_tokens == new_tokens:
             return stats.forward_passes, stats.drafted_tokens, stats.accepted_tokens
         return trace.counts(prompt_tokens, new_tokens)
@@ -235,7 +226,7 @@ register_method(
     lambda lm, options: PromptLookupMethod(
         lm, "prompt-lookup", check_int_options("promptlookup", options)
     ),
-    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+    params={**BENCH_PARAMS, "speculation": "speculation"},
 )
 register_method(BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none"))
 register_method(
@@ -244,13 +235,13 @@ register_method(
     lambda lm, options: PromptLookupMethod(
         fastest_twin(lm), "prompt-lookup", check_int_options("promptlookup", options)
     ),
-    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+    params={**BENCH_PARAMS, "speculation": "speculation"},
 )
 register_method(
     BACKEND,
     "hf-custom",
     lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
-    params={**LOOKUP_PARAMS, "speculation": "speculation"},
+    params={**BENCH_PARAMS, "speculation": "speculation"},
 )
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Union
 from ..errors import InvalidParameterError
 from .base import CallableDrafter, ChainDrafter, Draft, Drafter, NoDrafter, bind_generation
 from .cross_request import CrossRequestIndex
-from .options import OPTIONS
+from .options import DRAFT_MODEL_DEFAULTS, OPTIONS, check_draft_model_options
 from .prompt_lookup import PromptLookupDrafter
 from .shared_lookup import SharedLookupDrafter, TenantIndexes
 from .suffix_index import Match, SuffixIndex
@@ -110,7 +110,6 @@ def make_drafter(
     eos_token_ids: Sequence[int] = (),
     tokenizer=None,
     chooser=None,
-    policy=None,
     device: str = "cpu",
     dtype: str = "float32",
     **options,
@@ -120,10 +119,10 @@ def make_drafter(
     Context (``LanguageModel.generate`` passes it): ``tokenizer``, the target's (tokenizes
     reference texts, and a draft model's tokenizer must equal it); ``chooser``, the generation's
     :class:`~promptlookup.sampling.TokenChooser` (a draft model samples its drafts with it);
-    ``policy``, the generation's :class:`~promptlookup.policy.SpeculationPolicy` or None (a
-    draft model sizes its drafts by their cost with it); ``device`` and ``dtype`` for loading a
-    draft model. A drafter object gets ``chooser`` and ``policy`` through
-    :func:`~.base.bind_generation`. ``options`` configure the drafters (each member of a chain
+    ``device`` and ``dtype`` for loading a draft model. A drafter object gets ``chooser``
+    through :func:`~.base.bind_generation`; the speculation policy, which a draft model sizes
+    its drafts with, is handed to every drafter by the sequence it drafts for
+    (:class:`~promptlookup.loop.DecodingSequence`). ``options`` configure the drafters (each member of a chain
     takes the options it knows).
 
     >>> make_drafter("prompt-lookup", num_tokens=4)
@@ -141,7 +140,6 @@ def make_drafter(
         eos_token_ids=eos_token_ids,
         tokenizer=tokenizer,
         chooser=chooser,
-        policy=policy,
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
     )
@@ -168,7 +166,7 @@ def make_drafter(
             spec = spec.model
         return _draft_model(spec, options, context)
     if isinstance(spec, Drafter):
-        bind_generation(spec, chooser=chooser, policy=policy)
+        bind_generation(spec, chooser=chooser)
         return spec
     if callable(spec):
         return CallableDrafter(spec)
@@ -185,7 +183,7 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
         if "reference_text" in options:
             text = options.pop("reference_text")
             options["reference_ids"] = _tokenize(text, context["tokenizer"], "reference_text")
-        return _lookup_drafter(context["eos_token_ids"], options, context["policy"])
+        return _lookup_drafter(context["eos_token_ids"], options)
     if name == "reference":
         path = Path(argument).expanduser()
         try:
@@ -210,33 +208,22 @@ def _build(name: str, argument: str | None, options: dict, context: dict) -> Dra
     return _draft_model(model, options, context)
 
 
-def _lookup_drafter(eos_token_ids, options: dict, policy=None) -> PromptLookupDrafter:
+def _lookup_drafter(eos_token_ids, options: dict) -> PromptLookupDrafter:
     index = options.pop("cross_request", None)
     try:
         if index is not None:
-            return SharedLookupDrafter(index, policy=policy, eos_token_ids=eos_token_ids, **options)
+            return SharedLookupDrafter(index, eos_token_ids=eos_token_ids, **options)
         return PromptLookupDrafter(eos_token_ids=eos_token_ids, **options)
     except (TypeError, ValueError) as exc:
         raise InvalidParameterError(f"prompt-lookup drafter: {exc}") from exc
 
 
 def _draft_model_options(options: dict) -> dict:
-    """Check the draft model's options (the same checks as its constructor, without a model)."""
-    num_tokens = options.get("num_tokens", 16)
-    start_tokens = options.get("start_tokens", 5)
-    threshold = options.get("confidence_threshold", 0.4)
-    if not isinstance(num_tokens, int) or num_tokens < 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: num_tokens must be >= 1, got {num_tokens!r}"
-        )
-    if not isinstance(start_tokens, int) or start_tokens < 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: start_tokens must be >= 1, got {start_tokens!r}"
-        )
-    if not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
-        raise InvalidParameterError(
-            f"draft-model drafter: confidence_threshold must be in [0, 1], got {threshold!r}"
-        )
+    """Check the draft model's options (its constructor's checks, without a model)."""
+    try:
+        check_draft_model_options(**{**DRAFT_MODEL_DEFAULTS, **options})
+    except ValueError as exc:
+        raise InvalidParameterError(f"draft-model drafter: {exc}") from exc
     return options
 
 
@@ -259,7 +246,6 @@ def _draft_model(model, options: dict, context: dict) -> DraftModelDrafter:
         model,
         eos_token_ids=context["eos_token_ids"],
         chooser=context["chooser"],
-        policy=context["policy"],
         **options,
     )
 

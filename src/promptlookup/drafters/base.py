@@ -12,8 +12,9 @@ generator, and they are the loop's whole contract with a drafter:
   accepted, for drafters that learn or keep state (a draft model's cache).
 
 What a drafter needs from the generation (a draft model: its sampler and the speculation
-policy) it receives when it is built (:func:`promptlookup.make_drafter` passes ``chooser`` and
-``policy``); a drafter object built beforehand receives them through :func:`bind_generation`.
+policy) it receives through :func:`bind_generation`: the sampler when it is built
+(:func:`promptlookup.make_drafter` passes ``chooser``), the policy from the sequence it drafts
+for.
 
 Within one generation the loop passes the same growing list object to every ``propose``
 call, so drafters can index it incrementally. Drafters are torch-free unless they wrap a model.
@@ -189,11 +190,12 @@ def bind_generation(drafter: Drafter, *, chooser=None, policy=None) -> None:
     """Hand one generation's sampler and speculation policy to the members of a drafter
     object that was built before it (members of chains included). A drafter takes part by
     declaring the attributes: ``chooser`` (a draft model samples its drafts with the
-    generation's :class:`~promptlookup.sampling.TokenChooser`; kept when ``chooser`` is None)
-    and ``policy`` (a drafter that pays for each draft token sizes its drafts by their cost;
-    None, e.g. with ``speculation="fixed"``, takes it back)."""
+    generation's :class:`~promptlookup.sampling.TokenChooser`) and ``policy`` (the sequence's
+    :class:`~promptlookup.policy.Speculation`: a drafter that pays for each draft token sizes
+    its drafts by their cost, one with several sources compares their drafts). Each is kept
+    where it is None."""
     for member in drafter_members(drafter):
         if chooser is not None and hasattr(member, "chooser"):
             member.chooser = chooser
-        if hasattr(member, "policy"):
+        if policy is not None and hasattr(member, "policy"):
             member.policy = policy

@@ -44,6 +44,8 @@ from pathlib import Path
 from ..errors import InvalidParameterError
 from .base import Draft
 
+#: Tokens a cross-request index holds by default (the oldest documents evicted whole).
+INDEX_TOKENS = 32768
 #: The draft source of drafts from a cross-request index (the policy's statistics key).
 SHARED = "shared"
 #: The n-gram lengths indexed by default.
@@ -83,7 +85,7 @@ class CrossRequestIndex:
 
     def __init__(
         self,
-        max_tokens: int = 32768,
+        max_tokens: int = INDEX_TOKENS,
         orders: Sequence[int] = DEFAULT_ORDERS,
         include_prompts: bool = False,
     ) -> None:

@@ -15,10 +15,11 @@ Drafting policy:
   draft (:attr:`~.base.Draft.draft_probs`) so the loop verifies with the speculative-sampling
   rejection rule (:mod:`promptlookup.rejection`): the output distribution stays exactly the
   target's.
-- With a speculation policy (``policy``; ``LanguageModel.generate``'s default
-  ``speculation="adaptive"`` builds the drafter with the model's policy), each draft is also capped at the length worth producing given the draft
-  model's own measured seconds per draft token and the target's cost curve
-  (:meth:`~promptlookup.policy.SpeculationPolicy.worth_drafting`); 0 means a plain step.
+- With a speculation policy (``policy``: the sequence's
+  :class:`~promptlookup.policy.Speculation`, which the sequence hands its drafter), each draft
+  is also capped at the length worth producing given the draft model's own measured seconds
+  per draft token and the target's cost curve
+  (:meth:`~promptlookup.policy.Speculation.worth_drafting`); 0 means a plain step.
 - Draft length adapts like ``transformers``' assisted generation: it starts at
   ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target
   accepted entirely, -1 otherwise, within ``[1, num_tokens]``. Within a draft, drafting stops early after a position where the draft
@@ -38,6 +39,7 @@ import torch
 from ..backends.transformers_backend import TransformersTarget
 from ..errors import UnsupportedModelError
 from .base import Draft
+from .options import DRAFT_MODEL_DEFAULTS, check_draft_model_options
 
 
 class DraftModelDrafter:
@@ -63,7 +65,7 @@ class DraftModelDrafter:
             shape the draft distribution and, when it samples, its generator draws the draft.
             ``LanguageModel.generate`` builds the drafter with it (or hands it to a drafter
             object, see :func:`~.base.bind_generation`); None drafts greedily.
-        policy: a :class:`~promptlookup.policy.SpeculationPolicy` that caps each draft at the
+        policy: a :class:`~promptlookup.policy.Speculation` that caps each draft at the
             length worth its cost, or None (every draft as long as the adaptive length).
     """
 
@@ -71,19 +73,14 @@ class DraftModelDrafter:
         self,
         model: torch.nn.Module,
         *,
-        num_tokens: int = 16,
-        start_tokens: int = 5,
-        confidence_threshold: float = 0.4,
+        num_tokens: int = DRAFT_MODEL_DEFAULTS["num_tokens"],
+        start_tokens: int = DRAFT_MODEL_DEFAULTS["start_tokens"],
+        confidence_threshold: float = DRAFT_MODEL_DEFAULTS["confidence_threshold"],
         eos_token_ids: Iterable[int] = (),
         chooser=None,
         policy=None,
     ) -> None:
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if start_tokens < 1:
-            raise ValueError(f"start_tokens must be >= 1, got {start_tokens}")
-        if not 0 <= confidence_threshold <= 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        check_draft_model_options(num_tokens, start_tokens, confidence_threshold)
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_tokens = num_tokens
@@ -96,7 +93,7 @@ class DraftModelDrafter:
         #: The draft model's own cache and forward passes, the same as a target's.
         self.draft_target = TransformersTarget(self.model)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-        #: A :class:`~promptlookup.policy.SpeculationPolicy` sizing drafts by cost, or None.
+        #: A :class:`~promptlookup.policy.Speculation` sizing drafts by cost, or None.
         self.policy = policy
         self.seconds_per_token: float | None = None  # measured cost of one draft token
 

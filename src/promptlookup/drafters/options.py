@@ -20,6 +20,22 @@ class DrafterOption:
     bench: str | None = None
 
 
+#: A draft model's defaults (:class:`~promptlookup.drafters.draft_model.DraftModelDrafter`).
+DRAFT_MODEL_DEFAULTS = {"num_tokens": 16, "start_tokens": 5, "confidence_threshold": 0.4}
+
+
+def check_draft_model_options(
+    num_tokens: int, start_tokens: int, confidence_threshold: float
+) -> None:
+    """A draft model's options, checked without loading one (ValueError when wrong)."""
+    if not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens!r}")
+    if not isinstance(start_tokens, int) or start_tokens < 1:
+        raise ValueError(f"start_tokens must be >= 1, got {start_tokens!r}")
+    if not isinstance(confidence_threshold, (int, float)) or not 0 <= confidence_threshold <= 1:
+        raise ValueError(f"confidence_threshold must be in [0, 1], got {confidence_threshold!r}")
+
+
 #: The drafters a spec string names (see :mod:`promptlookup.drafters`).
 DRAFTER_KINDS = ("none", "prompt-lookup", "reference", "draft-model")
 _LOOKUP = ("prompt-lookup", "reference")
@@ -28,8 +44,8 @@ DRAFTER_OPTIONS = (
     DrafterOption(
         "num_tokens",
         (*_LOOKUP, "draft-model"),
-        "Most tokens per draft (prompt lookup [64], draft model [16]); the adaptive "
-        "policy verifies only what pays.",
+        "Most tokens per draft (prompt lookup [64], draft model "
+        f"[{DRAFT_MODEL_DEFAULTS['num_tokens']}]); the adaptive policy verifies only what pays.",
         flag="--draft-tokens",
         bench="k",
     ),
@@ -65,12 +81,15 @@ DRAFTER_OPTIONS = (
         "beside the prompt and output, and given this generation's output.",
     ),
     DrafterOption(
-        "start_tokens", ("draft-model",), "Draft model: draft length of the first step [5]."
+        "start_tokens",
+        ("draft-model",),
+        f"Draft model: draft length of the first step [{DRAFT_MODEL_DEFAULTS['start_tokens']}].",
     ),
     DrafterOption(
         "confidence_threshold",
         ("draft-model",),
-        "Draft model: stop drafting after a token it is less sure of [0.4].",
+        "Draft model: stop drafting after a token it is less sure of "
+        f"[{DRAFT_MODEL_DEFAULTS['confidence_threshold']}].",
     ),
 )
 

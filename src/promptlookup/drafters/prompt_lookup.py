@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .base import Draft
-from .suffix_index import Match, SuffixIndex
+from .suffix_index import SuffixIndex
 
 #: Token placed between a reference text and the prompt in the index; never a real token.
 SEPARATOR = -1
+
+
+#: The draft source of drafts from the reference (a predicted output), which the policy keeps
+#: statistics of its own for and the server counts as ``accepted_prediction_tokens``.
+REFERENCE = "reference"
 
 
 class PromptLookupDrafter:
@@ -57,7 +62,6 @@ class PromptLookupDrafter:
         self.reference_ids = list(reference_ids)
         self._source: object = None
         self._new_index()
-        self.last_match: Match | None = None
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Index ``tokens`` incrementally: O(new tokens) when it extends what was indexed (the
@@ -78,7 +82,7 @@ class PromptLookupDrafter:
 
     def propose(self, tokens: Sequence[int], max_tokens: int) -> Draft:
         self.sync(tokens)
-        self.last_match = match = self.index.match()
+        match = self.index.match()
         if match is None:
             return Draft()
         limit = min(max_tokens, self.num_tokens)
@@ -92,7 +96,9 @@ class PromptLookupDrafter:
             if token in self.eos_token_ids:
                 draft = draft[: i + 1]
                 break
-        return Draft(draft, match_length=match.length)
+        # A draft that continues inside the reference (a predicted output) is its source's.
+        source = REFERENCE if self.reference_ids and match.end < self._offset else None
+        return Draft(draft, match_length=match.length, source=source)
 
     def update(self, draft: Sequence[int], num_accepted: int) -> None:
         pass

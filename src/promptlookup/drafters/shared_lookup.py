@@ -9,8 +9,13 @@ from collections.abc import Sequence
 
 from ..errors import InvalidParameterError
 from .base import Draft
-from .cross_request import SHARED, CrossRequestIndex, Document
+from .cross_request import INDEX_TOKENS, SHARED, CrossRequestIndex, Document
 from .prompt_lookup import PromptLookupDrafter
+
+#: How a server shares cross-request indexes between its tenants (see :class:`TenantIndexes`).
+SHARING = ("off", "per-key", "global")
+#: Most indexes a server keeps (one per tenant with ``"per-key"``).
+MAX_TENANTS = 16
 
 
 class SharedLookupDrafter(PromptLookupDrafter):
@@ -19,9 +24,9 @@ class SharedLookupDrafter(PromptLookupDrafter):
     Each step drafts from the request's own prompt and output first (exactly as
     :class:`PromptLookupDrafter`) and from the shared index, and proposes the shared draft only
     where it is worth more: with the speculation policy, more expected accepted tokens by each
-    source's own acceptance statistics (:meth:`~promptlookup.policy.SpeculationPolicy.expected_accepted`),
-    so a source whose drafts are not accepted stops being drafted from; without it, a strictly
-    longer match. The generation's accepted tokens join the index as one document after every
+    source's own acceptance statistics (:meth:`~promptlookup.policy.Speculation.expected_accepted`),
+    so a source whose drafts are not accepted stops being drafted from (with
+    ``speculation="fixed"``: the longer draft); without one, a strictly longer match. The generation's accepted tokens join the index as one document after every
     step (its last step's when it ends on an end-of-sequence token is left out).
 
     >>> index = CrossRequestIndex()
@@ -37,7 +42,7 @@ class SharedLookupDrafter(PromptLookupDrafter):
             )
         super().__init__(**options)
         self.shared = index
-        #: The generation's speculation policy (handed by make_drafter or bind_generation).
+        #: The sequence's side of the speculation policy (handed by bind_generation).
         self.policy = policy
         self._published_list: Sequence[int] | None = None
         self._published = 0
@@ -95,12 +100,15 @@ class TenantIndexes:
     True
     """
 
-    SHARING = ("off", "per-key", "global")
-
-    def __init__(self, sharing: str = "per-key", max_tokens: int = 32768, max_tenants: int = 16):
-        if sharing not in self.SHARING:
+    def __init__(
+        self,
+        sharing: str = "per-key",
+        max_tokens: int = INDEX_TOKENS,
+        max_tenants: int = MAX_TENANTS,
+    ) -> None:
+        if sharing not in SHARING:
             raise InvalidParameterError(
-                f"cross-request sharing must be one of {', '.join(self.SHARING)}, got {sharing!r}"
+                f"cross-request sharing must be one of {', '.join(SHARING)}, got {sharing!r}"
             )
         self.sharing, self.max_tokens, self.max_tenants = sharing, max_tokens, max_tenants
         self._indexes: collections.OrderedDict[str | None, CrossRequestIndex] = (

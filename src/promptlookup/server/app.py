@@ -20,7 +20,10 @@ Policies:
   ``{forward_passes, drafted_tokens, accepted_tokens, tokens_per_forward, acceptance_rate,
   seconds}``. Streams carry ``usage`` in a last chunk when ``stream_options.include_usage``.
 - *Predicted outputs*: ``prediction.content`` is tokenized and becomes the prompt lookup
-  drafter's reference text (drafts come from it, the prompt, or the output so far).
+  drafter's reference text (drafts come from it, the prompt, or the output so far, not from
+  the cross-request index); one of
+  more tokens than the context is a 400. Long texts are tokenized a chunk at a time, without
+  holding up other requests, and no further than the context (see :mod:`.texts`).
 - *Limits*: a body over ``max_body_bytes`` is a 413, a body not received within
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
   as are 503s while loading or shutting down; with ``api_key``, every ``/v1`` path needs
@@ -67,6 +70,7 @@ from .schemas import (
 )
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
+from .texts import CHUNK, bounded_ids
 from .worker import GenerationJob, QueueFull
 
 log = logging.getLogger("promptlookup.server")
@@ -186,19 +190,26 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
         "created": int(time.time()),
         "model": state.model_id,
     }
-    predicted = req.prediction is not None
+    prediction_tokens = None  # (tokens) for usage.completion_tokens_details
+    if req.prediction is not None:
+        prediction_tokens = len(job_inputs["drafter_options"].get("reference_ids") or ())
     if req.stream:
+        # The response (200) begins when the job starts: one still queued when the server
+        # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
+        started, _ = await _unless_disconnected(job.started(), job, request)
+        if not started:
+            return Response(status_code=499)
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = _sse_events(job, writer, req.choices, req.include_usage, predicted)
+        events = _sse_events(job, writer, req.choices, req.include_usage, prediction_tokens)
         return StreamingResponse(
             events,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    choices = await _outcome_unless_disconnected(job, request)
-    if choices is None:  # the client is gone; nobody reads this
+    finished, choices = await _unless_disconnected(job.outcome(), job, request)
+    if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    return JSONResponse(completion_body(meta, chat, choices, state.fingerprint, predicted))
+    return JSONResponse(completion_body(meta, chat, choices, state.fingerprint, prediction_tokens))
 
 
 def _check_characters(state: ServerState, req, chat: bool) -> None:
@@ -228,18 +239,32 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
 def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
     """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
     prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
-    lm = state.lm
+    lm, context = state.lm, state.lm.target.max_context
     param = "messages" if chat else "prompt"
-    with state.tokenizer_lock:
+    # Long texts a chunk at a time, others' requests between chunks, only up to the context.
+    texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
+    texts = [text for text in texts if isinstance(text, str)]
+    lock = state.tokenizer_lock
+    if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens; the {param} has more",
+            param=param,
+            code="context_length_exceeded",
+        )
+    reference_ids = None
+    if req.prediction is not None:
+        prediction = [content_text(req.prediction.content)]
+        reference_ids = bounded_ids(lm.tokenizer, lock, prediction, context)
+        if reference_ids is None:
+            raise APIError(
+                400,
+                f"prediction: more tokens than this model's context of {context} can use",
+                param="prediction",
+            )
+    with lock:
         try:
             prompt_ids = lm.encode([m.as_dict() for m in req.messages] if chat else req.prompt)
-            reference_ids = None
-            if req.prediction is not None:
-                reference_ids = list(
-                    lm.tokenizer(content_text(req.prediction.content), add_special_tokens=False)[
-                        "input_ids"
-                    ]
-                )
         except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
             if not (
                 isinstance(exc, (PromptLookupError, ValueError, TypeError))
@@ -264,7 +289,7 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
         )
     except PromptLookupError as exc:
         raise APIError(400, str(exc), param=str(exc).split()[0]) from None
-    context, used = lm.target.max_context, len(prompt_ids)
+    used = len(prompt_ids)
     max_new_tokens = req.requested_max_tokens
     if max_new_tokens is None:
         max_new_tokens = min(state.settings.default_max_tokens, context - used)
@@ -280,7 +305,9 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     if reference_ids:
         lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
         drafter, options = "prompt-lookup", {**lookup, "reference_ids": reference_ids}
-    index = state.cross_request.for_tenant(tenant)
+    # A prediction is the request's own draft material: no index beside it (its accepted
+    # drafts are then what usage.completion_tokens_details counts).
+    index = None if reference_ids else state.cross_request.for_tenant(tenant)
     if index is not None and _looks_up(drafter):
         options = {**options, "cross_request": index}
     return {
@@ -289,7 +316,8 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
         "sampling": sampling,
         "drafter": drafter,
         "drafter_options": options,
-        "generation_options": state.settings.generation_options,
+        # The policy weighs the request's drafts with its tenant's history only.
+        "generation_options": {**state.settings.generation_options, "tenant": tenant},
     }
 
 
@@ -300,28 +328,31 @@ def _looks_up(drafter) -> bool:
     )
 
 
-async def _outcome_unless_disconnected(job: GenerationJob, request: Request):
-    """The job's result, or None (and the job cancelled) if the client disconnects first."""
+async def _unless_disconnected(waited, job: GenerationJob, request: Request):
+    """``(True, result)`` of ``waited`` (one of the job's coroutines; its
+    :class:`APIError` raised), or ``(False, None)`` and the job cancelled if the client
+    disconnects first."""
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    outcome = asyncio.ensure_future(job.outcome())
+    task = asyncio.ensure_future(waited)
     gone = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if outcome.done():
-            return outcome.result()
-        return None
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return True, task.result()
+        return False, None
     finally:
-        outcome.cancel()
+        if not task.done() or task.cancelled():
+            job.cancel()  # the client left (or this handler was cancelled) first
+        task.cancel()
         gone.cancel()
-        job.cancel()  # no effect once the job has ended
 
 
 async def _sse_events(
-    job: GenerationJob, writer: ChunkWriter, n: int, include_usage: bool, predicted: bool
+    job: GenerationJob, writer: ChunkWriter, n: int, include_usage: bool, prediction_tokens
 ):
     """The stream's server-sent events. If the client disconnects, Starlette cancels this
     generator; its ``finally`` cancels the job."""
@@ -339,7 +370,7 @@ async def _sse_events(
                 yield sse(writer.finish(value.index, value.result.finish_reason))
             elif kind == "done":
                 if include_usage:
-                    yield sse(writer.usage(value, predicted))
+                    yield sse(writer.usage(value, prediction_tokens))
                 break
             else:
                 error = (

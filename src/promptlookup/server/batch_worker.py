@@ -27,7 +27,7 @@ from ..generation import TextAssembler
 from ..machine import return_freed_memory
 from .schemas import APIError
 from .shown import ShownTokens
-from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo
+from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo, shutting_down
 
 log = logging.getLogger("promptlookup.server")
 
@@ -123,6 +123,7 @@ class BatchWorker(GenerationWorker):
                 self.failed += 1
                 job.emit("error", APIError(400, str(exc)))
                 continue
+            job.emit("started")  # a stream's response begins now (GenerationJob.started)
             for sequence in running.texts:
                 self.decoder.add(sequence)
                 self.jobs[sequence] = running
@@ -196,7 +197,9 @@ class BatchWorker(GenerationWorker):
         )
 
     def shutdown(self, reason: APIError | None = None) -> None:
-        """Refuse new jobs; end the waiting ones and every running one with ``reason``."""
+        """Refuse new jobs; end the waiting ones and every running one with ``reason``
+        (default: the server is shutting down)."""
+        reason = reason or shutting_down()
         super().shutdown(reason)
         for running in list(self.jobs.values()):
             running.job.cancel(running.job.reason or reason)

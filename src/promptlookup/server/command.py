@@ -7,7 +7,7 @@ import logging
 
 import click
 
-from ..cli import drafter_options, friendly_errors, model_options
+from ..cli import backend_option, drafter_options, friendly_errors, model_options
 from .settings import ServerSettings, settings_options
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -15,14 +15,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 @click.command()
 @model_options
-@click.option(
-    "--backend",
-    type=click.Choice(["transformers", "llama.cpp"]),
-    default="transformers",
-    show_default=True,
-    help="As for generate: llama.cpp runs a .gguf model with "
-    "llama-cpp-python (--dtype is then ignored).",
-)
+@backend_option
 @settings_options
 @drafter_options
 @friendly_errors

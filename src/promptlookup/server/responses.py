@@ -121,14 +121,14 @@ class ChunkWriter:
     def finish(self, index: int, finish_reason: str) -> dict:
         return self._chunk([self._choice(index, "", None, finish_reason, delta=B.ChatDelta())])
 
-    def usage(self, choices: list[Choice], predicted: bool) -> dict:
-        return self._chunk([], usage=usage(choices, predicted))
+    def usage(self, choices: list[Choice], prediction_tokens: int | None) -> dict:
+        return self._chunk([], usage=usage(choices, prediction_tokens))
 
 
 def completion_body(
-    meta: dict, chat: bool, choices: list[Choice], fingerprint: str, predicted: bool
+    meta: dict, chat: bool, choices: list[Choice], fingerprint: str, prediction_tokens: int | None
 ) -> dict:
-    common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, predicted)}
+    common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
     if chat:
         body = B.ChatCompletion(
             **common,
@@ -162,9 +162,16 @@ def completion_body(
     return B.dump(body)
 
 
-def usage(choices: list[Choice], predicted: bool) -> B.Usage:
+def usage(choices: list[Choice], prediction_tokens: int | None) -> B.Usage:
     """OpenAI's token counts over all choices (the prompt counted once), OpenAI's
-    ``completion_tokens_details`` for predicted outputs, and ``speculative`` statistics."""
+    ``completion_tokens_details`` for a predicted output of ``prediction_tokens`` tokens (None:
+    no prediction), and ``speculative`` statistics.
+
+    As OpenAI counts them: ``accepted_prediction_tokens``, the reported completion tokens that
+    were accepted draft tokens from the prediction (so never more than
+    ``completion_tokens``; drafts from the prompt or the output so far do not count);
+    ``rejected_prediction_tokens``, the prediction's tokens that did not so appear
+    (``prediction_tokens`` less the accepted ones, per choice)."""
     results = [c.result for c in choices]
     prompt = len(results[0].prompt_ids) if results else 0
     completion = sum(c.tokens for c in choices)
@@ -172,10 +179,11 @@ def usage(choices: list[Choice], predicted: bool) -> B.Usage:
     drafted = sum(r.stats.drafted_tokens for r in results)
     accepted = sum(r.stats.accepted_tokens for r in results)
     details = None
-    if predicted:
+    if prediction_tokens is not None:
+        from_prediction = [sum(c.result.stats.from_reference[: c.tokens]) for c in choices]
         details = B.CompletionTokensDetails(
-            accepted_prediction_tokens=accepted,
-            rejected_prediction_tokens=drafted - accepted,
+            accepted_prediction_tokens=sum(from_prediction),
+            rejected_prediction_tokens=sum(max(0, prediction_tokens - n) for n in from_prediction),
             reasoning_tokens=0,
             audio_tokens=0,
         )

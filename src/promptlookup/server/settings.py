@@ -19,6 +19,8 @@ from typing import Any
 
 import click
 
+from ..drafters.cross_request import INDEX_TOKENS
+from ..drafters.shared_lookup import MAX_TENANTS, SHARING
 from ..errors import InvalidParameterError
 
 
@@ -109,13 +111,14 @@ class ServerSettings:
         "Prompt lookup also drafts from earlier requests' outputs (a bounded index): 'off'; "
         "'per-key', an index per API key (one when no key is set), since acceptance speed "
         "could reveal another client's answers; or 'global', one index for every request.",
-        click.Choice(["off", "per-key", "global"]),
+        click.Choice(SHARING),
     )
     cross_request_tokens: int = setting(
-        32768,
+        INDEX_TOKENS,
         "--cross-request-tokens",
         "Tokens each cross-request index holds (about 1.3 KB each at most), the oldest "
-        "outputs evicted first; at most 16 indexes, the least recently used forgotten.",
+        f"outputs evicted first; at most {MAX_TENANTS} indexes, the least recently used "
+        "forgotten.",
         click.IntRange(min=1),
     )
     threads: int | None = setting(

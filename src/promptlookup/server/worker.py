@@ -126,12 +126,22 @@ class GenerationJob:
             kind, value = await self.events.get()
             if kind == "done":
                 return value
-            if kind == "error":
-                raise value
-            if kind == "cancelled":
-                raise APIError(
-                    503, "the generation was cancelled", type="server_error", code="cancelled"
-                )
+            _raise_if_ended(kind, value)
+
+    async def started(self) -> None:
+        """Wait until a worker starts the job (it leaves the queue), or raise the
+        :class:`APIError` that ended it first (a 503 at shutdown, a 400 it was refused with):
+        a stream's response (200) begins only then."""
+        while (event := await self.events.get())[0] != "started":
+            _raise_if_ended(*event)
+
+
+def _raise_if_ended(kind: str, value) -> None:
+    """Raise the :class:`APIError` of a job's ``"error"`` or ``"cancelled"`` event."""
+    if kind == "error":
+        raise value
+    if kind == "cancelled":
+        raise APIError(503, "the generation was cancelled", type="server_error", code="cancelled")
 
 
 class GenerationWorker:
@@ -244,6 +254,7 @@ class GenerationWorker:
             self.cancelled += 1
             job.end_cancelled()
             return
+        job.emit("started")  # a stream's response begins now (see GenerationJob.started)
         choices: list[Choice] = []
         try:
             for index in range(job.n):

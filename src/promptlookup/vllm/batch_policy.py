@@ -1,6 +1,6 @@
 """The bottleneck rule: which rows of vLLM's batch are worth drafting for.
 
-promptlookup's policy (:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths`)
+promptlookup's policy (:meth:`~promptlookup.policy.SpeculationPolicy.decide`)
 values a pass by its tokens per second, ``(B + sum_i E_i[accepted]) / cost``: right when every
 token is worth the same, as in a server whose freed slots are refilled (from a queue, or by
 clients that send their next request). A batch of requests sent together and awaited together
@@ -16,7 +16,7 @@ tokens are known: each row's projected steps to its end are ``remaining / pace``
 per step so far, smoothed); the rows within ``SLACK`` steps of the longest projection set the
 batch's length (the *bottleneck*) and keep their full weight; every other row's gains are
 weighted by ``OTHERS`` (0: no drafts for rows that are ahead). The weighted gains go through the
-policy's own merge (``joint_draft_lengths(..., weights=)``: largest first, the best prefix by
+policy's own merge (``decide(..., weights=)``: largest first, the best prefix by
 tokens per second), so the pass's cost is
 judged as before, and a bottleneck row whose drafts do not pay gets none, and then no row
 drafts. With one row, rows that joined at different times (slots being refilled), or a row

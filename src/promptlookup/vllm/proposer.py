@@ -19,7 +19,7 @@ Each step:
 3. Each request's suffix automaton is extended by its new tokens and drafts the continuation
    of its longest earlier match; a request whose ``SamplingParams.extra_args`` carry a
    ``prediction`` (text, or token ids) also drafts from it, as ``promptlookup serve`` does.
-4. The cost-aware policy (:meth:`~promptlookup.policy.SpeculationPolicy.joint_draft_lengths`)
+4. The cost-aware policy (:meth:`~promptlookup.policy.SpeculationPolicy.decide`)
    cuts the drafts to the lengths worth verifying in one pass over all rows: 0 for all when
    drafting does not pay (open-ended text), long drafts on trusted matches.
    In a pass over several requests that joined the batch together, the bottleneck rule
@@ -39,7 +39,8 @@ import weakref
 from collections import OrderedDict
 
 from ..drafters.prompt_lookup import PromptLookupDrafter
-from ..policy import SequenceDraft, SpeculationPolicy
+from ..policy import NO_POLICY, SequenceDraft, SpeculationPolicy
+from ..text import eos_token_ids
 from . import batch_policy
 from .batch_policy import RowPace
 from .requests import RequestState, RequestTable
@@ -91,8 +92,9 @@ class PromptLookupProposer:
         model = vllm_config.model_config
         self.max_draft = max(1, int(spec.num_speculative_tokens or 1))
         self.max_model_len = int(model.max_model_len)
-        self.min_match, self.max_match, self.adaptive = min_match, max_match, adaptive
-        self.eos_token_ids = _eos_token_ids(model)
+        self.min_match, self.max_match = min_match, max_match
+        config = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
+        self.eos_token_ids = eos_token_ids(getattr(config, "eos_token_id", None))
         self._tokenizer_name = getattr(model, "tokenizer", None) or getattr(model, "model", None)
         self._trust_remote_code = bool(getattr(model, "trust_remote_code", False))
         self._tokenizer = None
@@ -102,9 +104,12 @@ class PromptLookupProposer:
         #: The bottleneck rule's parameters (:func:`.batch_policy.bottleneck_weights`).
         self.slack, self.others = batch_policy.SLACK, batch_policy.OTHERS
         self.scale = batch_policy.SCALE
-        self.policy = SpeculationPolicy()
-        for size, relative in PRIOR_SHAPE.items():
-            self.policy.costs.record(size, relative * 0.01, level=0.01)
+        #: The policy (NO_POLICY when not adaptive: whole drafts), its costs starting from
+        #: PRIOR_SHAPE, then learning from the engine's steps.
+        self.policy = SpeculationPolicy() if adaptive else NO_POLICY
+        self.policy.record_calibration(
+            0, [(size, relative * 0.01, 0.01) for size, relative in PRIOR_SHAPE.items()]
+        )
         self.table = RequestTable(self._new_state)
         self.finished: OrderedDict[str, dict] = OrderedDict()
         self._last_call: float | None = None
@@ -149,10 +154,7 @@ class PromptLookupProposer:
                 SequenceDraft(len(draft), draft.match_length, state.acceptance, state.sampling)
             )
             ready.append((i, state, draft))
-        if self.adaptive and entries:
-            lengths = self._draft_lengths(entries, [state for _, state, _ in ready])
-        else:
-            lengths = [len(draft) for _, _, draft in ready]
+        lengths = self._draft_lengths(entries, [state for _, state, _ in ready])
         for (i, state, draft), length in zip(ready, lengths):
             state.last_draft = list(draft[:length])
             state.last_match = draft.match_length
@@ -169,7 +171,7 @@ class PromptLookupProposer:
             or len(entries) < 2
             or not batch_policy.one_cohort([state.first_step for state in self.table.rows])
         ):
-            return self.policy.joint_draft_lengths(entries)
+            return self.policy.decide(entries)
         paces = [
             RowPace(
                 state.remaining(self.max_model_len),
@@ -180,7 +182,7 @@ class PromptLookupProposer:
             for state in states
         ]
         weights = batch_policy.bottleneck_weights(paces, self.slack, self.others, self.scale)
-        return self.policy.joint_draft_lengths(entries, weights=weights)
+        return self.policy.decide(entries, weights=weights)
 
     def _observe(self, assigned, sampled_token_ids, now: float) -> None:
         """Record what vLLM kept of each row's last draft, and the step's cost."""
@@ -198,13 +200,8 @@ class PromptLookupProposer:
             tokens += 1 + verified
             if verified:
                 state.accepted += min(kept, verified)
-                self.policy.record_acceptance(
-                    state.last_match,
-                    verified,
-                    min(kept, verified),
-                    state.acceptance,
-                    state.sampling,
-                )
+                entry = SequenceDraft(verified, state.last_match, state.acceptance, state.sampling)
+                self.policy.learn(entry, min(kept, verified))
         if timed and batch:
             self.policy.record_forward(tokens, now - self._last_call, batch_size=batch)
             self.timed_steps += 1
@@ -314,14 +311,3 @@ class PromptLookupProposer:
                 self._tokenizer_name, trust_remote_code=self._trust_remote_code
             )
         return self._tokenizer
-
-
-def _eos_token_ids(model_config) -> list[int]:
-    """The model's end-of-sequence ids, from its Hugging Face config (none when unknown)."""
-    config = getattr(model_config, "hf_text_config", None) or getattr(
-        model_config, "hf_config", None
-    )
-    eos = getattr(config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
