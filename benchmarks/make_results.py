@@ -53,6 +53,20 @@ RACE_COMMAND = (
     "llama-server-ngram=http://127.0.0.1:8088 --against promptlookup-serve=http://127.0.0.1:8090 "
     "--out benchmarks/runs/NAME"
 )
+#: Gemma 3 270M (the second real model) against llama-server on the same file.
+GEMMA_RACE = (
+    "gemma3-270m-race-0.15.0",
+    "`benchmarks/gemma_race.sh OUT 4` (the command in its header: `promptlookup bench --model "
+    "gemma-3-270m-q4_k_m.gguf --limit 4 -n 128 --threads 2 --data code_edit.jsonl --data "
+    "summarization.jsonl --data benchmarks/data/open_ended.jsonl --methods promptlookup-none "
+    "--against llama-server=... --against promptlookup-serve=...`, the project's held-out code "
+    "edits and summaries), version 0.15.0 (branch models), on the AMD EPYC, 4 December 2026, "
+    "2 threads everywhere, *not* alone: other sessions' tests and benchmarks kept the load "
+    "average at 7-12 on the 2 cores, so absolute times are several times a quiet machine's and "
+    "the ratios noisy. Gemma 3 270M is a base model without a chat template: both servers got "
+    "the messages' contents joined by blank lines (llama-server through `--chat-template`), "
+    "`llama-server -t 2 -c 8192 --no-repack --jinja`, `promptlookup serve --threads 2`.",
+)
 #: The llama.cpp backend against llama-server, the same way (cited, not in the table).
 LLAMACPP_RACE = (
     "llamacpp-backend-0.12.0",
@@ -529,7 +543,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in [RACE, LLAMACPP_RACE, *MAIN, *SWEEPS]:
+    for run, note in [RACE, GEMMA_RACE, LLAMACPP_RACE, *MAIN, *SWEEPS]:
         parts += run_section(run, note)
     parts += [
         "## Studies",

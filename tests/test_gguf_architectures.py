@@ -1,6 +1,7 @@
-"""GGUF files of architectures the quantized engine does not run: a tiny random-weight Gemma 3
-(sliding-window layers, no chat template) loads dequantized in float32 through transformers and
-generates with drafting; an architecture nobody reads is one named error."""
+"""A tiny random-weight Gemma 3 GGUF (sliding-window layers, no chat template) as a user loads
+it: quantized in our engine by default, the same model as ``transformers``' float32 reading of
+the file, and in float32 (``dtype="float32"``) through ``transformers``, whose window layers our
+cache keeps croppable; an architecture nobody reads is one named error."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ WINDOW = 8  #: the tiny model's sliding window, far shorter than the prompts
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the dog sat on the"
 
 
-def write_tiny_gemma3(path, layers: int = 6, hidden: int = 64, head_dim: int = 32, ffn: int = 128):
+def write_tiny_gemma3(path, layers: int = 6, hidden: int = 64, head_dim: int = 256, ffn: int = 128):
     """A Gemma 3 GGUF as llama.cpp's converter lays one out (Q8_0 matrices, norms stored as
     ``1 + weight``, a SentencePiece vocabulary of letters), with random weights and no chat
-    template. Six layers: transformers makes the first five sliding-window ones."""
+    template. Six layers: the first five are sliding-window ones. Heads of 256, as Gemma 3's
+    own: the query scale that ``transformers`` assumes for a GGUF (1/16) is then llama.cpp's."""
     rng = np.random.default_rng(0)
     letters = list(string.ascii_lowercase)
     tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581"] + [f"\u2581{c}" for c in letters]
@@ -100,12 +102,32 @@ def gemma(tmp_path_factory):
     write_tiny_gemma3(folder / "tiny-gemma3.gguf")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PROMPTLOOKUP_CACHE", str(folder / "cache"))
-        with pytest.warns(RuntimeWarning, match="'gemma3_text' cannot run quantized"):
-            lm = promptlookup.load_model(str(folder / "tiny-gemma3.gguf"))
+        lm = promptlookup.load_model(str(folder / "tiny-gemma3.gguf"), dtype="float32")
     return lm
 
 
-def test_gemma3_loads_dequantized_with_croppable_window_layers(gemma):
+def test_gemma3_loads_quantized_as_the_same_model(gemma, tmp_path, monkeypatch):
+    """By default the file runs in our engine (no warning), row-invariant, and computes the
+    model ``transformers`` reads from it (norms stored as ``1 + w``, embeddings scaled)."""
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
+    write_tiny_gemma3(tmp_path / "tiny-gemma3.gguf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        lm = promptlookup.load_model(str(tmp_path / "tiny-gemma3.gguf"))
+    assert type(lm.model).__name__ == "GgufForCausalLM" and lm.target.row_invariant
+    assert lm.target.weights_format == "Q8_0 GGUF, float32 activations"
+    ids = gemma.encode(PROMPT)
+    assert lm.encode(PROMPT) == ids and len(ids) > 3 * WINDOW
+    with torch.inference_mode():
+        theirs = gemma.model(torch.tensor([ids])).logits[0]
+    ours = lm.target.forward(ids)
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-4 * theirs.abs().max())
+    plain = lm.generate(PROMPT, max_new_tokens=30, drafter="none")
+    drafted = lm.generate(PROMPT, max_new_tokens=30, speculation="fixed", num_tokens=6)
+    assert drafted.token_ids == plain.token_ids and drafted.stats.accepted_tokens > 0
+
+
+def test_gemma3_in_float32_keeps_croppable_window_layers(gemma):
     assert type(gemma.model).__name__ == "Gemma3ForCausalLM"
     assert gemma.model.config.sliding_window == WINDOW
     assert gemma.target.weights_format == "float32 weights and activations"
@@ -164,16 +186,21 @@ def test_messages_without_a_chat_template_are_their_text(gemma):
     assert len(told) == 1  # once per model
 
 
-def test_an_architecture_nothing_reads_is_one_named_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "odd.gguf"
-    writer = gguf.GGUFWriter(str(path), "no-such-arch")
+def write_bare_gguf(path, arch: str):
+    """A GGUF of ``arch`` with one block and an all-zero embedding, nothing else; the path."""
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_an_architecture_nothing_reads_is_one_named_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROMPTLOOKUP_CACHE", str(tmp_path / "cache"))
+    path = write_bare_gguf(tmp_path / "odd.gguf", "no-such-arch")
     for dtype in ("auto", "float32"):
         with pytest.raises(UnsupportedModelError, match="architecture 'no-such-arch'") as caught:
             promptlookup.load_model(str(path), dtype=dtype)

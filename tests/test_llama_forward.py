@@ -198,7 +198,7 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
     and a whole pass leaves the model's weights as they were."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from promptlookup.backends.llama_forward import rms_norm, rotary
+    from promptlookup.backends.decoder_layer import rms_norm, rotary
 
     model = tiny_llama(seed=14).to(dtype)
     generator = torch.Generator().manual_seed(0)

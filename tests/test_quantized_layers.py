@@ -53,8 +53,12 @@ def test_every_row_of_a_pass_is_a_one_token_passs_row(threads):
 
 
 def test_sequences_sharing_a_pass_get_their_own_rows():
-    target = tiny_target(2)
     prompts = [[1, 2, 3, 4, 5, 6], [9, 8, 7], [60, 61, 62, 63, 1, 2, 3, 4, 5, 6, 7]]
+    assert_sequences_get_their_own_rows(tiny_target(2), prompts)
+
+
+def assert_sequences_get_their_own_rows(target, prompts: list[list[int]]) -> None:
+    """Three sequences' drafts in one pass: each gets the rows of its one-token passes."""
     drafts = [[10, 11, 12], [13], [14, 15, 16, 17, 18]]
     alone = []
     for prompt, draft in zip(prompts, drafts):

@@ -1,6 +1,7 @@
 """Resident memory and pass costs of quantized weights at real model sizes.
 
-Writes random-weight GGUF files of Llama-3.2-1B's and Llama-3.1-8B's shapes in llama.cpp's
+Writes random-weight GGUF files of Llama-3.2-1B's and Llama-3.1-8B's shapes, and of Qwen3-1.7B's,
+Gemma-3-1B's and Phi-4-mini's (each family's own tensors and metadata), in llama.cpp's
 Q4_0 and Q4_K_M tensor mixes (random blocks with finite scales, written with the ``gguf``
 package: memory and speed do not depend on the values), loads each with promptlookup's
 quantized weights in a fresh process, and reports the peak and resident memory after loading
@@ -28,18 +29,33 @@ import numpy as np
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab, tied
     "1b": (2048, 8192, 16, 32, 8, 128256, True),
     "8b": (4096, 14336, 32, 32, 8, 128256, False),
+    "qwen3-1.7b": (2048, 6144, 28, 16, 8, 151936, True),
+    "gemma3-1b": (1152, 6912, 26, 4, 1, 262144, True),
+    "phi4-mini": (3072, 8192, 32, 24, 8, 200064, True),
 }
+#: The GGUF architecture of a shape (Llama's where not named), its head size where it is not
+#: hidden / heads, and its family's metadata (Gemma 3: a 512-token window on 5 layers of 6).
+ARCHS = {"qwen3-1.7b": "qwen3", "gemma3-1b": "gemma3", "phi4-mini": "phi3"}
+HEAD_DIMS = {"qwen3-1.7b": 128, "gemma3-1b": 256}
 
 
-def kind_of(tensor: str, layer: int, layers: int, mix: str) -> str:
-    """The type llama-quantize gives a tensor in ``mix`` (Q4_K_M: Q6_K for the head and, in
-    the layers its rule picks, the value and down projections)."""
+def kind_of(tensor: str, layer: int, layers: int, mix: str, k: int) -> str:
+    """The type llama-quantize gives a tensor of rows of ``k`` in ``mix`` (Q4_K_M: Q6_K for
+    the head and, in the layers its rule picks, the value and down projections; rows that are
+    not whole 256-blocks fall back to Q5_0 for Q4_K and Q8_0 for Q6_K, as Gemma-3-1B's do)."""
+    kind = _kind(tensor, layer, layers, mix)
+    if kind.endswith("_K") and k % 256:
+        return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
+    return kind
+
+
+def _kind(tensor: str, layer: int, layers: int, mix: str) -> str:
     if tensor == "output":
         return "Q6_K"
     if mix == "Q4_0":
         return "Q4_0"
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    return "Q6_K" if tensor in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+    return "Q6_K" if tensor in ("attn_v", "attn_qkv", "ffn_down") and more_bits else "Q4_K"
 
 
 def write_gguf(path: Path, shape: str, mix: str) -> dict:
@@ -47,9 +63,10 @@ def write_gguf(path: Path, shape: str, mix: str) -> dict:
     from gguf import GGMLQuantizationType as T
 
     hidden, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
-    head_dim = hidden // heads
+    head_dim = HEAD_DIMS.get(shape, hidden // heads)
+    arch = ARCHS.get(shape, "llama")
     rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     # The metadata llama.cpp reads, so that llama-bench runs the same file (no vocabulary:
     # llama-bench feeds token ids).
     writer.add_block_count(layers)
@@ -58,31 +75,57 @@ def write_gguf(path: Path, shape: str, mix: str) -> dict:
     writer.add_feed_forward_length(inter)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    rotated = head_dim * 3 // 4 if arch == "phi3" else head_dim  # Phi-4-mini: partial RoPE
+    writer.add_rope_dimension_count(rotated)
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
     writer.add_tokenizer_model("none")
+    if arch == "gemma3":
+        writer.add_sliding_window(512)
+    if arch == "phi3":
+        writer.add_uint32("phi3.rope.scaling.original_context_length", 4096)
+        writer.add_float32("phi3.rope.scaling.attn_factor", 1.19)
     tensors = [("token_embd", -1, vocab, hidden), ("output_norm", -1, hidden, 0)]
+    if arch == "phi3":
+        tensors += [
+            ("rope_factors_long", -1, rotated // 2, 0),
+            ("rope_factors_short", -1, rotated // 2, 0),
+        ]
     if not tied:
         tensors.append(("output", -1, vocab, hidden))
+    width, kv_width = heads * head_dim, kv * head_dim
     for i in range(layers):
         tensors += [
             ("attn_norm", i, hidden, 0), ("ffn_norm", i, hidden, 0),
-            ("attn_q", i, hidden, hidden), ("attn_k", i, kv * head_dim, hidden),
-            ("attn_v", i, kv * head_dim, hidden), ("attn_output", i, hidden, hidden),
-            ("ffn_gate", i, inter, hidden), ("ffn_up", i, inter, hidden),
-            ("ffn_down", i, hidden, inter),
+            ("attn_output", i, hidden, width), ("ffn_down", i, hidden, inter),
         ]  # fmt: skip
+        if arch == "phi3":  # fused, as Phi-3's files are
+            tensors += [
+                ("attn_qkv", i, width + 2 * kv_width, hidden),
+                ("ffn_up", i, 2 * inter, hidden),
+            ]
+        else:
+            tensors += [
+                ("attn_q", i, width, hidden), ("attn_k", i, kv_width, hidden),
+                ("attn_v", i, kv_width, hidden), ("ffn_gate", i, inter, hidden),
+                ("ffn_up", i, inter, hidden),
+            ]  # fmt: skip
+        if arch in ("qwen3", "gemma3"):
+            tensors += [("attn_q_norm", i, head_dim, 0), ("attn_k_norm", i, head_dim, 0)]
+        if arch == "gemma3":
+            tensors += [("post_attention_norm", i, hidden, 0), ("post_ffw_norm", i, hidden, 0)]
     for name, layer, n, k in tensors:
         full = name if layer < 0 else f"blk.{layer}.{name}"
         if k == 0:
             writer.add_tensor(full + ".weight", np.ones(n, dtype=np.float32))
             continue
-        kind = T[kind_of(name, layer, layers, mix)]
+        kind = T[kind_of(name, layer, layers, mix, k)]
         size, nbytes = gguf.GGML_QUANT_SIZES[kind]
         raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
-        halves = [208] if kind == T.Q6_K else [0] if kind == T.Q4_0 else [0, 2]
+        halves = {T.Q6_K: [208], T.Q4_0: [0], T.Q5_0: [0], T.Q8_0: [0]}.get(kind, [0, 2])
         for offset in halves:
             raw[..., offset : offset + 2] = np.array([0.002], dtype=np.float16).view(np.uint8)
         writer.add_tensor(full + ".weight", raw.reshape(n, -1), raw_dtype=kind)
@@ -130,12 +173,15 @@ print(json.dumps({**loaded, "formats": formats, "pass_ms": passes, "rss_after_mi
 
 def llama_bench(binary: str, path: Path, contexts: list[int], threads: int) -> dict:
     """llama-bench's milliseconds per pass of t tokens after c (its prompt-processing test of
-    t tokens at depth c): {(c, t): ms}."""
-    out = subprocess.run(
-        [binary, "-m", str(path), "-t", str(threads), "-p", "1,2,4,8,16", "-n", "0",
-         "-d", ",".join(map(str, contexts)), "-r", "3", "-o", "json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    t tokens at depth c): {(c, t): ms}. Where its repacked weights crash (some CPUs' AMX
+    kernels), the file's own layout (``--repack 0``)."""
+    command = [binary, "-m", str(path), "-t", str(threads), "-p", "1,2,4,8,16", "-n", "0",
+               "-d", ",".join(map(str, contexts)), "-r", "3", "-o", "json"]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        out = subprocess.run(
+            command + ["--repack", "0"], capture_output=True, text=True, check=True
+        )
     return {
         (run["n_depth"], run["n_prompt"]): 1000 * run["n_prompt"] / run["avg_ts"]
         for run in json.loads(out.stdout)
@@ -144,7 +190,7 @@ def llama_bench(binary: str, path: Path, contexts: list[int], threads: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="1b,8b")
+    parser.add_argument("--shapes", default="1b,8b", help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--formats", default="Q4_0,Q4_K_M")
     parser.add_argument("--contexts", default="512,2048")
     parser.add_argument("--threads", type=int, default=2)
@@ -164,9 +210,11 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for mix in args.formats.split(","):
             path = args.folder / f"random-{shape}-{mix}.gguf"
-            config = path.with_suffix(".json")
+            config = path.with_suffix(".json")  # Llama's; the families read their own metadata
             if not path.exists():
-                config.write_text(json.dumps(write_gguf(path, shape, mix)))
+                values = write_gguf(path, shape, mix)
+                if shape not in ARCHS:
+                    config.write_text(json.dumps(values))
             out = subprocess.run(
                 [sys.executable, "-c", MEASURE, str(path), str(config), json.dumps(contexts),
                  str(args.threads)], capture_output=True, text=True, check=True,

@@ -152,19 +152,11 @@ class LanguageModel:
         """Like :meth:`generate`, but returns a :class:`GenerationStream` of text deltas.
         Invalid arguments raise here, before anything is generated."""
         request = self._request(
-            prompt,
-            max_new_tokens,
-            drafter,
+            prompt, max_new_tokens, drafter,
             SamplingParams(temperature, top_k, top_p, repetition_penalty, seed),
-            stop,
-            chat,
-            speculation,
-            should_stop,
-            logprobs,
-            tenant,
-            drafter_options,
+            stop, chat, speculation, should_stop, logprobs, tenant, drafter_options,
             (grammar, response_format),
-        )
+        )  # fmt: skip
         request.prefix_cache = PrefixCache.chosen(prefix_cache, self.prefix_cache, self.target)
         stream = GenerationStream(iter(()))
         stream._request = request
@@ -172,20 +164,9 @@ class LanguageModel:
         return stream
 
     def _request(
-        self,
-        prompt,
-        max_new_tokens,
-        drafter,
-        params,
-        stop,
-        chat,
-        speculation,
-        should_stop,
-        logprobs,
-        tenant,
-        drafter_options,
-        constraint=(None, None),
-    ) -> _Request:
+        self, prompt, max_new_tokens, drafter, params, stop, chat, speculation, should_stop,
+        logprobs, tenant, drafter_options, constraint=(None, None),
+    ) -> _Request:  # fmt: skip
         """A checked request: every argument of :meth:`stream`, validated and built."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InvalidParameterError(

@@ -79,7 +79,7 @@ def _quantized_gguf(model, dtype: str, device: str):
     ``model`` a GGUF file and the CPU can run them; else None (float32 then, said once where
     the file's architecture or tensors have no packed form)."""
     from .backends import quantized
-    from .backends.quantized_model import load_quantized
+    from .backends.quantized_model import RecurrentModelError, load_quantized
 
     if dtype != "auto" or not device.startswith("cpu"):
         return None
@@ -93,6 +93,8 @@ def _quantized_gguf(model, dtype: str, device: str):
     read_apart(path, config_cache)
     try:
         model_obj, formats = load_quantized(path, config_cache)
+    except RecurrentModelError:
+        raise  # no dtype runs it exactly: no fallback
     except UnsupportedModelError as error:
         warnings.warn(f"{error}; running it dequantized in float32", RuntimeWarning, stacklevel=3)
         return None

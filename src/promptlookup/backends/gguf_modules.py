@@ -44,11 +44,19 @@ DEFAULTS = {
     "hidden_act": "silu",
 }
 QWEN2_DEFAULTS = {"max_position_embeddings": 32768}
+#: The model types read by :mod:`~promptlookup.backends.gguf_architectures`.
+FAMILY_TYPES = ("qwen3", "gemma3_text", "smollm3", "phi3")
+#: Families with per-head RMS norms on queries and keys.
+QK_NORMS = ("qwen3", "gemma3_text")
 
 
 def takes(model_type: str, values: dict) -> bool:
     """Whether these modules reproduce ``model_type``'s ``transformers`` model for a GGUF's
-    metadata ``values`` (else the loader uses ``transformers``' classes)."""
+    metadata ``values`` (else the loader uses ``transformers``' classes): Llama and Qwen2 as
+    ``transformers`` reads them, and every family that
+    :mod:`~promptlookup.backends.gguf_architectures` reads (only these modules run those)."""
+    if model_type in FAMILY_TYPES:
+        return True
     return (
         model_type in ("llama", "qwen2")
         and set(values) <= KNOWN_KEYS
@@ -63,6 +71,9 @@ def gguf_config(model_type: str, values: dict):
 
     settings = {**DEFAULTS, **(QWEN2_DEFAULTS if model_type == "qwen2" else {}), **values}
     settings.pop("use_sliding_window", None)
+    linear = settings.pop("rope_scaling", None)  # gemma3's global layers: a linear factor
+    settings["rope_linear_factor"] = linear["factor"] if linear else 1.0
+    settings.setdefault("layer_types", None)
     heads = settings["num_attention_heads"]
     settings.setdefault("num_key_value_heads", heads)
     settings.setdefault("head_dim", settings["hidden_size"] // heads)
@@ -98,25 +109,48 @@ class GgufRMSNorm(nn.Module):
 
 class GgufRotaryEmbedding(nn.Module):
     """``LlamaRotaryEmbedding`` with the default rotary embedding: cos and sin
-    ``(batch, n, head_dim)`` of ``positions`` (batch, n), as it computes them. ``freq_factors``
-    (head_dim / 2): a GGUF's ``rope_freqs`` tensor, which divides each frequency as llama.cpp
-    divides it (Llama 3's scaled RoPE; ``transformers``' GGUF reader drops it)."""
+    ``(batch, n, dim)`` of ``positions`` (batch, n), as it computes them. ``freq_factors``
+    (dim / 2): a GGUF's ``rope_freqs`` tensor (or Phi-3's long or short factors), which divides
+    each frequency as llama.cpp divides it (Llama 3's scaled RoPE; ``transformers``' GGUF
+    reader drops it). ``dim``: the rotated part of a head (``partial_rotary_factor``);
+    ``theta``: the base (Gemma 3's sliding layers have their own); ``factor``: linear scaling
+    (positions divided by it); ``attention_scaling``: cos and sin multiplied by it (Phi-3)."""
 
-    def __init__(self, config, freq_factors: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        freq_factors: torch.Tensor | None = None,
+        theta: float | None = None,
+        factor: float = 1.0,
+        attention_scaling: float = 1.0,
+    ) -> None:
         super().__init__()
-        dim = config.head_dim
+        dim = int(config.head_dim * getattr(config, "partial_rotary_factor", 1.0))
         exponents = torch.arange(0, dim, 2, dtype=torch.float) / dim
-        inv_freq = 1.0 / (config.rope_theta**exponents)
+        inv_freq = 1.0 / ((theta or config.rope_theta) ** exponents)
         if freq_factors is not None:
             inv_freq = inv_freq / freq_factors
+        if factor != 1.0:
+            inv_freq = inv_freq / factor
         self.inv_freq = nn.Buffer(inv_freq, persistent=False)
-        self.attention_scaling = 1.0
+        self.attention_scaling = attention_scaling
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor):
         freqs = positions[..., None].float() * self.inv_freq.to(device=hidden.device)
         angles = torch.cat((freqs, freqs), dim=-1)
         cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
         return cos.to(dtype=hidden.dtype), sin.to(dtype=hidden.dtype)
+
+
+def global_rotary(config, freq_factors: torch.Tensor | None = None) -> GgufRotaryEmbedding:
+    """The rotary embedding of the layers without a sliding window (all but Gemma 3's local
+    ones), with a file's frequency factors."""
+    return GgufRotaryEmbedding(
+        config,
+        freq_factors,
+        factor=config.rope_linear_factor,
+        attention_scaling=getattr(config, "rope_attention_factor", 1.0),
+    )
 
 
 class GgufAttention(nn.Module):
@@ -128,30 +162,47 @@ class GgufAttention(nn.Module):
         self.head_dim = config.head_dim
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.num_key_value_groups = heads // kv_heads
-        self.scaling = self.head_dim**-0.5
-        self.attention_dropout, self.is_causal, self.sliding_window = 0.0, True, None
+        self.scaling = getattr(config, "query_pre_attn_scalar", self.head_dim) ** -0.5
+        self.attention_dropout, self.is_causal = 0.0, True
+        kinds = config.layer_types
+        local = kinds is not None and kinds[layer_idx] == "sliding_attention"
+        #: A sliding window's length, or None (every key); its layer takes the local RoPE.
+        self.sliding_window = config.sliding_window if local else None
+        rope = getattr(config, "no_rope_layers", None)
+        self.use_rope = True if rope is None else bool(rope[layer_idx])
         qkv_bias = config.attention_bias or config.model_type == "qwen2"
         hidden, width, kv_width = (
             config.hidden_size,
             heads * self.head_dim,
             kv_heads * self.head_dim,
         )
-        self.q_proj = _linear(hidden, width, qkv_bias)
-        self.k_proj = _linear(hidden, kv_width, qkv_bias)
-        self.v_proj = _linear(hidden, kv_width, qkv_bias)
+        if config.model_type == "phi3":  # one fused weight, as the file has it
+            self.qkv_proj = _linear(hidden, width + 2 * kv_width, False)
+        else:
+            self.q_proj = _linear(hidden, width, qkv_bias)
+            self.k_proj = _linear(hidden, kv_width, qkv_bias)
+            self.v_proj = _linear(hidden, kv_width, qkv_bias)
         self.o_proj = _linear(width, hidden, config.attention_bias)
+        if config.model_type in QK_NORMS:
+            self.q_norm = GgufRMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = GgufRMSNorm(self.head_dim, config.rms_norm_eps)
 
 
 class GgufMLP(nn.Module):
-    """``LlamaMLP``'s products and its SiLU."""
+    """``LlamaMLP``'s products and its SiLU (Gemma 3: GELU, tanh form; Phi-3: the gate and up
+    weights fused, gate first)."""
 
     def __init__(self, config) -> None:
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = _linear(hidden, inner, bias)
-        self.up_proj = _linear(hidden, inner, bias)
+        if config.model_type == "phi3":
+            self.gate_up_proj = _linear(hidden, 2 * inner, bias)
+        else:
+            self.gate_proj = _linear(hidden, inner, bias)
+            self.up_proj = _linear(hidden, inner, bias)
         self.down_proj = _linear(inner, hidden, bias)
-        self.act_fn = nn.SiLU()
+        gelu = getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
+        self.act_fn = nn.GELU(approximate="tanh") if gelu else nn.SiLU()
 
 
 class GgufDecoderLayer(nn.Module):
@@ -161,6 +212,9 @@ class GgufDecoderLayer(nn.Module):
         self.mlp = GgufMLP(config)
         self.input_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.model_type == "gemma3_text":  # post_attention_layernorm: after attention
+            self.pre_feedforward_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_feedforward_layernorm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class GgufModel(nn.Module):
@@ -172,7 +226,14 @@ class GgufModel(nn.Module):
             GgufDecoderLayer(config, index) for index in range(config.num_hidden_layers)
         )
         self.norm = GgufRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = GgufRotaryEmbedding(config)
+        self.rotary_emb = global_rotary(config)
+        #: Embeddings are multiplied by this (Gemma 3: sqrt(hidden) in float32), or None.
+        self.embed_scale = None
+        if config.model_type == "gemma3_text":
+            self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=torch.float32)
+        if config.layer_types and "sliding_attention" in config.layer_types:
+            local = getattr(config, "rope_local_base_freq", config.rope_theta)
+            self.rotary_emb_local = GgufRotaryEmbedding(config, theta=local)
 
 
 class GgufForCausalLM(nn.Module):
@@ -200,34 +261,13 @@ class GgufForCausalLM(nn.Module):
         return torch.float32  # the activations' (quantized weights, float32 activations)
 
     def as_transformers(self) -> nn.Module:
-        """The ``transformers`` model (``LlamaForCausalLM``/``Qwen2ForCausalLM``) over these
-        very modules, made once (it imports ``transformers``' modelling code)."""
+        """The ``transformers`` model (``LlamaForCausalLM``, ``Gemma3ForCausalLM``, ...) over
+        these very modules, made once (it imports ``transformers``' modelling code)."""
         twin = self.__dict__.get("_transformers_twin")
         if twin is not None:
             return twin
-        import warnings
+        from .gguf_twin import transformers_twin
 
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        values = dict(self.config.gguf_values)
-        config = AutoConfig.for_model(values.pop("model_type"), **values)
-        for name in ("_name_or_path", "gguf_formats"):
-            if hasattr(self.config, name):
-                setattr(config, name, getattr(self.config, name))
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            twin = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        twin.model.embed_tokens, twin.lm_head = self.model.embed_tokens, self.lm_head
-        twin.model.norm.weight = self.model.norm.weight
-        for ours, theirs in zip(self.model.layers, twin.model.layers):
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                setattr(theirs.self_attn, name, getattr(ours.self_attn, name))
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                setattr(theirs.mlp, name, getattr(ours.mlp, name))
-            theirs.input_layernorm.weight = ours.input_layernorm.weight
-            theirs.post_attention_layernorm.weight = ours.post_attention_layernorm.weight
-        twin.model.rotary_emb = type(twin.model.rotary_emb)(config=config)
-        # Our frequencies: the same as theirs, or divided by the file's rope_freqs.
-        twin.model.rotary_emb.inv_freq.copy_(self.model.rotary_emb.inv_freq)
+        twin = transformers_twin(self)
         object.__setattr__(self, "_transformers_twin", twin.eval())  # not a submodule
         return twin

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import torch
 
-from .attention import grouped_sdpa
-from .native_attention import PassRows, kernel_takes, native_attention
+from .decoder_layer import LayerModules, causal_mask
+from .gguf_modules import FAMILY_TYPES
+from .native_attention import PassRows, kernel_takes
 from .quantized_layers import QuantizedLayers
-from .row_invariant import row_invariant_attention
 
 #: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
 #: ``model_type`` (those it may be), decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
@@ -46,13 +46,18 @@ ARCHITECTURES = {
     "LlamaForCausalLM": (("llama",), "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
     "Qwen2ForCausalLM": (("qwen2",), "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
     "MistralForCausalLM": (("mistral",), "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
-    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure.
-    "GgufForCausalLM": (("llama", "qwen2"), "GgufDecoderLayer", "GgufAttention", "GgufMLP"),
+    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure, with
+    # the families' parts (per-head query/key norms, norms after attention and the MLP, GELU,
+    # fused weights, sliding windows, layers without RoPE, partial RoPE) taken below.
+    "GgufForCausalLM": (
+        ("llama", "qwen2", *FAMILY_TYPES),
+        "GgufDecoderLayer",
+        "GgufAttention",
+        "GgufMLP",
+    ),
 }
-#: Norm classes whose ``forward`` :func:`rms_norm` reproduces (the four are one formula).
+#: Norm classes whose ``forward`` :func:`~promptlookup.backends.decoder_layer.rms_norm` reproduces (the four are one formula).
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "GgufRMSNorm")
-#: Activation classes that are ``silu``, applied in place (others are called as they are).
-SILU_CLASSES = ("SiLUActivation", "SiLU")
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -65,7 +70,9 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return False
-    if getattr(config, "sliding_window", None) is not None:  # every query sees every key
+    # Every query sees every key, except in our GGUF modules (their windows are taken here).
+    ours = type(model).__name__ == "GgufForCausalLM"
+    if getattr(config, "sliding_window", None) is not None and not ours:
         return False
     base = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -79,7 +86,7 @@ def supports(model: torch.nn.Module) -> bool:
         type(layer).__name__ == layer_class
         and type(layer.self_attn).__name__ == attention_class
         and type(layer.mlp).__name__ == mlp_class
-        and getattr(layer.self_attn, "sliding_window", None) is None
+        and (ours or getattr(layer.self_attn, "sliding_window", None) is None)
         and _is_rms_norm(layer.input_layernorm, dtype)
         and _is_rms_norm(layer.post_attention_layernorm, dtype)
         for layer in base.layers
@@ -93,7 +100,8 @@ def activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
-    """Whether :func:`rms_norm` computes ``norm`` on activations of ``dtype``."""
+    """Whether :func:`~promptlookup.backends.decoder_layer.rms_norm` computes ``norm`` on
+    activations of ``dtype``."""
     return (
         type(norm).__name__ in RMS_NORM_CLASSES
         and hasattr(norm, "variance_epsilon")
@@ -126,13 +134,20 @@ class LlamaForward:
             attention.head_dim,
             activation_dtype(model),
         )
-        self.embed_tokens, self.rotary_emb = base.embed_tokens, base.rotary_emb
+        self.embed_tokens = base.embed_tokens
+        #: Embeddings times this (Gemma 3), or None.
+        self.embed_scale = getattr(base, "embed_scale", None)
+        #: The rotary embeddings the layers take (LayerModules.rope: an index, -1 none): the
+        #: model's, and Gemma 3's sliding layers' own.
+        self.rotary_embs = [base.rotary_emb]
+        if getattr(base, "rotary_emb_local", None) is not None:
+            self.rotary_embs.append(base.rotary_emb_local)
         self.norm, self.lm_head = base.norm, model.lm_head
-        self.layers = [_LayerModules(layer) for layer in base.layers]
+        self.layers = [LayerModules(layer) for layer in base.layers]
         #: Every layer in one C call per pass, for a quantized model that it takes (see
         #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
-            QuantizedLayers.build(self.layers, model.config)
+            QuantizedLayers.build(self.layers, model.config, len(self.rotary_embs))
             if self.native_attention and layers_in_one_call
             else None
         )
@@ -150,20 +165,15 @@ class LlamaForward:
         if self.row_invariant:
             return self.batch(input_ids, [cache], [length], [logits_to_keep or length])[None]
         start = cache.get_seq_length()  # tokens cached before this pass
-        hidden = self.embed_tokens.forward(input_ids)  # (1, n, hidden)
+        hidden = self.embed(input_ids)  # (1, n, hidden)
         positions = torch.arange(start, start + length, device=input_ids.device).unsqueeze(0)
-        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, n, head_dim) each
-        # Each query sees the cache and the pass's tokens up to its own: a causal mask after a
-        # cache (True: may attend), made once per pass; none for one token or a first chunk.
-        mask = (
-            None
-            if length == 1 or start == 0
-            else torch.ones(length, start + length, dtype=torch.bool, device=input_ids.device).tril(
-                start
-            )[None, None]
-        )  # (1, 1, n, start + n)
+        ropes = self.rotations(hidden, positions)
+        # Each query sees the cache and the pass's tokens up to its own (within its window): a
+        # causal mask after a cache (True: may attend), made once per pass and window.
+        masks = {window: causal_mask(start, length, window) for window in self.windows}
         for layer, cache_layer in zip(self.layers, cache.layers):
-            hidden = layer.forward(hidden, cos, sin, [cache_layer], [length], mask, False)
+            mask = masks[layer.window]
+            hidden = layer.forward(hidden, ropes, [cache_layer], [length], mask, False)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
@@ -179,170 +189,36 @@ class LlamaForward:
         own cache. Row-invariance makes each sequence's logits those it gets alone.
         """
         device = input_ids.device
-        hidden = self.embed_tokens.forward(input_ids)  # (1, total, hidden)
+        hidden = self.embed(input_ids)  # (1, total, hidden)
         starts = [cache.get_seq_length() for cache in caches]
         positions = torch.cat(
             [torch.arange(start, start + n, device=device) for start, n in zip(starts, lengths)]
         ).unsqueeze(0)
-        cos, sin = self.rotary_emb.forward(hidden, positions)  # (1, total, head_dim) each
+        ropes = self.rotations(hidden, positions)
         pass_rows = PassRows(starts, lengths) if self.native_attention else None
         if self.quantized_layers is not None:
-            self.quantized_layers(hidden, cos, sin, caches, lengths, pass_rows)
+            self.quantized_layers(hidden, ropes, caches, lengths, pass_rows)
         else:
             for index, layer in enumerate(self.layers):
                 cache_layers = [cache.layers[index] for cache in caches]
-                hidden = layer.forward(
-                    hidden, cos, sin, cache_layers, lengths, None, True, pass_rows
-                )
+                hidden = layer.forward(hidden, ropes, cache_layers, lengths, None, True, pass_rows)
         ends = torch.tensor(lengths).cumsum(0).tolist()
         rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
         if len(rows) != hidden.shape[1]:
             hidden = hidden[:, rows]  # (1, sum(keep), hidden)
         return self.lm_head.forward(self.norm.forward(hidden))[0]  # (sum(keep), vocab)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``input_ids`` (1, n): (1, n, hidden), scaled where the model
+        scales them (as Gemma 3's embedding does: a float32 product each)."""
+        hidden = self.embed_tokens.forward(input_ids)
+        return hidden if self.embed_scale is None else hidden.mul_(self.embed_scale)
 
-class _LayerModules:
-    """One ``LlamaDecoderLayer``'s modules, and its pass: attention then the MLP, each added to
-    the residual stream."""
+    def rotations(self, hidden: torch.Tensor, positions: torch.Tensor) -> list:
+        """Each rotary embedding's ``(cos, sin)`` (1, n, rotated dims) at ``positions``."""
+        return [rotary.forward(hidden, positions) for rotary in self.rotary_embs]
 
-    def __init__(self, layer: torch.nn.Module) -> None:
-        attention, mlp = layer.self_attn, layer.mlp
-        self.input_layernorm, self.post_attention_layernorm = (
-            layer.input_layernorm,
-            layer.post_attention_layernorm,
-        )
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-        )
-        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        # SiLU (every supported model's) is applied in place: the same values, no new tensor.
-        self.silu = type(mlp.act_fn).__name__ in SILU_CLASSES
-        self.act_fn = _silu_in_place if self.silu else mlp.act_fn
-        self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
-        self.head_dim, self.scaling = attention.head_dim, attention.scaling
-        # Over quantized weights, the query/key/value and the gate/up products are one kernel
-        # call each (fewer calls, work for every thread); each output is computed as before.
-        self.qkv = fused_linear([self.q_proj, self.k_proj, self.v_proj])
-        self.gate_up = fused_linear([self.gate_proj, self.up_proj])
-
-    def project(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The query, key and value projections of ``normed`` (1, total, hidden_size)."""
-        if self.qkv is None:
-            return (
-                self.q_proj.forward(normed),
-                self.k_proj.forward(normed),
-                self.v_proj.forward(normed),
-            )
-        sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
-        return self.qkv.forward(normed).split(sizes, dim=-1)
-
-    def mlp(self, normed: torch.Tensor) -> torch.Tensor:
-        """The MLP of ``normed`` (1, total, hidden_size)."""
-        if self.gate_up is None:
-            gate, up = self.gate_proj.forward(normed), self.up_proj.forward(normed)
-        else:
-            gate, up = self.gate_up.forward(normed).split(self.up_proj.out_features, dim=-1)
-        return self.down_proj.forward(self.act_fn(gate).mul_(up))  # (1, total, hidden_size)
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        cache_layers: list,
-        lengths: list[int],
-        mask: torch.Tensor | None,
-        row_invariant: bool = True,
-        pass_rows: PassRows | None = None,
-    ) -> torch.Tensor:
-        """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
-        of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
-        (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``;
-        the native kernel over all of them when ``pass_rows`` describes the pass)."""
-        total, head_dim = hidden.shape[1], self.head_dim
-        normed = rms_norm(self.input_layernorm, hidden)
-        # (1, total, heads * head_dim) -> (1, heads, total, head_dim), and likewise for keys and values
-        query, key, value = (
-            projected.view(1, total, -1, head_dim).transpose(1, 2)
-            for projected in self.project(normed)
-        )
-        query, key = rotary(query, cos, sin), rotary(key, cos, sin)
-        if pass_rows is not None:  # every sequence in one call, each row over its own cache
-            first = 0
-            for cache_layer, length in zip(cache_layers, lengths):
-                cache_layer.update(
-                    key[:, :, first : first + length], value[:, :, first : first + length]
-                )
-                first += length
-            attended = native_attention(query, cache_layers, pass_rows, self.scaling)
-        elif row_invariant:  # each sequence over its buffers: whole key blocks, masked
-            attended, first = [], 0
-            for cache_layer, length in zip(cache_layers, lengths):
-                rows = slice(first, first + length)
-                start = cache_layer.get_seq_length()
-                cache_layer.update(key[:, :, rows], value[:, :, rows])
-                attended.append(
-                    row_invariant_attention(
-                        query[:, :, rows],
-                        cache_layer.key_buffer,
-                        cache_layer.value_buffer,
-                        start,
-                        self.scaling,
-                    )
-                )  # (1, length, heads, head_dim)
-                first += length
-            attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)
-        else:
-            keys, values = cache_layers[0].update(key, value)  # (1, kv_heads, start + n, d)
-            attended, _ = grouped_sdpa(
-                self.attention, query, keys, values, mask, scaling=self.scaling
-            )  # (1, n, heads, head_dim)
-        hidden.add_(self.o_proj.forward(attended.reshape(1, total, -1)))
-        normed = rms_norm(self.post_attention_layernorm, hidden)
-        return hidden.add_(self.mlp(normed))
-
-
-def fused_linear(modules: list[torch.nn.Module]):
-    """One :class:`~promptlookup.backends.quantized.QuantizedLinear` computing ``modules``'
-    outputs side by side, where all are quantized in one layout; else None."""
-    from .quantized import QuantizedLinear, fused
-
-    if not all(type(module) is QuantizedLinear for module in modules):
-        return None
-    weight = fused([module.quantized for module in modules])
-    if weight is None:
-        return None
-    biases = [module.bias for module in modules]
-    if all(bias is None for bias in biases):
-        return QuantizedLinear(weight)
-    parts = [
-        torch.zeros(m.out_features) if b is None else b.detach() for m, b in zip(modules, biases)
-    ]
-    return QuantizedLinear(weight, torch.cat(parts))
-
-
-def _silu_in_place(gate: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate, inplace=True)
-
-
-def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """``norm(hidden)`` for a Llama-style RMS norm, rounded exactly as its ``forward`` rounds,
-    with two fewer fresh tensors (a prompt's activations are megabytes)."""
-    unrounded = hidden.to(torch.float32)  # a copy, unless hidden is float32 already
-    scale = unrounded.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()
-    normed = unrounded.mul_(scale) if unrounded is not hidden else unrounded * scale
-    return normed.to(hidden.dtype).mul_(norm.weight)  # weight * normed, as the model does
-
-
-def rotary(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``apply_rotary_pos_emb``'s ``states * cos + rotate_half(states) * sin`` for states
-    (1, heads, n, head_dim) and cos, sin (1, n, head_dim), each product rounded as there,
-    with three fewer fresh tensors."""
-    half = states.shape[-1] // 2
-    rotated = torch.empty_like(states)  # rotate_half(states): (-second half, first half)
-    torch.neg(states[..., half:], out=rotated[..., :half])
-    rotated[..., half:] = states[..., :half]
-    return rotated.mul_(sin.unsqueeze(1)).add_(states * cos.unsqueeze(1))
+    @property
+    def windows(self) -> set[int]:
+        """The layers' sliding windows (0: none)."""
+        return {layer.window for layer in self.layers}

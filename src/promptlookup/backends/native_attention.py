@@ -59,6 +59,7 @@ def kernel() -> ctypes.CDLL | None:
         ctypes.c_int,
         ctypes.c_int,
         ctypes.c_float,
+        ctypes.c_int64,
         ctypes.c_int,
     ]
     return library
@@ -94,11 +95,12 @@ class PassRows:
 
 
 def native_attention(
-    query: torch.Tensor, cache_layers: list, rows: PassRows, scaling: float
+    query: torch.Tensor, cache_layers: list, rows: PassRows, scaling: float, window: int = 0
 ) -> torch.Tensor:
     """Attention of ``query`` (1, heads, total, head_dim), the new rows of every sequence of a
     pass, each over its own ``cache_layers[i]`` (already holding this pass's keys and values,
-    keys transposed), for a shape :func:`kernel_takes`. Returns (1, total, heads, head_dim)."""
+    keys transposed), for a shape :func:`kernel_takes`; ``window``: a sliding window's length
+    (each row sees its last ``window`` keys; 0: all). Returns (1, total, heads, head_dim)."""
     library = kernel()
     _, heads, total, head_dim = query.shape
     queries = query.transpose(1, 2)  # (1, total, heads, head_dim): the layout the kernel reads
@@ -125,6 +127,7 @@ def native_attention(
         kv_heads,
         head_dim,
         scaling,
+        window,
         torch.get_num_threads(),
     )
     if status != 0:

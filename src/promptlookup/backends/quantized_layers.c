@@ -1,6 +1,6 @@
 /* A quantized Llama model's decoder layers, every layer of a forward pass in one call.
  *
- * The pass of llama_forward.py's _LayerModules, written out in C for quantized weights so that
+ * The pass of decoder_layer.py's LayerModules, written out in C for quantized weights so that
  * a one-token pass is not thirty layers of Python and tensor calls around small products. Per
  * layer and row, with H the hidden size, D the head size:
  *
@@ -8,14 +8,22 @@
  *                                                 into lane i % 16), a fixed tree, / H, + eps,
  *                                                 1 / sqrtf; then (x * scale) * weight
  *   q, k, v = normed @ Wq/Wk/Wv (+ bias)          quantized_matmul.c's products
- *   q, k  = x * cos + rotate_half(x) * sin        per head, as transformers rounds it
+ *   q, k  = rms_norm(q, q_norm) per head          where the layer has them (Qwen3, Gemma 3)
+ *   q, k  = x * cos + rotate_half(x) * sin        per head, as transformers rounds it, over
+ *                                                 the first rot_dim dims (partial RoPE), with
+ *                                                 the layer's table (none: no RoPE, SmolLM3)
  *   k, v  -> the row's sequence's cache at the row's position (keys transposed)
  *   att   = row_attention(q, cache)               row_attention.c, over the cache up to the row
- *   hidden += att @ Wo
+ *                                                 (its last `window` keys, a sliding layer)
+ *   hidden += att @ Wo                            (Gemma 3: rms_norm(att @ Wo, attn_post_norm))
  *   normed = rms_norm(hidden, ffn_norm)
  *   act    = silu(normed @ Wgate) * (normed @ Wup) silu(x) = (x >= 0 ? x : x * e) / (1 + e),
- *                                                 e = exp(-|x|) (row_attention.c's exp_approx)
- *   hidden += act @ Wdown
+ *                                                 e = exp(-|x|) (row_attention.c's exp_approx);
+ *                                                 Gemma 3: gelu(x) = x/2 * (1 + tanh(u)),
+ *                                                 u = 0.7978845608 * (x + 0.044715 x^3),
+ *                                                 tanh(u) = sign(u) (1 - e) / (1 + e),
+ *                                                 e = exp(-2|u|)
+ *   hidden += act @ Wdown                         (Gemma 3: its ffn_post_norm likewise)
  *
  * Every step computes a row from that row alone (its sequence's cache aside) by a fixed
  * formula, built without -ffast-math and with -ffp-contract=off: a row's bits never depend on
@@ -40,12 +48,17 @@ struct layer {
     const float *attn_norm, *ffn_norm;
     struct linear qkv[3], o, gate_up[2], down;
     int32_t qkv_parts, gate_up_parts;
+    const float *q_norm, *k_norm;                /* per-head norms, or NULL */
+    const float *attn_post_norm, *ffn_post_norm; /* norms after attention / the MLP, or NULL */
+    int32_t rope;                                /* the pass's rotary table, -1: no RoPE */
+    int64_t window;                              /* a sliding window's keys, 0: all */
 };
 
 struct model {
     int32_t layers, hidden, heads, kv_heads, head_dim, intermediate;
     float eps, scale;
     const struct layer *layer;
+    int32_t rot_dim, ropes, gelu;  /* rotated dims of a head; rotary tables; GELU, not SiLU */
 };
 
 /* Rows at which the element-wise steps are shared among the threads. */
@@ -63,11 +76,42 @@ static void rms_norm(const float *x, const float *weight, float eps, int64_t h, 
     for (int64_t j = 0; j < h; j++) out[j] = (x[j] * scale) * weight[j];
 }
 
-/* x * cos + rotate_half(x) * sin for one head (rotate_half(x) = (-x[half:], x[:half])). */
-static void rotary(const float *x, const float *cos, const float *sin, int dim, float *out) {
-    const int half = dim / 2;
+/* x * cos + rotate_half(x) * sin over one head's first `rot` dims (rotate_half(x) =
+ * (-x[half:rot], x[:half])), the others kept; cos, sin: NULL for no rotation. */
+static void rotary(const float *x, const float *cos, const float *sin, int dim, int rot,
+                   float *out) {
+    const int turned = cos ? rot : 0, half = turned / 2;
     for (int d = 0; d < half; d++) out[d] = -x[d + half] * sin[d] + x[d] * cos[d];
-    for (int d = half; d < dim; d++) out[d] = x[d - half] * sin[d] + x[d] * cos[d];
+    for (int d = half; d < turned; d++) out[d] = x[d - half] * sin[d] + x[d] * cos[d];
+    for (int d = turned; d < dim; d++) out[d] = x[d];
+}
+
+/* One head through its norm (if any), then rotated. */
+static void head_in(const float *x, const float *norm, float eps, const float *cos,
+                    const float *sin, int dim, int rot, float *out) {
+    float normed[MAX_DIM];
+    if (norm) rms_norm(x, norm, eps, dim, normed);
+    rotary(norm ? normed : x, cos, sin, dim, rot, out);
+}
+
+static inline float gelu(float x) {
+    const float u = 0.7978845608f * (x + 0.044715f * (x * x * x));
+    const float e = exp_approx(-2.0f * fabsf(u));
+    const float t = (1.0f - e) / (1.0f + e);
+    return 0.5f * x * (1.0f + (u >= 0.0f ? t : -t));
+}
+
+/* rows of `product` (rows x h) through a norm after attention or the MLP (NULL: none), then
+ * added to hidden. */
+static void add_normed(float *hidden, float *product, const float *norm, float eps, int64_t rows,
+                       int64_t h, float *normed, int parallel, int threads) {
+    if (norm) {
+#pragma omp parallel for num_threads(threads) if (parallel)
+        for (int64_t r = 0; r < rows; r++)
+            rms_norm(product + r * h, norm, eps, h, normed + r * h);
+        product = normed;
+    }
+    for (int64_t i = 0; i < rows * h; i++) hidden[i] = hidden[i] + product[i];
 }
 
 static inline float silu(float x) {
@@ -92,8 +136,8 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
 /* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
  * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
  * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
- * float32, room up to the pass's last position). cos, sin: (rows x head_dim). Returns 0, -1
- * for a shape the kernels do not take, -2 out of memory. */
+ * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns
+ * 0, -1 for a shape the kernels do not take, -2 out of memory. */
 int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
                      const float *sin, const int64_t *row_sequence, const int64_t *row_position,
                      const int64_t *key_pointers, const int64_t *value_pointers,
@@ -122,15 +166,19 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
         /* Rotate queries and keys; keys and values into the row's sequence's cache. */
 #pragma omp parallel for num_threads(threads) if (parallel)
         for (int64_t r = 0; r < rows; r++) {
-            const float *row = qkv + r * qkv_width, *c = cos + r * dim, *s = sin + r * dim;
+            const int64_t table = ((int64_t)L->rope * rows + r) * m->rot_dim;
+            const float *row = qkv + r * qkv_width;
+            const float *c = L->rope < 0 ? NULL : cos + table, *s = L->rope < 0 ? NULL : sin + table;
             for (int head = 0; head < m->heads; head++)
-                rotary(row + head * dim, c, s, (int)dim, query + r * q_width + head * dim);
+                head_in(row + head * dim, L->q_norm, m->eps, c, s, (int)dim, m->rot_dim,
+                        query + r * q_width + head * dim);
             const int64_t sequence = row_sequence[r], position = row_position[r];
             float *keys = (float *)keys_at[sequence], *values = (float *)values_at[sequence];
             const int64_t capacity = capacity_at[sequence];
             float rotated[MAX_DIM];
             for (int g = 0; g < m->kv_heads; g++) {
-                rotary(row + q_width + g * dim, c, s, (int)dim, rotated);
+                head_in(row + q_width + g * dim, L->k_norm, m->eps, c, s, (int)dim, m->rot_dim,
+                        rotated);
                 for (int64_t d = 0; d < dim; d++)
                     keys[(g * dim + d) * capacity + position] = rotated[d];
                 memcpy(values + (g * capacity + position) * dim, row + q_width + kv_width + g * dim,
@@ -139,13 +187,13 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
         }
         if (row_attention(0, query, attended, rows, row_sequence, row_position, keys_at,
                           values_at, capacity_at, m->heads, m->kv_heads, (int)dim, m->scale,
-                          threads)) {
+                          L->window, threads)) {
             status = -1;
             break;
         }
         status = linear_parts(&L->o, 1, attended, rows, product, h, threads);
         if (status) break;
-        for (int64_t i = 0; i < rows * h; i++) hidden[i] = hidden[i] + product[i];
+        add_normed(hidden, product, L->attn_post_norm, m->eps, rows, h, normed, parallel, threads);
 #pragma omp parallel for num_threads(threads) if (parallel)
         for (int64_t r = 0; r < rows; r++)
             rms_norm(hidden + r * h, L->ffn_norm, m->eps, h, normed + r * h);
@@ -155,11 +203,14 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
 #pragma omp parallel for num_threads(threads) if (parallel)
         for (int64_t r = 0; r < rows; r++) {
             const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
-            for (int64_t i = 0; i < inter; i++) act[r * inter + i] = silu(gate[i]) * up[i];
+            if (m->gelu)
+                for (int64_t i = 0; i < inter; i++) act[r * inter + i] = gelu(gate[i]) * up[i];
+            else
+                for (int64_t i = 0; i < inter; i++) act[r * inter + i] = silu(gate[i]) * up[i];
         }
         status = linear_parts(&L->down, 1, act, rows, product, h, threads);
         if (status) break;
-        for (int64_t i = 0; i < rows * h; i++) hidden[i] = hidden[i] + product[i];
+        add_normed(hidden, product, L->ffn_post_norm, m->eps, rows, h, normed, parallel, threads);
     }
     free(buffer);
     return status;

@@ -51,6 +51,12 @@ class _Layer(ctypes.Structure):
         ("down", _Linear),
         ("qkv_parts", ctypes.c_int32),
         ("gate_up_parts", ctypes.c_int32),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("attn_post_norm", ctypes.c_void_p),
+        ("ffn_post_norm", ctypes.c_void_p),
+        ("rope", ctypes.c_int32),
+        ("window", ctypes.c_int64),
     ]
 
 
@@ -65,6 +71,9 @@ class _Model(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("layer", ctypes.POINTER(_Layer)),
+        ("rot_dim", ctypes.c_int32),
+        ("ropes", ctypes.c_int32),
+        ("gelu", ctypes.c_int32),
     ]
 
 
@@ -94,7 +103,10 @@ def _linear(module, keep: list) -> _Linear | None:
 
 
 def _norm_weight(norm, eps: float, keep: list) -> int | None:
-    """The data pointer of a float32 RMS norm's weight with epsilon ``eps``, else None."""
+    """The data pointer of a float32 RMS norm's weight with epsilon ``eps``, else None (0
+    where there is no norm)."""
+    if norm is None:
+        return 0
     weight = getattr(norm, "weight", None)
     if weight is None or weight.dtype != torch.float32 or norm.variance_epsilon != eps:
         return None
@@ -110,9 +122,10 @@ class QuantizedLayers:
         self._model, self._keep = model, keep  # keep: the tensors the structs point into
 
     @classmethod
-    def build(cls, layers: list, config) -> QuantizedLayers | None:
-        """For ``layers`` (:class:`~promptlookup.backends.llama_forward._LayerModules` of one
-        model), or None where some layer is not for the kernel (see the module doc)."""
+    def build(cls, layers: list, config, ropes: int = 1) -> QuantizedLayers | None:
+        """For ``layers`` (:class:`~promptlookup.backends.decoder_layer.LayerModules` of one
+        model; ``ropes``: how many rotary embeddings its passes give), or None where some layer
+        is not for the kernel (see the module doc)."""
         if not layers or type(layers[0].o_proj) is not quantized.QuantizedLinear:
             return None  # not a quantized model: nothing to compile
         if kernel() is None:
@@ -130,13 +143,18 @@ class QuantizedLayers:
             o, down = _linear(layer.o_proj, keep), _linear(layer.down_proj, keep)
             norms = [
                 _norm_weight(norm, eps, keep)
-                for norm in (layer.input_layernorm, layer.post_attention_layernorm)
-            ]
-            if None in (*parts, o, down, *norms) or not layer.silu:
+                for norm in (
+                    layer.input_layernorm, layer.ffn_norm, layer.q_norm, layer.k_norm,
+                    layer.attn_post_norm, layer.ffn_post_norm,
+                )
+            ]  # fmt: skip
+            if None in (*parts, o, down, *norms) or layer.silu == layer.gelu:
                 return None
-            if o.bias or down.bias:
+            if o.bias or down.bias or layer.gelu != layers[0].gelu:
                 return None
-            struct.attn_norm, struct.ffn_norm = norms
+            struct.attn_norm, struct.ffn_norm, struct.q_norm, struct.k_norm = norms[:4]
+            struct.attn_post_norm, struct.ffn_post_norm = norms[4:]
+            struct.rope, struct.window = layer.rope, layer.window
             struct.o, struct.down = o, down
             struct.qkv_parts, struct.gate_up_parts = len(qkv), len(gate_up)
             for i, part in enumerate(parts[: len(qkv)]):
@@ -145,16 +163,18 @@ class QuantizedLayers:
                 struct.gate_up[i] = part
         keep.append(table)
         intermediate = layers[0].down_proj.in_features
+        rot_dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
         model = _Model(
             len(layers), config.hidden_size, heads, kv_heads, head_dim, intermediate, eps,
-            layers[0].scaling, table,
+            layers[0].scaling, table, rot_dim, ropes, int(layers[0].gelu),
         )  # fmt: skip
         return cls(model, keep)
 
-    def __call__(self, hidden, cos, sin, caches: list, lengths: list[int], pass_rows) -> None:
+    def __call__(self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows) -> None:
         """``hidden`` (1, total, hidden) through every layer, in place: sequence i's
         ``lengths[i]`` rows appended to ``caches[i]`` (their layers' buffers grown here, their
-        lengths moved after the call). ``cos``, ``sin``: (1, total, head_dim)."""
+        lengths moved after the call). ``ropes``: each rotary embedding's (cos, sin),
+        (1, total, rotated dims) each."""
         like = torch.empty(1, self._model.kv_heads, 0, self._model.head_dim)
         keys, values, capacities = [], [], []
         for index in range(self._model.layers):
@@ -164,7 +184,8 @@ class QuantizedLayers:
                 keys.append(layer.key_storage.data_ptr())
                 values.append(layer.value_buffer.data_ptr())
                 capacities.append(layer.value_buffer.shape[-2])
-        cos, sin = cos.contiguous(), sin.contiguous()
+        cos = torch.cat([cos for cos, _ in ropes]).contiguous()  # (ropes, total, dims)
+        sin = torch.cat([sin for _, sin in ropes]).contiguous()
         pointers = torch.tensor([keys, values, capacities], dtype=torch.int64)
         status = kernel().quantized_layers(
             ctypes.byref(self._model),

@@ -25,8 +25,9 @@ import torch
 
 from ..errors import ModelLoadError, UnsupportedModelError
 from ..machine import return_freed_memory
-from . import gguf_modules
+from . import gguf_architectures, gguf_modules
 from .gguf_blocks import DECODED
+from .gguf_file import GgufFile
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
 #: GGUF tensor names -> module paths in the ``transformers`` model (``{i}``: the layer).
@@ -44,20 +45,22 @@ NAMES = {
     "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
     "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
 }
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", *gguf_architectures.FAMILIES)
 #: The tensor of llama.cpp's rotary frequency factors (Llama 3.1 and later: scaled RoPE).
 ROPE_FREQS = "rope_freqs.weight"
 FLOAT_KINDS = ("F32", "F16", "BF16")
 
 
-def module_path(tensor_name: str) -> tuple[str, str]:
-    """``blk.3.attn_q.weight`` -> (``model.layers.3.self_attn.q_proj``, ``weight``)."""
+def module_path(tensor_name: str, model_type: str = "llama") -> tuple[str, str]:
+    """``blk.3.attn_q.weight`` -> (``model.layers.3.self_attn.q_proj``, ``weight``), with the
+    names of ``model_type``'s family where they differ from Llama's."""
     stem, _, leaf = tensor_name.rpartition(".")
     layer = re.match(r"blk\.(\d+)\.", stem)
     key = stem if layer is None else stem.replace(layer.group(0), "blk.{i}.", 1)
-    if key not in NAMES:
+    names = {**NAMES, **gguf_architectures.TENSORS.get(model_type, {})}
+    if key not in names:
         raise UnsupportedModelError(f"GGUF tensor {tensor_name} has no place in the model")
-    return NAMES[key].format(i=layer.group(1) if layer else ""), leaf
+    return names[key].format(i=layer.group(1) if layer else ""), leaf
 
 
 def gguf_values(path: Path, cache_file: Path | None) -> dict:
@@ -65,6 +68,12 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
     config's keys), kept in ``cache_file``: reading it takes transformers tens of seconds."""
     if cache_file is not None and cache_file.is_file():
         values = json.loads(cache_file.read_text())
+    elif (family := _own_family(path)) is not None:
+        values = gguf_architectures.read_values(family, path.name)
+        if cache_file is not None:
+            from ..cache_files import save_cache_json
+
+            save_cache_json(cache_file, values)
     else:
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
@@ -82,12 +91,36 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
     values = dict(values)
     values.pop("_model_name_or_path", None)
     model_type = values.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if model_type not in ARCHITECTURES and model_type not in MODEL_TYPES:
         raise UnsupportedModelError(
             f"{path.name}: architecture {model_type!r} cannot run quantized "
             f"(supported: {', '.join(ARCHITECTURES)}); load it with dtype='float32'"
         )
     return values
+
+
+#: The model types of the families read by :mod:`~promptlookup.backends.gguf_architectures`.
+MODEL_TYPES = tuple(gguf_architectures.FAMILIES.values())
+
+
+def _own_family(path: Path):
+    """The file's reader where its architecture is one of ours to read (else None: the
+    ``transformers`` reader's); a recurrent one is a named error."""
+    try:
+        reader = GgufFile(path)
+    except Exception:  # transformers' reader says what is wrong with the file
+        return None
+    arch = gguf_architectures.architecture(reader)
+    if arch in gguf_architectures.RECURRENT:
+        raise RecurrentModelError(
+            f"{path.name}: architecture {arch!r} keeps recurrent state, which a rejected draft "
+            "cannot roll back: not supported"
+        )
+    return reader if arch in gguf_architectures.FAMILIES else None
+
+
+class RecurrentModelError(UnsupportedModelError):
+    """A hybrid or recurrent architecture: unsupported in any dtype (no float32 fallback)."""
 
 
 def empty_model(values: dict):
@@ -115,12 +148,10 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
 def load_quantized(path: str | Path, config_cache: Path | None = None):
     """The model in ``path`` (a GGUF file) with quantized weights; see the module doc.
     Returns ``(model, formats)``: ``formats`` counts the file's tensor types by module kind."""
-    import gguf
-
     path = Path(path)
     values = gguf_values(path, config_cache)
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = GgufFile(path)
     except Exception as exc:  # truncated or not a GGUF file
         raise ModelLoadError(f"{path}: cannot read GGUF ({type(exc).__name__})") from exc
     model = empty_model(values)
@@ -128,16 +159,18 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     permuted = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
     formats: dict[str, int] = {}
     quantized: dict[str, QuantizedWeight] = {}
-    freq_factors = None  # llama.cpp's rotary frequency factors (Llama 3's scaled RoPE)
+    factors = {}  # llama.cpp's rotary frequency factors (Llama 3's scaled RoPE, Phi-3's)
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
         formats[kind] = formats.get(kind, 0) + 1
         data = tensor.data
-        if tensor.name == ROPE_FREQS:
-            freq_factors = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
+        if tensor.name in (ROPE_FREQS, *gguf_architectures.ROPE_FACTORS):
+            factors[tensor.name] = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
             continue
-        where, leaf = module_path(tensor.name)
-        heads = permuted.get(where.rpartition(".")[2]) if config.model_type == "llama" else None
+        where, leaf = module_path(tensor.name, config.model_type)
+        # llama.cpp permutes the query and key rows of Llama-converted files (not NEOX ones).
+        unpermute = config.model_type in ("llama", "smollm3")
+        heads = permuted.get(where.rpartition(".")[2]) if unpermute else None
         if heads and data.ndim == 2:
             data = data[_unpermute(data.shape[0], heads)]  # whole rows: exact in any format
         if kind in DECODED and leaf == "weight":
@@ -159,6 +192,10 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
     del reader, tensor, data  # the file's memory map goes with them
     _tie_head(model, quantized)
     base = model.model
+    freq_factors = factors.get(ROPE_FREQS)
+    if gguf_architectures.ROPE_FACTORS[0] in factors:  # Phi-3: long where the context is
+        long = config.max_position_embeddings > config.original_max_position_embeddings
+        freq_factors = factors[gguf_architectures.ROPE_FACTORS[0 if long else 1]]
     base.rotary_emb = _rotary(base.rotary_emb, config, freq_factors, path)  # on the cpu
     return_freed_memory(map_from=1 << 20)  # the packing's temporaries; see there
     missing = [name for name, value in model.state_dict().items() if value.is_meta]
@@ -172,12 +209,13 @@ def _rotary(rotary: torch.nn.Module, config, freq_factors, path: Path) -> torch.
     only our own modules take (transformers' GGUF reader drops them: its Llama would rotate
     by other angles than the file's model)."""
     if isinstance(rotary, gguf_modules.GgufRotaryEmbedding):
-        if freq_factors is not None and freq_factors.shape != (config.head_dim // 2,):
+        frequencies = rotary.inv_freq.numel()
+        if freq_factors is not None and freq_factors.shape != (frequencies,):
             raise ModelLoadError(
                 f"{path.name}: {ROPE_FREQS} holds {freq_factors.numel()} factors for "
-                f"{config.head_dim // 2} rotary frequencies"
+                f"{frequencies} rotary frequencies"
             )
-        return gguf_modules.GgufRotaryEmbedding(config, freq_factors)
+        return gguf_modules.global_rotary(config, freq_factors)
     if freq_factors is not None:
         raise UnsupportedModelError(
             f"{path.name}: {ROPE_FREQS} (scaled rotary frequencies) with this architecture's "
@@ -191,8 +229,8 @@ def _forget_pages(reader, tensor) -> None:
     cache keeps them; they would otherwise count as resident until the map is closed)."""
     import mmap
 
-    file_map = getattr(reader.data, "_mmap", None)
-    if file_map is None or not hasattr(mmap, "MADV_DONTNEED"):
+    file_map = reader.map
+    if not hasattr(mmap, "MADV_DONTNEED"):
         return
     start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
     try:

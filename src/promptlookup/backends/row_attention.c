@@ -21,6 +21,12 @@
  *   total     = sum of weight[j] into lane j % LANES, in order of j, then a fixed tree
  *   out[d]    = (fmaf chain over j of weight[j] * value[j][d], from 0) / total
  *
+ * Sliding windows: with window W > 0, a row at position p sees keys max(0, p - W + 1)..p only.
+ * Keys before that are still in the cache (a crop never loses what a window needs); their
+ * weights are exactly 0, so every sum above keeps its bits as if they were not there (+0
+ * accumulators stay +0 through 0 * value, values being finite), wherever a tile starts
+ * computing: a row's bits still depend on nothing but itself.
+ *
  * Layouts (one sequence's cache): keys  [kv_heads][D][capacity] (transposed, so a block of
  * keys is a contiguous vector per dimension), values [kv_heads][capacity][D]. Queries and
  * outputs: [rows][heads][D]. Element type float32 or bfloat16 (computed in float32, the output
@@ -211,6 +217,7 @@ typedef struct {
     const int64_t *key_pointers, *value_pointers, *capacities;  /* per sequence */
     int heads, kv_heads, head_dim;
     float scale;
+    int64_t window;  /* keys a row sees, itself included (0: all of them) */
 } call_t;
 
 /* One key block (BLOCK keys from `keys`, row stride `capacity`) as contiguous floats. */
@@ -246,12 +253,15 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     const ELEMENT *values = (const ELEMENT *)(intptr_t)c->value_pointers[sequence]             \
                             + (int64_t)h * dim * capacity;                                     \
     const ELEMENT *query = (const ELEMENT *)c->query;                                          \
-    int64_t seen[MAX_VECTORS], longest = 0;                                                    \
+    int64_t seen[MAX_VECTORS], from[MAX_VECTORS], longest = 0, lowest = INT64_MAX;             \
     const int vectors = count * group;  /* query vectors of the tile: row-major, then head */  \
     for (int v = 0; v < vectors; v++) {                                                        \
         seen[v] = c->row_position[first + v / group] + 1;                                      \
+        from[v] = c->window > 0 && seen[v] > c->window ? seen[v] - c->window : 0;              \
         if (seen[v] > longest) longest = seen[v];                                              \
+        if (from[v] < lowest) lowest = from[v];                                                \
     }                                                                                          \
+    const int64_t first_block = lowest / BLOCK * BLOCK;  /* blocks before it: no row sees */   \
     const int64_t padded = (longest + BLOCK - 1) / BLOCK * BLOCK;                              \
     float *scores = malloc(sizeof(float) * (size_t)vectors * (size_t)padded);                  \
     if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */         \
@@ -262,28 +272,30 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
         for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                       \
     }                                                                                          \
     float block[MAX_DIM * BLOCK];  /* keys or values of one block, as contiguous floats */     \
-    for (int64_t j0 = 0; j0 < padded; j0 += BLOCK) {                                           \
+    for (int64_t j0 = first_block; j0 < padded; j0 += BLOCK) {                                 \
         const float *key_block = KEY_BLOCK(keys + j0, capacity, dim, block);                   \
         if (dim == 64) scores_64(key_block, queries, vectors, dim, scores + j0, padded);       \
         else if (dim == 128) scores_128(key_block, queries, vectors, dim, scores + j0, padded); \
         else scores_any(key_block, queries, vectors, dim, scores + j0, padded);                \
     }                                                                                          \
-    /* Softmax weights per vector, over its own row's keys only. */                            \
+    /* Softmax weights per vector, over its own row's keys only (0 before its window). */     \
     float totals[MAX_VECTORS];                                                                 \
     for (int v = 0; v < vectors; v++) {                                                        \
         float *row = scores + (size_t)v * padded;                                              \
-        const int64_t n = seen[v];                                                             \
-        const float top = top_score(row, n, c->scale);                                         \
+        const int64_t n = seen[v], start = from[v];                                            \
+        const float top = top_score(row + start, n - start, c->scale);                         \
         float lanes[LANES] = {0};                                                              \
         int64_t j0;                                                                            \
-        for (j0 = 0; j0 + LANES <= n; j0 += LANES)                                             \
+        for (j0 = first_block; j0 + LANES <= n; j0 += LANES)                                   \
             for (int l = 0; l < LANES; l++) {                                                  \
-                const float weight = exp_approx(row[j0 + l] * c->scale - top);                 \
+                const float weight = j0 + l < start                                            \
+                    ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                         \
                 row[j0 + l] = weight;                                                          \
                 lanes[l] = lanes[l] + weight;                                                  \
             }                                                                                  \
         for (int l = 0; j0 + l < n; l++) {                                                     \
-            const float weight = exp_approx(row[j0 + l] * c->scale - top);                     \
+            const float weight = j0 + l < start                                               \
+                ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                             \
             row[j0 + l] = weight;                                                              \
             lanes[l] = lanes[l] + weight;                                                      \
         }                                                                                      \
@@ -295,7 +307,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     float sums[MAX_VECTORS][MAX_DIM];                                                          \
     for (int v = 0; v < vectors; v++)                                                          \
         for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                       \
-    for (int64_t j0 = 0; j0 < longest; j0 += BLOCK) {                                          \
+    for (int64_t j0 = first_block; j0 < longest; j0 += BLOCK) {                                \
         const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                      \
         const float *value_block = VALUE_ROWS(values + j0 * dim, rows * dim, block);           \
         block_values(value_block, rows, j0, seen, vectors, dim, scores, padded, sums);         \
@@ -314,17 +326,18 @@ DEFINE_ATTEND_TILE(bf16_tile, uint16_t, bf16_to_float, float_to_bf16, bf16_key_b
 
 typedef void (*tile_function)(const call_t *, int64_t, int, int);
 
-/* Entry point: every row of the call, each against its own sequence's cache. Returns 0, or
+/* Entry point: every row of the call, each against its own sequence's cache (each within its
+ * last `window` keys, 0: all). Returns 0, or
  * -1 when a shape is beyond the static bounds above (the caller then uses another path). */
 int row_attention(int bf16, const void *query, void *out, int64_t rows,
                   const int64_t *row_sequence, const int64_t *row_position,
                   const int64_t *key_pointers, const int64_t *value_pointers,
                   const int64_t *capacities, int heads, int kv_heads, int head_dim,
-                  float scale, int threads) {
+                  float scale, int64_t window, int threads) {
     if (kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || head_dim > MAX_DIM)
         return -1;
     call_t c = {query, out, row_sequence, row_position, key_pointers, value_pointers,
-                capacities, heads, kv_heads, head_dim, scale};
+                capacities, heads, kv_heads, head_dim, scale, window};
     const tile_function attend = bf16 ? bf16_tile : float_tile;
     /* Tiles: runs of rows of one sequence, as many as MAX_VECTORS query vectors allow. */
     const int tile_rows = MAX_VECTORS / (heads / kv_heads);

@@ -53,13 +53,15 @@ def row_invariant_attention(
     start: int,
     scaling: float,
     rows_alone: bool | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of ``query`` (1, heads, n, head_dim), the tokens at positions
     ``start .. start + n - 1``, over ``key_buffer``/``value_buffer`` (1, kv_heads, capacity,
     head_dim) with capacity >= ``key_length(start + n - 1)``. Returns (1, n, heads, head_dim).
 
     ``rows_alone``: compute each row in a product of its own (None: only if this machine's
-    batched products were found to depend on the rows beside them).
+    batched products were found to depend on the rows beside them). ``window``: a sliding
+    window's length (a row sees its last ``window`` keys, the earlier ones masked; 0: all).
     """
     _, heads, n, head_dim = query.shape
     kv_heads = key_buffer.shape[1]
@@ -83,7 +85,10 @@ def row_invariant_attention(
         keys = key_buffer[0, :, :length]  # (kv_heads, length, head_dim)
         scores = torch.bmm(folded, keys.transpose(1, 2))  # (kv_heads, padded, length)
         positions = torch.arange(start + first, start + stop, device=query.device)
-        hidden = torch.arange(length, device=query.device)[None, :] > positions[:, None]
+        keys_at = torch.arange(length, device=query.device)[None, :]
+        hidden = keys_at > positions[:, None]
+        if window:
+            hidden |= keys_at <= positions[:, None] - window
         scores[:, : groups * rows].masked_fill_(hidden.repeat(groups, 1), float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
         values = value_buffer[0, :, :length]  # (kv_heads, length, head_dim)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Gemma 3 270M: `promptlookup serve` against llama-server on the same GGUF, through the OpenAI
+# API, one interleaved bench run (code edits, summaries, open-ended), 2 threads each, greedy.
+# Usage: benchmarks/gemma_race.sh OUT_DIR [LIMIT] [LLAMA_SERVER]
+# Both servers see the same prompt text: Gemma 3 270M (base) has no chat template, so
+# promptlookup joins the messages' contents with blank lines, and llama-server is given that
+# join as its template. Start-up: seconds from launch to the first answer of /v1/models, for
+# promptlookup serve's second start (its caches made by the first). llama-server runs with
+# --no-repack: its AMX-repacked weights crash on this project's machines (SIGSEGV).
+set -euo pipefail
+OUT=${1:?output folder}
+LIMIT=${2:-4}
+LLAMA=${3:-/work/llamacpp/build/bin/llama-server}
+PY=${PY:-python}
+GGUF=$($PY -c "from promptlookup.models import packaged_gguf_path; print(packaged_gguf_path('gemma-3-270m'))")
+DATA=${DATA:-/work/shared/data}
+JOIN='{% for m in messages %}{{ m.content }}{% if not loop.last %}
+
+{% endif %}{% endfor %}'
+mkdir -p "$OUT"
+ready() {  # seconds until $1/v1/models answers
+  local start=$(date +%s.%N)
+  until curl -sf "$1/v1/models" >/dev/null; do sleep 0.2; done
+  echo "$(date +%s.%N) - $start" | bc
+}
+"$LLAMA" -m "$GGUF" --port 8089 -t 2 -c 8192 --no-repack --jinja --chat-template "$JOIN" >"$OUT/llama-server.log" 2>&1 &
+LLAMA_PID=$!
+echo "llama-server ready after $(ready http://127.0.0.1:8089) s" | tee "$OUT/startup.txt"
+for start in first second; do
+  $PY -m promptlookup serve --model gemma-3-270m --port 8090 --threads 2 >"$OUT/serve-$start.log" 2>&1 &
+  SERVE_PID=$!
+  echo "promptlookup serve ($start start) ready after $(ready http://127.0.0.1:8090) s" | tee -a "$OUT/startup.txt"
+  [ "$start" = first ] && kill "$SERVE_PID" && wait "$SERVE_PID" || true
+done
+trap 'kill $LLAMA_PID $SERVE_PID 2>/dev/null || true' EXIT
+$PY -m promptlookup bench --model "$GGUF" --limit "$LIMIT" -n 128 --threads 2 \
+  --data "$DATA/code_edit.jsonl" --data "$DATA/summarization.jsonl" \
+  --data benchmarks/data/open_ended.jsonl --methods promptlookup-none \
+  --against llama-server=http://127.0.0.1:8089 --against promptlookup-serve=http://127.0.0.1:8090 \
+  --no-progress --out "$OUT"
