@@ -17,6 +17,7 @@ from promptlookup.bench.conversations import (
     run_conversations,
     summary,
 )
+from promptlookup.bench.methods import Settings
 from promptlookup.bench.servers import ServerMethod
 from promptlookup.cli import main
 from promptlookup.server import ServerSettings, create_app
@@ -68,9 +69,7 @@ def test_a_server_keeps_its_cache_and_reports_the_cached_tokens():
     settings = ServerSettings(model_id=MODEL, generation_options=FIXED)
     with RunningServer(create_app(tiny_lm(), settings)) as running:
         server = ServerMethod("pl", running.url, keep_cache=True)
-        assert "cache_prompt" not in server.body([], __import__("types").SimpleNamespace(
-            max_new_tokens=4, temperature=0.0, sampling=False
-        ))  # fmt: skip
+        assert "cache_prompt" not in server.body([], Settings(max_new_tokens=4))
         conversation = Conversation("c", "abcdefgh " * 30, ["add", "remove"])
         records = run_conversations([server], [conversation], 2, 8, log=lambda _: None)
     assert records[0].cached_tokens == 0 and records[1].cached_tokens >= 32
