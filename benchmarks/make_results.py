@@ -138,7 +138,8 @@ SWEEPS = [
     ),
 ]
 SESSIONS = (
-    "`python benchmarks/sessions.py` with the command below (its output, copied here), version "
+    "`python benchmarks/sessions.py` (now `benchmarks/cross_request_sessions.py`) with the "
+    "command below (its output, copied here), version "
     "0.13.0: the default model, 8 sessions of 3 requests built from the standard library, 128 "
     "tokens, 2 threads per process, on the AMD EPYC, 4 December 2026; servers on 127.0.0.1, "
     "each started fresh: `promptlookup serve --max-batch 8` with `--cross-request off` "

@@ -10,15 +10,15 @@ import pytest
 from _server import FIXED, MODEL, RunningServer, tiny_lm
 from click.testing import CliRunner
 
-from promptlookup.bench.conversations import (
+from promptlookup.bench.methods import Settings
+from promptlookup.bench.servers import ServerMethod
+from promptlookup.bench.sessions.conversations import (
     Conversation,
     build_conversations,
     report,
     run_conversations,
     summary,
 )
-from promptlookup.bench.methods import Settings
-from promptlookup.bench.servers import ServerMethod
 from promptlookup.cli import main
 from promptlookup.server import ServerSettings, create_app
 
@@ -77,7 +77,7 @@ def test_a_server_keeps_its_cache_and_reports_the_cached_tokens():
 
 
 def test_the_session_mode_runs_from_the_command_line(tmp_path, monkeypatch):
-    from promptlookup.bench import conversations
+    from promptlookup.bench.sessions import conversations
 
     short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
     monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)

@@ -8,8 +8,7 @@ import pytest
 from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup
-from promptlookup.bench import session_runs
-from promptlookup.bench import sessions as workload
+from promptlookup.bench.sessions import cross_request, workload
 
 
 @pytest.fixture(scope="module")
@@ -38,17 +37,17 @@ def test_sessions_are_built_from_the_standard_library():
 def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     tiny_lm = long_tiny_lm
     built = workload.build_sessions(("extraction", "agent"), per_kind=1, requests=2)
-    run = session_runs.run_sessions(
+    run = cross_request.run_sessions(
         tiny_lm, built, max_new_tokens=12, requests=2, log=lambda _: None
     )
     assert run.identical and run.mismatches == []
     assert run.tallies[("all", "off")].requests == 4
     assert run.tallies[("all", "global")].new_tokens == run.tallies[("all", "off")].new_tokens
     assert run.index_tokens["global"] > 0
-    table = session_runs.report(run)
+    table = cross_request.report(run)
     assert "| all | global |" in table and "identical" in table
     pair = workload.build_sessions(("extraction",), per_kind=2, requests=2)
-    batched = session_runs.run_sessions(
+    batched = cross_request.run_sessions(
         tiny_lm, pair, max_new_tokens=12, requests=2, concurrency=2, log=lambda _: None
     )
     assert batched.identical and batched.tallies[("all", "per-key")].requests == 4
@@ -74,7 +73,7 @@ class EchoServer:
 
 def test_a_server_is_one_more_mode_with_its_texts_compared(long_tiny_lm, monkeypatch):
     server = EchoServer(long_tiny_lm)
-    real = session_runs._generate
+    real = cross_request._generate
 
     def remember(lm, prompts, indexes, max_new_tokens):  # the off answers, for the server
         outputs = real(lm, prompts, indexes, max_new_tokens)
@@ -83,9 +82,9 @@ def test_a_server_is_one_more_mode_with_its_texts_compared(long_tiny_lm, monkeyp
                 server.answers[tuple(lm.encode(prompt))] = output.text
         return outputs
 
-    monkeypatch.setattr(session_runs, "_generate", remember)
+    monkeypatch.setattr(cross_request, "_generate", remember)
     built = workload.build_sessions(("extraction", "file_edits"), per_kind=1, requests=2)
-    run = session_runs.run_sessions(
+    run = cross_request.run_sessions(
         long_tiny_lm, built, max_new_tokens=12, requests=2, servers=[server], log=lambda _: None
     )
     assert run.identical  # a server's text never counts as a mismatch
@@ -95,6 +94,6 @@ def test_a_server_is_one_more_mode_with_its_texts_compared(long_tiny_lm, monkeyp
     # Modes rotate: the server answered some requests before the off mode had, so those
     # texts were not yet known to it.
     assert 0 < run.same_text["echo"] < 4
-    table = session_runs.report(run)
+    table = cross_request.report(run)
     assert "| all | echo | 4 | 8 | - | - |" in table
     assert f"echo: {run.same_text['echo']} of 4 answers the same text" in table

@@ -273,7 +273,7 @@ def bench(
         max_new_tokens = max_new_tokens or QUICK_TOKENS
     max_new_tokens = max_new_tokens or DEFAULT_TOKENS
     if sessions:
-        from .conversations import session_bench
+        from .sessions.conversations import session_bench
 
         session_bench(
             sessions, turns, max_new_tokens, methods, against, model, dtype, device, threads,

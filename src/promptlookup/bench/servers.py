@@ -9,7 +9,7 @@ methods in the same balanced order, and reports in the same tables. Policies:
   streamed with ``stream_options.include_usage``; ``cache_prompt: false`` too (llama-server
   would otherwise reuse the previous request's prompt cache), dropped for the rest of the run
   when a server refuses it; but not in the multi-turn session mode (``keep_cache``,
-  :mod:`~promptlookup.bench.conversations`), where each server keeps its own defaults, its
+  :mod:`~promptlookup.bench.sessions.conversations`), where each server keeps its own defaults, its
   prompt cache included. The model is the first one ``/v1/models`` lists.
 - Timing: from sending the request to the end of the stream; each content chunk's arrival time
   goes to the tokens it holds. New tokens are the server's ``usage.completion_tokens``.
@@ -147,7 +147,7 @@ class ServerMethod:
         )
 
     def chat(self, messages: list, max_tokens: int) -> dict:
-        """One turn of the session mode (:mod:`~promptlookup.bench.conversations`): greedy,
+        """One turn of the session mode (:mod:`~promptlookup.bench.sessions.conversations`): greedy,
         streamed; its text, time to first token, seconds and the usage's token counts."""
         status, chunks, usage, seconds = self._stream(
             self.body(messages, Settings(max_new_tokens=max_tokens))

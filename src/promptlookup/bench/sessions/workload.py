@@ -13,7 +13,7 @@ fixed list of pure-Python modules, in a fixed order. Four kinds of session, each
 - ``file_edits``: one file (a module's functions) edited again and again, each request asking
   for the whole file back with another change.
 
-How the sessions run (modes, servers, the identity check): :mod:`~promptlookup.bench.session_runs`.
+How the sessions run (modes, servers, the identity check): :mod:`~promptlookup.bench.sessions.cross_request`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Session benchmark: the cross-request index off, per key and global, on request sequences
-whose later answers repeat earlier ones (:mod:`promptlookup.bench.sessions`: extraction to a
+whose later answers repeat earlier ones (:mod:`promptlookup.bench.sessions.workload`: extraction to a
 fixed JSON shape, unit tests, an agent loop's tool calls, repeated edits of one file, all
 built at run time from the installed Python standard library's sources).
 
-    python benchmarks/sessions.py --out benchmarks/runs/sessions           # the default model
-    python benchmarks/sessions.py --per-kind 1 --requests 2 --max-new-tokens 32   # a smoke test
-    python benchmarks/sessions.py --concurrency 8 ...     # 8 sessions' requests share passes
-    python benchmarks/sessions.py --memory-only            # the index's memory over a long run
+    python benchmarks/cross_request_sessions.py --out benchmarks/runs/sessions           # the default model
+    python benchmarks/cross_request_sessions.py --per-kind 1 --requests 2 --max-new-tokens 32   # a smoke test
+    python benchmarks/cross_request_sessions.py --concurrency 8 ...     # 8 sessions' requests share passes
+    python benchmarks/cross_request_sessions.py --memory-only            # the index's memory over a long run
 
 Prints a markdown table (tokens per forward pass, tokens/s and the speed-up over the index
 off, per kind and over all sessions) and whether every output equalled the index-off output;
@@ -23,8 +23,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from promptlookup.bench import session_runs
-from promptlookup.bench import sessions as workload
+from promptlookup.bench.sessions import cross_request, workload
 from promptlookup.drafters import CrossRequestIndex
 
 
@@ -67,7 +66,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads [1]")
     parser.add_argument("--kinds", default=",".join(workload.KINDS))
-    parser.add_argument("--modes", default=",".join(session_runs.MODES))
+    parser.add_argument("--modes", default=",".join(cross_request.MODES))
     parser.add_argument("--per-kind", type=int, default=2, help="sessions per kind [2]")
     parser.add_argument("--requests", type=int, default=6, help="requests per session [6]")
     parser.add_argument("--max-new-tokens", type=int, default=160)
@@ -100,7 +99,7 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     sessions = workload.build_sessions(args.kinds.split(","), args.per_kind, args.requests)
     started = time.perf_counter()
-    run = session_runs.run_sessions(
+    run = cross_request.run_sessions(
         lm,
         sessions,
         modes=modes,
@@ -111,8 +110,8 @@ def main(argv=None) -> int:
         servers=servers,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    table = session_runs.report(run, modes)
-    command = "python benchmarks/sessions.py " + " ".join(
+    table = cross_request.report(run, modes)
+    command = "python benchmarks/cross_request_sessions.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     text = (

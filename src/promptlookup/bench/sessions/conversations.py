@@ -4,9 +4,9 @@ earlier answers, as a chat client or an agent does.
 
 - *Material*, generated at run time like the built-in suite: each session edits one file, the
   short documented functions of one module of the installed Python standard library
-  (:func:`~promptlookup.bench.sessions.stdlib_functions`) up to about ``file_chars``
+  (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about ``file_chars``
   characters; turn 1 asks for one change and the whole file back, each later turn for another
-  change (:data:`~promptlookup.bench.sessions.EDITS`), after the earlier turns and answers.
+  change (:data:`~promptlookup.bench.sessions.workload.EDITS`), after the earlier turns and answers.
 - *Methods*: servers raced with ``--against`` (sent as they are, so each keeps its own prompt
   cache: llama-server's is on by default; nothing like ``cache_prompt: false`` is sent) and
   ``promptlookup`` in process, with a prefix cache of its own. Each method carries its own
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from .sessions import EDITS, stdlib_functions
+from .workload import EDITS, stdlib_functions
 
 
 @dataclass
@@ -100,7 +100,7 @@ class LocalChat:
     """``promptlookup`` in this process: ``lm.stream`` with a prefix cache of its own."""
 
     def __init__(self, lm, name: str = "promptlookup", prefix_cache=None) -> None:
-        from ..prefix_cache import PrefixCache
+        from ...prefix_cache import PrefixCache
 
         self.name, self.lm = name, lm
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache()
@@ -226,8 +226,8 @@ def session_bench(
     import sys
     from pathlib import Path
 
-    from ..errors import InvalidParameterError
-    from .servers import ServerMethod, parse_against
+    from ...errors import InvalidParameterError
+    from ..servers import ServerMethod, parse_against
 
     local = [name for name in methods.split(",") if name.strip() and name.strip() != "none"]
     if any(name.strip() != "promptlookup" for name in local):

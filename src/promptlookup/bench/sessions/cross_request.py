@@ -1,4 +1,4 @@
-"""Running the session workload (:mod:`~promptlookup.bench.sessions`) and tallying it.
+"""Running the session workload (:mod:`~promptlookup.bench.sessions.workload`) and tallying it.
 
 Modes: ``off`` (prompt lookup, no index), ``per-key`` (one index per session, as the server
 shares one per API key, each session a client) and ``global`` (one index for all sessions).
@@ -23,11 +23,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..drafters import CrossRequestIndex
-from ..drafters.cross_request import INDEX_TOKENS
-from ..drafters.shared_lookup import SHARING
-from ..loop import GenerationStats
-from .sessions import KINDS, Session
+from ...drafters import CrossRequestIndex
+from ...drafters.cross_request import INDEX_TOKENS
+from ...drafters.shared_lookup import SHARING
+from ...loop import GenerationStats
+from .workload import KINDS, Session
 
 MODES = SHARING
 
@@ -181,7 +181,7 @@ def _generate(lm, prompts, indexes, max_new_tokens) -> list[_Output]:
     if len(prompts) == 1:
         result = lm.generate(prompts[0], max_new_tokens=max_new_tokens, cross_request=indexes[0])
         return [_Output(result.token_ids, result.text, result.stats)]
-    from ..batching import BatchDecoder
+    from ...batching import BatchDecoder
 
     decoder = BatchDecoder(lm.target, lm.policy, max_batch=len(prompts))
     sequences = []
@@ -204,7 +204,7 @@ def _ask(server, prompts, max_new_tokens) -> list[_Output]:
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from .methods import Settings
+    from ..methods import Settings
 
     settings = Settings(max_new_tokens=max_new_tokens)
     with ThreadPoolExecutor(len(prompts)) as pool:
