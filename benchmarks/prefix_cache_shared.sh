@@ -7,7 +7,7 @@ GGUF=$(python -c "from promptlookup.models import resolve_model as r; s=r(None);
 LLAMA=${LLAMA_SERVER:-/work/llamacpp/build/bin/llama-server}
 OUT=${OUT:-prefix-cache-shared}
 python -m promptlookup serve --port 18011 --threads ${THREADS:-2} > /tmp/pl-shared.log 2>&1 & P1=$!
-$LLAMA -m "$GGUF" -t ${THREADS:-2} -np 8 --no-repack --port 18012 > /tmp/llama-shared.log 2>&1 & P2=$!
+$LLAMA -m "$GGUF" -t ${THREADS:-2} -np 8 ${LLAMA_ARGS---no-repack} --port 18012 > /tmp/llama-shared.log 2>&1 & P2=$!
 trap 'kill $P1 $P2' EXIT
 for port in 18011 18012; do
   until curl -sf localhost:$port/health > /dev/null; do sleep 2; done

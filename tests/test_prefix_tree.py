@@ -15,7 +15,8 @@ BLOCK = 3
 
 class Reference:
     """Every cached block as its whole path from the start, ``(namespace, tokens)``, with the
-    time it was last used; a leaf is a path no other extends."""
+    time it was last used; a tail is a path of a length that is not a multiple of ``BLOCK``; a
+    leaf is a tail, or a path no other extends."""
 
     def __init__(self, budget_blocks: int) -> None:
         self.budget = budget_blocks
@@ -42,7 +43,9 @@ class Reference:
         extra = [
             _common(path[k * BLOCK :], rest)
             for ns, path in self.used
-            if ns == namespace and len(path) == (k + 1) * BLOCK and path[: k * BLOCK] == head
+            if ns == namespace
+            and k * BLOCK < len(path) <= (k + 1) * BLOCK
+            and path[: k * BLOCK] == head
         ]
         return k * BLOCK + max(extra, default=0)
 
@@ -51,11 +54,17 @@ class Reference:
         self._touch(namespace, tokens, k)
         path = {(namespace, tuple(tokens[: j * BLOCK])) for j in range(1, k + 1)}
         wanted = len(tokens) // BLOCK - k
+        tail = len(tokens) % BLOCK and not any(
+            ns == namespace and len(path) >= len(tokens) and path[: len(tokens)] == tuple(tokens)
+            for ns, path in self.used
+        )
+        wanted += bool(tail)
         while len(self.used) + wanted > self.budget and self.used:
             leaves = [
                 entry
                 for entry in self.used
-                if not any(
+                if len(entry[1]) % BLOCK
+                or not any(
                     other[0] == entry[0]
                     and len(other[1]) > len(entry[1])
                     and other[1][: len(entry[1])] == entry[1]
@@ -69,7 +78,10 @@ class Reference:
         room = max(0, min(wanted, self.budget - len(self.used)))
         for j in range(k + 1, k + room + 1):
             self.used[(namespace, tuple(tokens[: j * BLOCK]))] = 0
-        self._touch(namespace, tokens, k + room)
+        if tail and room == wanted:  # the tail, touched before the whole blocks above it
+            self.clock += 1
+            self.used[(namespace, tuple(tokens))] = self.clock
+        self._touch(namespace, tokens, min(k + room, len(tokens) // BLOCK))
         return room
 
 

@@ -117,25 +117,33 @@ class PrefixCache:
             payloads, matched = self._tree.match(None if self.shared else tenant, token_ids)
         if not matched:
             return 0
-        # The payloads are never written, and held here: copied outside the lock, a layer's
-        # keys (then values) of every block in one piece, then into the cache in one copy.
+        # The payloads are never written, and held here: copied outside the lock, block by
+        # block straight into the cache's buffers (the last block possibly in part).
         first = payloads[0]
         like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
-        for index, layer in enumerate(cache.layers):
+        buffers = []
+        for layer in cache.layers:
             layer.make_room(matched, like)
-            for kind, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
-                rows = torch.cat([payload[index, kind] for payload in payloads], dim=1)
-                buffer[0, :, :matched] = rows[:, :matched]  # the last block possibly in part
+            buffers.append((layer.key_buffer[0], layer.value_buffer[0]))  # (kv_heads, room, dim)
+        whole = len(payloads) if matched % self.block_tokens == 0 else len(payloads) - 1
+        start, tail = whole * self.block_tokens, payloads[whole:]  # tail: a block in part
+        for index, (layer, (keys, values)) in enumerate(zip(cache.layers, buffers)):
+            for kind, buffer in enumerate((keys, values)):
+                if whole:  # every whole block's rows in one call
+                    rows = [payload[index, kind] for payload in payloads[:whole]]
+                    torch.cat(rows, dim=1, out=buffer[:, :start])
+                for payload in tail:  # (layers, 2, kv_heads, block_tokens, head_dim)
+                    buffer[:, start:matched] = payload[index, kind, :, : matched - start]
             layer.advance(matched)
         return matched
 
     def store(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
-        """Keep the keys and values of the whole blocks of ``token_ids`` that ``cache`` (a
-        sequence of ``target``) holds in its first positions and the cache lacks, for
-        ``tenant``."""
+        """Keep the keys and values of the blocks of ``token_ids`` (its last tokens as a tail)
+        that ``cache`` (a sequence of ``target``) holds in its first positions and the cache
+        lacks, for ``tenant``."""
         self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
-        if length < self.block_tokens:
+        if not length:
             return
         with self._lock:
             if self._tree is None:
@@ -144,20 +152,30 @@ class PrefixCache:
             self._tree.insert(
                 None if self.shared else tenant,
                 token_ids[:length],
-                lambda start, stop: self._blocks(cache, start, stop),
+                lambda start, stop: self._blocks(cache, start, stop, length),
             )
 
-    def _blocks(self, cache, start: int, stop: int) -> list[torch.Tensor]:
-        """Blocks ``start`` to ``stop - 1`` of ``cache``, each ``(layers, 2, kv_heads,
-        block_tokens, head_dim)`` in its own storage (evicting one frees it), copied out
-        :data:`COPY_BLOCKS` at a time (so that a long sequence needs little memory besides)."""
+    def _blocks(self, cache, start: int, stop: int, length: int) -> list[torch.Tensor]:
+        """Blocks ``start`` to ``stop - 1`` of the first ``length`` positions of ``cache``,
+        each ``(layers, 2, kv_heads, block_tokens, head_dim)`` in its own storage (evicting one
+        frees it), copied out :data:`COPY_BLOCKS` at a time (so that a long sequence needs
+        little memory besides); a last block past ``length // block_tokens`` is the tail,
+        ``(layers, 2, kv_heads, length % block_tokens, head_dim)``."""
         size, keys, blocks = self.block_tokens, cache.layers[0].keys, []
-        for first in range(start, stop, COPY_BLOCKS):
-            count = min(COPY_BLOCKS, stop - first)
+        whole = min(stop, length // size)
+        for first in range(start, whole, COPY_BLOCKS):
+            count = min(COPY_BLOCKS, whole - first)
             part = keys.new_empty((count, len(cache.layers), 2, keys.shape[1], size, keys.shape[3]))
             for index, layer in enumerate(cache.layers):
                 for kind, states in enumerate((layer.keys, layer.values)):
                     rows = states[0, :, first * size : (first + count) * size]  # (heads, n, dim)
                     part[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
             blocks += [block.clone() for block in part]
+        if stop > whole:  # the tail
+            rest = length - whole * size
+            part = keys.new_empty((len(cache.layers), 2, keys.shape[1], rest, keys.shape[3]))
+            for index, layer in enumerate(cache.layers):
+                for kind, states in enumerate((layer.keys, layer.values)):
+                    part[index, kind] = states[0, :, whole * size : length]
+            blocks.append(part)
         return blocks

@@ -7,6 +7,9 @@ holding a payload (its keys and values) of ``block_bytes`` bytes.
   prefix is found to the token, not only to the block.
 - *Sharing*: sequences that start alike share their first blocks; :meth:`BlockTree.insert`
   adds only the blocks not in the tree yet.
+- *Tails*: a sequence's last tokens that do not fill a block are kept too, as a leaf of fewer
+  tokens (its payload holds them only; it counts as a whole block in the budget). Nothing
+  grows below it: a sequence that goes on gets a whole block beside it.
 - *Eviction*: the tree holds at most ``budget_bytes`` of payloads; the least recently used
   block goes first. Every use touches a block and all its ancestors, the deepest first, so a
   block is never used more recently than its parent and the least recently used block is a
@@ -62,7 +65,8 @@ class BlockTree:
         path: list[_Block] = []
         # Whole blocks, as long as they are in the tree.
         while node is not None:
-            child = node.children.get(tuple(tokens[len(path) * size : (len(path) + 1) * size]))
+            key = tuple(tokens[len(path) * size : (len(path) + 1) * size])
+            child = node.children.get(key) if len(key) == size else None  # a tail: below
             if child is None:
                 break
             path.append(child)
@@ -89,10 +93,11 @@ class BlockTree:
         tokens: Sequence[int],
         payloads: Callable[[int, int], list[Any]],
     ) -> int:
-        """Add the whole blocks of ``tokens`` that the tree lacks, evicting the least recently
-        used others to make room (as many as fit when not all do). ``payloads(start, stop)``
-        gives the payloads of blocks ``start`` to ``stop - 1`` of ``tokens``. Returns the
-        number of blocks added."""
+        """Add the blocks of ``tokens`` that the tree lacks, its tail included, evicting the
+        least recently used others to make room (as many as fit when not all do, the whole
+        blocks first). ``payloads(start, stop)`` gives the payloads of blocks ``start`` to
+        ``stop - 1`` of ``tokens`` (the last one possibly a tail). Returns the number of
+        blocks added."""
         size = self.block_tokens
         node = self._roots.get(namespace)
         # The blocks already there: touched, so that eviction spares them.
@@ -105,6 +110,9 @@ class BlockTree:
             path.append(node)
         self._touch(path)
         wanted = len(tokens) // size - len(path)
+        tail = tuple(tokens[len(tokens) // size * size :])
+        if tail and not self._holds(node if wanted == 0 else None, tail):
+            wanted += 1  # the tail, last: added only if every whole block before it is
         # Room: evict least recently used blocks outside the path, then add what fits.
         room = self._make_room(wanted, set(path))
         if room and not path:  # a namespace's first block (its root may have just gone)
@@ -117,6 +125,13 @@ class BlockTree:
             self._recency[node] = namespace
         self._touch(path)
         return room
+
+    @staticmethod
+    def _holds(node: _Block | None, tail: tuple[int, ...]) -> bool:
+        """Whether a child of ``node`` starts with ``tail`` (so keeping it adds nothing)."""
+        if node is None:
+            return False
+        return any(child.tokens[: len(tail)] == tail for child in node.children.values())
 
     def _make_room(self, wanted: int, keep: set[_Block]) -> int:
         """Evict until ``wanted`` more blocks fit (or only ``keep`` is left); how many fit."""

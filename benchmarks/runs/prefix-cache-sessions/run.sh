@@ -9,7 +9,7 @@ LLAMA=${LLAMA_SERVER:-/work/llamacpp/build/bin/llama-server}
 OUT=${OUT:-benchmarks/runs/prefix-cache-sessions}
 python -m promptlookup serve --port 18001 --threads ${THREADS:-2} > /tmp/pl-cache.log 2>&1 & P1=$!
 python -m promptlookup serve --port 18003 --threads ${THREADS:-2} --prefix-cache-mib 0 > /tmp/pl-nocache.log 2>&1 & P2=$!
-$LLAMA -m "$GGUF" -t ${THREADS:-2} --no-repack --port 18002 > /tmp/llama-server.log 2>&1 & P3=$!
+$LLAMA -m "$GGUF" -t ${THREADS:-2} ${LLAMA_ARGS---no-repack} --port 18002 > /tmp/llama-server.log 2>&1 & P3=$!
 trap 'kill $P1 $P2 $P3' EXIT
 for port in 18001 18002 18003; do
   until curl -sf localhost:$port/health > /dev/null; do sleep 2; done

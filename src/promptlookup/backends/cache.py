@@ -6,8 +6,8 @@ every layer on every forward pass (about 15% of a one-token pass of SmolLM2-135M
 spare room, doubling when full, and hands attention a view of the filled part; cropping after
 rejected draft tokens only moves the end. Attention sees the same numbers either way.
 
-Capacity is a multiple of :data:`~promptlookup.backends.row_invariant.KEY_BLOCK` and starts
-zeroed: row-invariant attention reads whole key blocks past a sequence's end (masked), so the
+Capacity is a multiple of :data:`~promptlookup.backends.row_invariant.KEY_BLOCK`, zeroed past
+the positions being written: row-invariant attention reads whole key blocks past a sequence's end (masked), so the
 slots there must hold finite values (zeros, or a rejected draft's keys and values).
 
 With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capacity)``
@@ -52,10 +52,12 @@ class GrowingLayer(DynamicLayer):
         for old, new in ((self.key_buffer, key_states), (self.value_buffer, value_states)):
             transposed = self.transposed_keys and new is key_states
             shape = (capacity, new.shape[-1]) if not transposed else (new.shape[-1], capacity)
-            storage = new.new_zeros(*new.shape[:-2], *shape)
+            storage = new.new_empty(*new.shape[:-2], *shape)
             buffer = storage.transpose(-1, -2) if transposed else storage
             if old is not None:
                 buffer[..., : self.length, :] = old[..., : self.length, :]
+            # Positions up to ``needed`` are written by the caller next; the rest start zeroed.
+            buffer[..., needed:, :].zero_()
             buffers.append((storage, buffer))
         (self.key_storage, self.key_buffer), (_, self.value_buffer) = buffers
 
