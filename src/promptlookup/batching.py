@@ -7,7 +7,8 @@ starts from the keys and values of its prompt's longest cached prefix,
 :mod:`promptlookup.prefix_cache`, so only the rest of its prompt is fed), then runs the steps of
 the loop (numbered as in :mod:`promptlookup.loop` and ``docs/design.md``) for all of them:
 
-1. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone.
+1. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone (not on
+   its first step, whose pass ends its prompt: its first token comes sooner).
 2. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
    each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.decide`).
 3. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
@@ -30,7 +31,7 @@ tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; 
 throughput, since every step also carries the running sequences' drafts); with nobody
 decoding, prompts go in whole chunks of
 :data:`~promptlookup.backends.base.PREFILL_CHUNK` tokens. A prompt's last
-chunk goes into the same pass as its first draft, which yields its first token.
+chunk and its last token make the pass that yields its first token (no draft beside them).
 
 Memory: each sequence holds its own KV cache, ``2 * layers * kv_heads * head_dim`` values per
 token, with capacity rounded up to 64 tokens and doubling as it grows (SmolLM2-135M in

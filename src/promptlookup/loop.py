@@ -132,9 +132,10 @@ class DecodingSequence:
 
     def propose(self) -> Draft:
         """Step 1: the drafter's draft, leaving room for the bonus token so that a step never
-        overshoots the token budget."""
+        overshoots the token budget; none on the first step, whose pass ends the prompt (the
+        first token sooner: after a cached prefix that pass is most of the wait)."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
-        if room <= 0:
+        if room <= 0 or not self.stats.forward_passes:
             return Draft()
         if self.grammar is not None:  # forced tokens, then the drafter's
             return self.grammar.draft(self.drafter, self.tokens, room)
