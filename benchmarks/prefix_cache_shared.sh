@@ -1,7 +1,7 @@
 #!/bin/bash
 # 8 requests sharing a long prefix, all at once, after one by one: promptlookup serve (defaults)
 # against llama-server -np 8 (its defaults otherwise, prompt cache on), 2 threads each.
-# llama-server needs --no-repack on this machine (its AMX repacked weights crash here).
+# LLAMA_ARGS: extra llama-server flags, --no-repack unless set (see prefix_cache_sessions.sh).
 set -e
 GGUF=$(python -c "from promptlookup.models import resolve_model as r; s=r(None); print(s.location + '/' + s.gguf_file)")
 LLAMA=${LLAMA_SERVER:-/work/llamacpp/build/bin/llama-server}

@@ -1,12 +1,12 @@
 #!/bin/bash
 # The session race of docs/server.md: promptlookup serve (defaults; and --prefix-cache-mib 0)
 # against llama-server with its defaults (prompt cache on), 2 threads each, default model.
-# llama-server needs --no-repack on this machine: its AMX repacked weights crash here
-# (SIGSEGV in ggml_backend_amx_mul_mat, ldtilecfg).
+# LLAMA_ARGS: extra llama-server flags, --no-repack unless set (a -DGGML_NATIVE=ON build's AMX
+# repacked weights crash on this VM; with a NATIVE=OFF build, run with LLAMA_ARGS= ).
 set -e
 GGUF=$(python -c "from promptlookup.models import resolve_model as r; s=r(None); print(s.location + '/' + s.gguf_file)")
 LLAMA=${LLAMA_SERVER:-/work/llamacpp/build/bin/llama-server}
-OUT=${OUT:-benchmarks/runs/prefix-cache-sessions}
+OUT=${OUT:-prefix-cache-sessions}
 python -m promptlookup serve --port 18001 --threads ${THREADS:-2} > /tmp/pl-cache.log 2>&1 & P1=$!
 python -m promptlookup serve --port 18003 --threads ${THREADS:-2} --prefix-cache-mib 0 > /tmp/pl-nocache.log 2>&1 & P2=$!
 $LLAMA -m "$GGUF" -t ${THREADS:-2} ${LLAMA_ARGS---no-repack} --port 18002 > /tmp/llama-server.log 2>&1 & P3=$!
