@@ -216,18 +216,19 @@ class GrammarState:
             return [self.eos_token]
         return list(self.matcher.compute_ff_tokens())
 
-    def draft(self, drafter: Drafter, tokens: list[int], room: int) -> Draft:
+    def draft(self, drafter: Drafter, tokens: list[int], room: int, forced_only=False) -> Draft:
         """This step's draft, at most ``room`` tokens after ``tokens``: the forced tokens, then
-        ``drafter``'s draft after them, cut at the first token the grammar forbids (see the
-        module doc). ``drafter="none"`` drafts nothing here either: plain constrained
-        decoding. The draft carries no draft probabilities: a sampled draft token is kept
-        only if the target's own sample equals it (still exact, see :mod:`promptlookup.loop`)."""
+        (unless ``forced_only``) ``drafter``'s draft after them, cut at the first token the
+        grammar forbids (see the module doc). ``drafter="none"`` drafts nothing here either:
+        plain constrained decoding. The draft carries no draft probabilities: a sampled draft
+        token is kept only if the target's own sample equals it (still exact, see
+        :mod:`promptlookup.loop`)."""
         if isinstance(drafter, NoDrafter) or room <= 0:
             return Draft()
         forced = self.forced()[:room]
         ahead = [*tokens, *forced] if forced else tokens
         proposed = Draft()
-        if room > len(forced):
+        if room > len(forced) and not forced_only:
             proposed = Draft.of(drafter.propose(ahead, room - len(forced)))
         candidate = [*forced, *proposed[: room - len(forced)]]
         valid = self.matcher.validate_tokens(candidate)

@@ -132,13 +132,15 @@ class DecodingSequence:
 
     def propose(self) -> Draft:
         """Step 1: the drafter's draft, leaving room for the bonus token so that a step never
-        overshoots the token budget; none on the first step, whose pass ends the prompt (the
-        first token sooner: after a cached prefix that pass is most of the wait)."""
+        overshoots the token budget. On the first step, whose pass ends the prompt, only the
+        tokens a grammar forces (sure to be accepted): the first token comes sooner (after a
+        cached prefix that pass is most of the wait)."""
         room = self.max_new_tokens - self.stats.new_tokens - 1
-        if room <= 0 or not self.stats.forward_passes:
+        first = not self.stats.forward_passes
+        if self.grammar is not None and room > 0:  # forced tokens, then the drafter's
+            return self.grammar.draft(self.drafter, self.tokens, room, forced_only=first)
+        if room <= 0 or first:
             return Draft()
-        if self.grammar is not None:  # forced tokens, then the drafter's
-            return self.grammar.draft(self.drafter, self.tokens, room)
         return Draft.of(self.drafter.propose(self.tokens, room)).cut(room)
 
     def accept(self, draft: Draft, target_logits: torch.Tensor) -> list[int]:
