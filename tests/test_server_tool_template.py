@@ -261,3 +261,51 @@ def test_greedy_output_under_the_template_grammar_equals_plain_constrained_decod
             assert plain.text.startswith("<tool_call>\n{") and plain.finish_reason == "stop"
             assert fast.stats.forced_tokens > 0
             assert fast.stats.forward_passes < plain.stats.forward_passes / 3
+
+
+def bpe_lm() -> LanguageModel:
+    """A Hugging Face fast tokenizer (byte-level BPE, trained here) whose tags are added
+    tokens, as Qwen's are, with the template; the tiny model over its vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>"], initial_alphabet=alphabet
+    )
+    corpus = [json.dumps({"name": "get_weather", "arguments": {"city": "Paris", "days": 3}})]
+    backend.train_from_iterator(corpus * 10 + [HERMES_TEMPLATE], trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # not special: decoded as text
+    tokenizer.chat_template = HERMES_TEMPLATE
+    model = tiny_llama(vocab_size=len(tokenizer), seed=3, context=2048)
+    return LanguageModel(TransformersTarget(model), tokenizer, name="bpe", model=model)
+
+
+def test_tags_that_are_tokens_are_matched_as_those_tokens():
+    lm = bpe_lm()
+    template = detect(lm.tokenizer, lm.eos_token_ids)
+    opening, closing = (
+        lm.tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")
+    )
+    assert (template.opening_token, template.closing_token) == (opening, closing)
+    req = ChatCompletionRequest(
+        model="bpe",
+        messages=HISTORY,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    ids = encode(lm, req.prompt_messages(template), req.template_tools(template))
+    assert opening in ids and '"name": "get_time"' in lm.tokenizer.decode(ids)
+    grammar = req.grammar(template)
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert _accepts(lm, grammar, call)  # as the tokenizer writes it: the tags as tokens
+    plain = lm.generate(ids, max_new_tokens=80, drafter="none", grammar=grammar)
+    fast = lm.generate(ids, max_new_tokens=80, drafter="prompt-lookup", grammar=grammar)
+    assert fast.token_ids == plain.token_ids and plain.token_ids[0] == opening
+    content, (found,) = parse(plain.text, template)
+    assert content is None and found["function"]["name"] in ("get_weather", "get_time")

@@ -91,7 +91,7 @@ class ServerState:
         if self.settings.model_id is None:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
-        self.tool_template = detect(lm.tokenizer)
+        self.tool_template = detect(lm.tokenizer, lm.eos_token_ids)
         self.max_text_chars = lm.target.max_context * longest_token_chars(lm.tokenizer)
         max_batch = self.max_batch
         if isinstance(lm.target, BatchTarget):

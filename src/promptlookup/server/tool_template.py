@@ -24,10 +24,11 @@ from __future__ import annotations
 import json
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..grammar import JSON_LAYOUT, Grammar
+from ..grammar import JSON_LAYOUT, Grammar, engine_tokenizer
 from .tools import Scan, loads_arguments, read_calls
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ class TemplateFormat:
     opening: str = f"{OPEN_TAG}\n"
     closing: str = f"\n{CLOSE_TAG}"
     separator: str = "\n"
+    #: The tags' token ids where the tokenizer has each as a token of its own (an added
+    #: token, as Qwen's), which the grammar engine matches as that token, never as its text.
+    opening_token: int | None = None
+    closing_token: int | None = None
 
     # -- the prompt ---------------------------------------------------------------------------
 
@@ -109,7 +114,9 @@ class TemplateFormat:
     def grammar(self, plan: ToolPlan) -> Grammar:
         """The answer's grammar (see the module doc)."""
         call_schema = {"x-guidance": JSON_LAYOUT, "anyOf": plan.call_schemas()}
-        call = f"{_literal(self.opening)} %json {json.dumps(call_schema)} {_literal(self.closing)}"
+        opening = _tagged(self.opening, OPEN_TAG, self.opening_token)
+        closing = _tagged(self.closing, CLOSE_TAG, self.closing_token)
+        call = f"{opening} %json {json.dumps(call_schema)} {closing}"
         many = f"({_literal(self.separator)} call)*" if plan.parallel else ""
         rules = [f"calls: call {many}", f"call: {call}"]
         if plan.choice == "auto":
@@ -146,6 +153,15 @@ def _literal(text: str) -> str:
     return json.dumps(text)  # a Lark string literal
 
 
+def _tagged(text: str, tag: str, token: int | None) -> str:
+    """``text``, which holds ``tag``, as Lark: the tag as its token where it has one."""
+    if token is None:
+        return _literal(text)
+    before, after = text.split(tag, 1)
+    parts = [_literal(before) if before else "", f"<[{token}]>", _literal(after) if after else ""]
+    return " ".join(part for part in parts if part)
+
+
 def _regex(text: str) -> str:
     """``text`` as a Lark regular expression that matches it alone."""
     return "".join(c if c.isalnum() or c == "_" else f"\\x{{{ord(c):x}}}" for c in text)
@@ -155,15 +171,16 @@ def _regex(text: str) -> str:
 _DETECTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def detect(tokenizer) -> TemplateFormat | None:
+def detect(tokenizer, eos_token_ids: Sequence[int] = ()) -> TemplateFormat | None:
     """The Hermes format as ``tokenizer``'s chat template writes tool calls, or None where it
-    does not (no template, a template without tools, another format, or an opening tag the
-    tokenizer decodes away as a special token)."""
+    does not (no template, a template without tools, another format, or a tag the tokenizer
+    decodes away as a special token). ``eos_token_ids``: the model's, for the grammar engine's
+    view of the tokenizer (:func:`~promptlookup.grammar.engine_tokenizer`)."""
     try:
         return _DETECTED[tokenizer]
     except (KeyError, TypeError):
         pass
-    found = _detect(tokenizer)
+    found = _detect(tokenizer, eos_token_ids)
     try:
         _DETECTED[tokenizer] = found
     except TypeError:  # not weakly referable: found again next time
@@ -171,7 +188,7 @@ def detect(tokenizer) -> TemplateFormat | None:
     return found
 
 
-def _detect(tokenizer) -> TemplateFormat | None:
+def _detect(tokenizer, eos_token_ids: Sequence[int]) -> TemplateFormat | None:
     template = getattr(tokenizer, "chat_template", None)
     if not template or "tool" not in str(template) or not hasattr(tokenizer, "apply_chat_template"):
         return None
@@ -188,7 +205,18 @@ def _detect(tokenizer) -> TemplateFormat | None:
     if OPEN_TAG in special or CLOSE_TAG in special:
         return None
     opening, closing, separator = match.groups()
-    return TemplateFormat(OPEN_TAG + opening, closing + CLOSE_TAG, separator)
+    tokens = [_tag_token(tokenizer, eos_token_ids, tag) for tag in (OPEN_TAG, CLOSE_TAG)]
+    return TemplateFormat(OPEN_TAG + opening, closing + CLOSE_TAG, separator, *tokens)
+
+
+def _tag_token(tokenizer, eos_token_ids: Sequence[int], tag: str) -> int | None:
+    """``tag``'s token id where the tokenizer has it as one token that the grammar engine
+    treats as a token of its own (an added token of a Hugging Face tokenizer)."""
+    ids = list(tokenizer(tag, add_special_tokens=False)["input_ids"])
+    if len(ids) != 1:
+        return None
+    eos = list(eos_token_ids) or [tokenizer.eos_token_id]
+    return ids[0] if engine_tokenizer(tokenizer, eos).is_special_token(ids[0]) else None
 
 
 def encode(lm, messages: list[dict], tools: list[dict] | None) -> list[int]:
