@@ -1,6 +1,7 @@
 """Tool calls in the generic format: how the tools reach the prompt, the JSON schema the output
 must match (enforced by the grammar, :mod:`promptlookup.grammar`), and how the output is read
-back into tool calls, whole or as it streams.
+back into tool calls, whole or as it streams. A chat template with a call format of its own
+goes through :mod:`.tool_template` instead (a :class:`CallFormat`, with this module's reader).
 
 The format (after llama.cpp's server for chat templates without tools) is one JSON object:
 
