@@ -158,9 +158,10 @@ def test_the_template_lists_the_tools_and_renders_the_history_of_calls(lm):
 def _accepts(lm, grammar, text: str) -> bool:
     from promptlookup.grammar import engine_tokenizer
 
-    state = grammar.start(engine_tokenizer(lm.tokenizer, lm.eos_token_ids))
+    """Whether ``grammar`` takes ``text`` (as the tokenizer writes it) as a whole answer."""
+    matcher = grammar.start(engine_tokenizer(lm.tokenizer, lm.eos_token_ids)).matcher
     ids = lm.tokenizer(text)["input_ids"]
-    return state.matcher.validate_tokens(ids) == len(ids)
+    return all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
 
 
 def test_the_grammar_forces_the_format_and_honours_tool_choice(lm):
@@ -170,7 +171,8 @@ def test_the_grammar_forces_the_format_and_honours_tool_choice(lm):
     time = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
     auto = ToolPlan(tools, "auto", True, template).grammar()
     assert _accepts(lm, auto, one) and _accepts(lm, auto, f"{one}\n{time}")
-    assert _accepts(lm, auto, "It is sunny.")
+    assert _accepts(lm, auto, "It is sunny.") and _accepts(lm, auto, f"Let me see.\n{one}")
+    assert not _accepts(lm, auto, f"{one} and more") and not _accepts(lm, auto, f"a {one[:-1]}")
     assert not _accepts(lm, auto, one.replace('"days": 2', '"days": 9'))  # its schema
     required = ToolPlan(tools, "required", False, template).grammar()
     assert _accepts(lm, required, one) and not _accepts(lm, required, "It is sunny.")
@@ -186,7 +188,7 @@ def test_a_streamed_answer_adds_up_to_the_whole_one(step):
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "n": [1, {}]}}\n'
         '</tool_call>\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     )
-    for answer in (text, "<tool_cal: not a call"):
+    for answer in (text, "<tool_cal: not a call", f"Let me <tool_ see.\n{text}"):
         stream, content, calls = ToolStream(template), "", {}
         for start in range(0, len(answer), step):
             piece, deltas = stream.feed(answer[start : start + step])
@@ -201,6 +203,7 @@ def test_a_streamed_answer_adds_up_to_the_whole_one(step):
         assert content == (whole_content or "")
     assert json.loads(parse(text, template)[1][0]["function"]["arguments"])["city"] == "Pa}ris"
     assert parse(text[:-3], template) == (text[:-3], [])  # cut at a length: text
+    assert parse(f"Let me see.\n{text}", template)[0] == "Let me see.\n"
 
 
 def test_calls_come_back_through_the_openai_client_whole_and_streamed(server):
@@ -304,6 +307,9 @@ def test_tags_that_are_tokens_are_matched_as_those_tokens():
     grammar = req.grammar(template)
     call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
     assert _accepts(lm, grammar, call)  # as the tokenizer writes it: the tags as tokens
+    auto = ToolPlan(req.tool_plan(template).tools, "auto", True, template).grammar()
+    assert _accepts(lm, auto, "Let me see.") and _accepts(lm, auto, f"Let me see.\n{call}")
+    assert not _accepts(lm, auto, f"{call} and more")
     plain = lm.generate(ids, max_new_tokens=80, drafter="none", grammar=grammar)
     fast = lm.generate(ids, max_new_tokens=80, drafter="prompt-lookup", grammar=grammar)
     assert fast.token_ids == plain.token_ids and plain.token_ids[0] == opening

@@ -216,6 +216,8 @@ async def _sse_events(
                 calls = []
                 if streams is not None:
                     text, calls = streams[index].feed(text)
+                if calls and text:  # the text before a call, then the call
+                    yield sse(writer.delta(index, text, None))
                 if calls:
                     yield sse(writer.tool_calls(index, calls, infos))
                 elif text or infos:

@@ -13,10 +13,11 @@ other way, gets None and tools go through the generic format (:mod:`.tools`).
 
 With a :class:`TemplateFormat`, the tools go to the template (``tools=``, in transformers'
 shape), and so do the history's assistant ``tool_calls`` (arguments as objects) and ``tool``
-messages. The answer is either text, which must not begin with the opening tag (``tool_choice``
-``"auto"`` only), or one or more calls (one unless ``parallel_tool_calls``), each call's JSON
+messages. The answer is one or more calls (one unless ``parallel_tool_calls``), each call's JSON
 enforced by the grammar against its tool's ``parameters`` and laid out as
-:data:`~promptlookup.grammar.JSON_LAYOUT`, nothing after the last call.
+:data:`~promptlookup.grammar.JSON_LAYOUT`, nothing after the last call; under ``tool_choice``
+``"auto"`` also text (without the tag) alone or before the calls, which comes back as
+``content``.
 """
 
 from __future__ import annotations
@@ -113,40 +114,62 @@ class TemplateFormat:
 
     def grammar(self, plan: ToolPlan) -> Grammar:
         """The answer's grammar (see the module doc)."""
-        call_schema = {"x-guidance": JSON_LAYOUT, "anyOf": plan.call_schemas()}
-        opening = _tagged(self.opening, OPEN_TAG, self.opening_token)
+        call_json = f"%json {json.dumps({'x-guidance': JSON_LAYOUT, 'anyOf': plan.call_schemas()})}"
         closing = _tagged(self.closing, CLOSE_TAG, self.closing_token)
-        call = f"{opening} %json {json.dumps(call_schema)} {closing}"
-        many = f"({_literal(self.separator)} call)*" if plan.parallel else ""
-        rules = [f"calls: call {many}", f"call: {call}"]
-        if plan.choice == "auto":
-            # Text that is not a call, nor a beginning of one.
-            beginnings = "|".join(_regex(self.opening[:n]) for n in range(1, len(self.opening)))
-            text = f"/(?s:.+)/ & ~/{_regex(self.opening)}(?s:.*)/ & ~/({beginnings})/"
-            rules = ["start: TEXT | calls", f"TEXT: {text}", *rules]
-        else:
-            rules = ["start: calls", *rules]
-        return Grammar.lark("\n".join(rules) + "\n")
+        more = f" ({_literal(self.separator)} call)*" if plan.parallel else ""
+        opening = _tagged(self.opening, OPEN_TAG, self.opening_token)
+        rules = [f"call: {opening} {call_json} {closing}", f"calls: call{more}"]
+        if plan.choice != "auto":
+            return _lark(["start: calls", *rules])
+        # Text without the tag that does not end in a beginning of it (a reader holds those
+        # back), alone or before the calls.
+        beginnings = "|".join(_regex(OPEN_TAG[:n]) for n in range(1, len(OPEN_TAG)))
+        tag = _regex(OPEN_TAG)
+        rules.append(f"TEXT: /(?s:.+)/ & ~/(?s:.*{tag}.*)/ & ~/(?s:.*({beginnings}))/")
+        if self.opening_token is not None:  # a token of its own, never in text
+            return _lark(["start: TEXT | TEXT? calls", *rules])
+        # The text ends where the tag comes (the engine's lexer does not split text before a
+        # tag it has taken in), the first call's rest then follows.
+        after = self.opening[len(OPEN_TAG) :]
+        first = f"{_literal(after)} " if after else ""
+        return _lark(
+            [
+                "start: TEXT | before first",
+                *rules,
+                f"before[stop={_literal(OPEN_TAG)}]: /(?s:.*)/",
+                f"first: {first}{call_json} {closing}{more}",
+            ]
+        )
 
     def scan(self, text: str) -> Scan:
-        """Read a (partial) answer (:class:`.tools.Scan`): text once it cannot be a call."""
-        if text.startswith(self.opening):
+        """Read a (partial) answer (:class:`.tools.Scan`): its text up to the first call, less
+        an end that may begin the tag, and its calls."""
+        start = text.find(OPEN_TAG)
+        if start < 0:
+            held = next(
+                (n for n in range(len(OPEN_TAG) - 1, 0, -1) if text.endswith(OPEN_TAG[:n])), 0
+            )
+            return Scan(content=text[: len(text) - held])
+        calls = []
+        if text.startswith(self.opening, start):
             between = f"}}{self.closing}{self.separator}{self.opening}"
-            return Scan(calls=read_calls(text, len(self.opening), between))
-        if self.opening.startswith(text):
-            return Scan()  # not decided yet
-        return Scan(content=text)
+            calls = read_calls(text, start + len(self.opening), between)
+        return Scan(content=text[:start], calls=calls)
 
     def complete(self, text: str) -> bool:
         """Whether ``text`` is a whole answer the grammar accepted (not cut at a length)."""
-        if not text.startswith(self.opening):
+        if OPEN_TAG not in text:
             return True
         found = self.scan(text)
         return (
             bool(found.calls)
             and all(done for _, _, done in found.calls)
-            and (text.endswith(f"}}{self.closing}"))
+            and text.endswith(f"}}{self.closing}")
         )
+
+
+def _lark(rules: list[str]) -> Grammar:
+    return Grammar.lark("\n".join(rules) + "\n")
 
 
 def _literal(text: str) -> str:

@@ -158,8 +158,9 @@ def loads_arguments(arguments: str):
 
 @dataclass
 class Scan:
-    """What an answer's text says so far: its text answer (decoded, None when it calls tools
-    or has not said yet) and its calls, ``(name, arguments text so far, complete)``."""
+    """What an answer's text says so far: its text (decoded; None when it has none, or has not
+    said yet; a template's format may have text before calls) and its calls, ``(name,
+    arguments text so far, complete)``."""
 
     content: str | None = None
     calls: list[tuple[str, str, bool]] = field(default_factory=list)
@@ -210,7 +211,9 @@ def parse(text: str, template: CallFormat | None = None) -> tuple[str | None, li
         {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
         for name, args, _ in found.calls
     ]
-    return (None if calls else found.content or ""), calls
+    if not calls:  # a text answer
+        return (text if template is not None else found.content or ""), []
+    return found.content or None, calls  # the template's format may have text before calls
 
 
 class ToolStream:
