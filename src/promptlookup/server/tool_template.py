@@ -1,5 +1,5 @@
 """Tool calls through the model's own chat template, where it supports tools in the Hermes
-format (Qwen2.5, Qwen3, Hermes, SmolLM3 and others):
+format (Qwen2.5, Qwen3, QwQ, Hermes 2 Pro and 3):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
