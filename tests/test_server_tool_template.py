@@ -315,3 +315,52 @@ def test_tags_that_are_tokens_are_matched_as_those_tokens():
     assert fast.token_ids == plain.token_ids and plain.token_ids[0] == opening
     content, (found,) = parse(plain.text, template)
     assert content is None and found["function"]["name"] in ("get_weather", "get_time")
+
+
+def test_text_before_a_call_streams_first_to_both_apis():
+    """A delta that ends the text and begins the call: the text's content delta (OpenAI) or
+    text block (Anthropic) comes before the call's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from promptlookup.server.anthropic import EventWriter
+    from promptlookup.server.app import _sse_events
+    from promptlookup.server.responses import ChunkWriter
+
+    template = TemplateFormat()
+    plan = ToolPlan([{"name": "f", "parameters": {"type": "object"}}], "auto", True, template)
+    answer = 'Let me see.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    pieces = [answer[:9], answer[9:60], answer[60:]]  # the second ends the text, begins the call
+    events = asyncio.Queue()
+    for piece in pieces:
+        events.put_nowait(("delta", (0, piece, None)))
+    result = SimpleNamespace(finish_reason="stop", prompt_ids=[], text=answer)
+    events.put_nowait(("choice", SimpleNamespace(index=0, result=result, tokens=9)))
+    events.put_nowait(("done", []))
+    job = SimpleNamespace(events=events, cancel=lambda: None)
+    writer = ChunkWriter({"id": "x", "created": 0, "model": "tiny"}, True, "fp", False)
+
+    async def chunks():
+        return [c async for c in _sse_events(job, writer, 1, False, None, plan)]
+
+    deltas = [
+        json.loads(c[6:])["choices"][0]["delta"] for c in asyncio.run(chunks())[:-1] if c.strip()
+    ]
+    content = "".join(d.get("content") or "" for d in deltas)
+    first_call = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
+    assert (
+        content == "Let me see.\n"
+        and "".join(d.get("content") or "" for d in deltas[:first_call]) == content
+    )
+    arguments = "".join(
+        call["function"]["arguments"] or "" for d in deltas for call in d.get("tool_calls") or ()
+    )
+    assert json.loads(arguments) == {"a": 1}
+    writer = EventWriter("msg", "tiny", 3, plan)
+    streamed = "".join(writer.feed(piece) for piece in pieces)
+    kinds = [
+        json.loads(line[6:]).get("content_block", {}).get("type")
+        for line in streamed.splitlines()
+        if line.startswith("data: ") and "content_block_start" in line
+    ]
+    assert kinds == ["text", "tool_use"]
