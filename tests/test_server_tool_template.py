@@ -250,7 +250,8 @@ def test_the_anthropic_client_gets_tool_use_blocks(server):
     assert [block.input for block in final.content if block.type == "tool_use"] == [use.input]
 
 
-def test_greedy_output_under_the_template_grammar_equals_plain_constrained_decoding(lm):
+def test_output_under_the_template_grammar_equals_plain_constrained_decoding(lm):
+    """Greedy and seeded sampling, with forced tokens and prompt lookup's drafts."""
     template = detect(lm.tokenizer)
     req = ChatCompletionRequest(model="tiny", messages=HISTORY, tools=TOOLS)
     ids = encode(lm, req.prompt_messages(template), req.template_tools(template))
@@ -264,6 +265,12 @@ def test_greedy_output_under_the_template_grammar_equals_plain_constrained_decod
             assert plain.text.startswith("<tool_call>\n{") and plain.finish_reason == "stop"
             assert fast.stats.forced_tokens > 0
             assert fast.stats.forward_passes < plain.stats.forward_passes / 3
+    required = ToolPlan(plan.tools, "required", False, template).grammar()
+    sampled = dict(max_new_tokens=120, temperature=1.0, top_k=8, grammar=required)
+    for seed in (0, 1):
+        plain = lm.generate(ids, drafter="none", seed=seed, **sampled)
+        fast = lm.generate(ids, drafter="prompt-lookup", seed=seed, **sampled)
+        assert fast.token_ids == plain.token_ids
 
 
 def bpe_lm() -> LanguageModel:
