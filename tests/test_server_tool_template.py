@@ -166,8 +166,9 @@ def _accepts(lm, grammar, text: str) -> bool:
 
 def test_the_grammar_forces_the_format_and_honours_tool_choice(lm):
     template = detect(lm.tokenizer)
-    tools = [{"name": t["function"]["name"], **t["function"]} for t in TOOLS]
-    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
+    tools = [t["function"] for t in TOOLS]
+    weather = '{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}'
+    one = f"<tool_call>\n{weather}\n</tool_call>"
     time = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
     auto = ToolPlan(tools, "auto", True, template).grammar()
     assert _accepts(lm, auto, one) and _accepts(lm, auto, f"{one}\n{time}")

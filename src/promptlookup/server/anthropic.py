@@ -5,10 +5,11 @@ A request is validated in Anthropic's shape (:class:`MessagesRequest`), then sai
 chat completions request (:meth:`MessagesRequest.as_chat`: system prompt, tool results as tool
 messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any`` as ``required``) and
 served by the same path (:func:`.app.start_job`), so tools go through the chat template's
-format or the generic one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The answer is written back as content blocks; a stream is
-``message_start``, per block ``content_block_start``/``content_block_delta``
-(``text_delta`` or ``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop
-reason, output tokens) and ``message_stop``. Errors are Anthropic's JSON,
+format or the generic one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
+answer is written back as content blocks; a stream is ``message_start``, per block
+``content_block_start``/``content_block_delta`` (``text_delta`` or
+``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
+tokens) and ``message_stop``. Errors are Anthropic's JSON,
 ``{"type": "error", "error": {"type", "message"}}``.
 """
 
