@@ -4,11 +4,12 @@ blocks, and its streaming events.
 A request is validated in Anthropic's shape (:class:`MessagesRequest`), then said again as a
 chat completions request (:meth:`MessagesRequest.as_chat`: system prompt, tool results as tool
 messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any`` as ``required``) and
-served by the same path (:func:`.app.start_job`), so tools go through the generic format and
-its grammar (:mod:`.tools`). The answer is written back as content blocks; a stream is
-``message_start``, per block ``content_block_start``/``content_block_delta``
-(``text_delta`` or ``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop
-reason, output tokens) and ``message_stop``. Errors are Anthropic's JSON,
+served by the same path (:func:`.app.start_job`), so tools go through the chat template's
+format or the generic one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
+answer is written back as content blocks; a stream is ``message_start``, per block
+``content_block_start``/``content_block_delta`` (``text_delta`` or
+``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
+tokens) and ``message_stop``. Errors are Anthropic's JSON,
 ``{"type": "error", "error": {"type", "message"}}``.
 """
 
@@ -34,7 +35,7 @@ from .schemas import (
 )
 from .serving import event_stream, start_job, unless_disconnected
 from .tool_schemas import NAME_PATTERN
-from .tools import ToolStream, parse
+from .tools import ToolPlan, ToolStream, parse
 
 #: Anthropic's error type for each status.
 ERROR_TYPES = {
@@ -204,12 +205,12 @@ async def serve_messages(state, request: Request) -> Response:
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
-    tools = req.tool_plan() is not None
+    tools = req.tool_plan(state.tool_template)
     if req.stream:
         writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
         return event_stream(writer.events(job))
     result = choices[0].result
-    content, calls = parse(result.text) if tools else (result.text, [])
+    content, calls = parse(result.text, tools.template) if tools else (result.text, [])
     blocks = [{"type": "text", "text": content}] if content or not calls else []
     for call in calls:
         function = call["function"]
@@ -243,7 +244,9 @@ class EventWriter:
     """The events of one streamed message: content blocks opened and closed as the answer's
     text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
-    def __init__(self, message_id: str, model: str, prompt_tokens: int, tools: bool) -> None:
+    def __init__(
+        self, message_id: str, model: str, prompt_tokens: int, tools: ToolPlan | None
+    ) -> None:
         self.message = {
             "id": message_id,
             "type": "message",
@@ -254,7 +257,7 @@ class EventWriter:
             "stop_sequence": None,
             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
         }
-        self.stream = ToolStream() if tools else None
+        self.stream = ToolStream(tools.template) if tools else None
         self.index, self.open = -1, None  # the current block's index and type
 
     def _start(self, block: dict) -> str:

@@ -68,7 +68,7 @@ from .schemas import (
 from .serving import event_stream, start_job, unless_disconnected
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
-from .tools import ToolStream
+from .tools import ToolPlan, ToolStream
 from .worker import GenerationJob
 
 log = logging.getLogger("promptlookup.server")
@@ -175,7 +175,8 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     prediction_tokens = None  # (tokens) for usage.completion_tokens_details
     if req.prediction is not None:
         prediction_tokens = len(job_inputs["drafter_options"].get("reference_ids") or ())
-    tools = chat and req.tool_plan() is not None  # the answer is read back into tool calls
+    # The answer is read back into tool calls in the plan's format.
+    tools = req.tool_plan(state.tool_template) if chat else None
     if req.stream:
         # The response (200) begins when the job starts: one still queued when the server
         # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
@@ -198,12 +199,12 @@ async def _sse_events(
     n: int,
     include_usage: bool,
     prediction_tokens,
-    tools: bool = False,
+    tools: ToolPlan | None = None,
 ):
     """The stream's server-sent events (with ``tools``, each choice's text read into content
     and tool call deltas as it comes, :class:`.tools.ToolStream`). If the client disconnects,
     Starlette cancels this generator; its ``finally`` cancels the job."""
-    streams = [ToolStream() for _ in range(n)] if tools else None
+    streams = [ToolStream(tools.template) for _ in range(n)] if tools else None
     try:
         if writer.chat:
             for index in range(n):
@@ -215,6 +216,8 @@ async def _sse_events(
                 calls = []
                 if streams is not None:
                     text, calls = streams[index].feed(text)
+                if calls and text:  # the text before a call, then the call
+                    yield sse(writer.delta(index, text, None))
                 if calls:
                     yield sse(writer.tool_calls(index, calls, infos))
                 elif text or infos:

@@ -15,7 +15,7 @@ import json
 
 from . import bodies as B
 from .schemas import APIError
-from .tools import parse
+from .tools import ToolPlan, parse
 from .worker import Choice, TokenInfo
 
 
@@ -138,10 +138,10 @@ def completion_body(
     choices: list[Choice],
     fingerprint: str,
     prediction_tokens: int | None,
-    tools: bool = False,
+    tools: ToolPlan | None = None,
 ) -> dict:
     """The whole answer; with ``tools``, each choice's text read back into content or tool
-    calls (:func:`.tools.parse`)."""
+    calls in the plan's format (:func:`.tools.parse`)."""
     common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
     if chat:
         body = B.ChatCompletion(
@@ -166,11 +166,11 @@ def completion_body(
     return B.dump(body)
 
 
-def _chat_choice(choice: Choice, tools: bool) -> B.ChatChoice:
+def _chat_choice(choice: Choice, tools: ToolPlan | None) -> B.ChatChoice:
     result, calls = choice.result, None
     content, finish_reason = result.text, result.finish_reason
     if tools:
-        content, found = parse(result.text)
+        content, found = parse(result.text, tools.template)
         if found:
             calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
     message = B.AssistantMessage(role="assistant", content=content, refusal=None)

@@ -45,6 +45,7 @@ from .tool_schemas import (
     check_tool_choice,
     tools_problem,
 )
+from .tool_template import TemplateFormat
 from .tools import ToolPlan, prompt_messages
 
 #: Most stop strings per request (OpenAI's limit), and the most characters in one.
@@ -250,22 +251,33 @@ class ChatCompletionRequest(_GenerationRequest):
             raise ValueError("the deprecated functions API is not supported; use tools")
         return value
 
-    def tool_plan(self) -> ToolPlan | None:
-        """How this request may call its tools (None: it may not)."""
+    def tool_plan(self, template: TemplateFormat | None = None) -> ToolPlan | None:
+        """How this request may call its tools (None: it may not), in the chat template's
+        format where it has one (:func:`.tool_template.detect`), else the generic format."""
         choice = self.tool_choice or "auto"
         if not self.tools or choice == "none":
             return None
         named = choice if isinstance(choice, str) else choice.function.name
         parallel = self.parallel_tool_calls is not False
-        return ToolPlan([tool.plain() for tool in self.tools], named, parallel)
+        return ToolPlan([tool.plain() for tool in self.tools], named, parallel, template)
 
-    def prompt_messages(self) -> list[dict]:
-        """The messages for the chat template (tools in the generic format, :mod:`.tools`)."""
-        return prompt_messages([m.as_dict() for m in self.messages], self.tool_plan())
+    def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
+        """The messages for the chat template: the history's tool calls and results in the
+        template's own shapes (:meth:`.tool_template.TemplateFormat.messages`), or with the
+        tools in the generic format (:func:`.tools.prompt_messages`)."""
+        messages = [m.as_dict() for m in self.messages]
+        if template is not None:
+            return template.messages(messages)
+        return prompt_messages(messages, self.tool_plan())
 
-    def grammar(self) -> Grammar | None:
-        """What the answer must match: its tool calls' schema, or ``response_format``."""
-        plan, param = self.tool_plan(), "response_format"
+    def template_tools(self, template: TemplateFormat | None) -> list[dict] | None:
+        """The tools the chat template lists (None: none, or the generic format)."""
+        plan = self.tool_plan(template)
+        return None if template is None or plan is None else template.tools(plan)
+
+    def grammar(self, template: TemplateFormat | None = None) -> Grammar | None:
+        """What the answer must match: its tool calls' grammar, or ``response_format``."""
+        plan, param = self.tool_plan(template), "response_format"
         try:
             if plan is not None:
                 param = "tools"

@@ -18,6 +18,7 @@ from ..sampling import SamplingParams
 from .schemas import APIError, content_text
 from .state import ServerState
 from .texts import CHUNK, bounded_ids
+from .tool_template import encode
 from .worker import GenerationJob, QueueFull
 
 
@@ -106,7 +107,12 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
             )
     with lock:
         try:
-            prompt_ids = lm.encode(req.prompt_messages() if chat else req.prompt)
+            if chat:  # tools through the chat template where it takes them (.tool_template)
+                template = state.tool_template
+                messages = req.prompt_messages(template)
+                prompt_ids = encode(lm, messages, req.template_tools(template))
+            else:
+                prompt_ids = lm.encode(req.prompt)
         except Exception as exc:  # the prompt's fault, incl. chat template (jinja2) errors?
             if not (
                 isinstance(exc, (PromptLookupError, ValueError, TypeError))
@@ -152,7 +158,9 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     index = None if reference_ids else state.cross_request.for_tenant(tenant)
     if index is not None and _looks_up(drafter):
         options = {**options, "cross_request": index}
-    constraint = req.grammar() if chat else None  # a 400 for a schema that cannot compile
+    constraint = (
+        req.grammar(state.tool_template) if chat else None
+    )  # a 400 for a schema that cannot compile
     grammar = {"grammar": constraint} if constraint is not None else {}
     return {
         "prompt_ids": prompt_ids,

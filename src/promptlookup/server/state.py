@@ -22,6 +22,7 @@ from .protocol import http_protocol
 from .schemas import APIError
 from .settings import ServerSettings
 from .tenants import Tenants
+from .tool_template import TemplateFormat, detect
 from .worker import GenerationWorker, shutting_down
 
 log = logging.getLogger("promptlookup.server")
@@ -60,6 +61,9 @@ class ServerState:
         #: target where reuse would not be exact), made when the model is ready.
         self.prefix_cache: PrefixCache | None = None
         self.fingerprint: str | None = None
+        #: How the chat template writes tool calls (None: it does not, or the model is not
+        #: loaded yet; tools then go through the generic format, :mod:`.tools`).
+        self.tool_template: TemplateFormat | None = None
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
         self.shutting_down = False
@@ -87,6 +91,7 @@ class ServerState:
         if self.settings.model_id is None:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
+        self.tool_template = detect(lm.tokenizer, lm.eos_token_ids)
         self.max_text_chars = lm.target.max_context * longest_token_chars(lm.tokenizer)
         max_batch = self.max_batch
         if isinstance(lm.target, BatchTarget):

@@ -1,6 +1,7 @@
 """Tool calls in the generic format: how the tools reach the prompt, the JSON schema the output
 must match (enforced by the grammar, :mod:`promptlookup.grammar`), and how the output is read
-back into tool calls, whole or as it streams.
+back into tool calls, whole or as it streams. A chat template with a call format of its own
+goes through :mod:`.tool_template` instead (a :class:`CallFormat`, with this module's reader).
 
 The format (after llama.cpp's server for chat templates without tools) is one JSON object:
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..grammar import JSON_LAYOUT, Grammar
 
@@ -43,6 +45,17 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+class CallFormat(Protocol):
+    """A chat template's own format of calls, used instead of the generic one
+    (:class:`.tool_template.TemplateFormat`)."""
+
+    def grammar(self, plan: ToolPlan) -> Grammar: ...
+
+    def scan(self, text: str) -> Scan: ...
+
+    def complete(self, text: str) -> bool: ...
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     """How one request may call ``tools`` (``choice``: ``"auto"``, ``"required"`` or a tool's
@@ -51,6 +64,8 @@ class ToolPlan:
     tools: list[dict]
     choice: str = "auto"
     parallel: bool = True
+    #: The chat template's own format (:mod:`.tool_template`); None: the generic format.
+    template: CallFormat | None = None
 
     def instructions(self) -> str:
         calls = dumps({"tool_calls": [{"name": "<tool name>", "arguments": {"<arg>": "..."}}]})
@@ -62,10 +77,10 @@ class ToolPlan:
         listed = "\n".join(dumps(tool) for tool in self.tools)
         return f"{text}\nThe tools:\n{listed}"
 
-    def schema(self) -> dict:
-        """The JSON schema of the answer (see the module doc)."""
+    def call_schemas(self) -> list[dict]:
+        """The JSON schemas of one call, ``{"name", "arguments"}``, per tool it may call."""
         names = [self.choice] if self.choice not in ("auto", "required") else None
-        calls = [
+        return [
             {
                 "type": "object",
                 "properties": {
@@ -78,7 +93,10 @@ class ToolPlan:
             for tool in self.tools
             if names is None or tool["name"] in names
         ]
-        array = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+
+    def schema(self) -> dict:
+        """The JSON schema of the answer in the generic format (see the module doc)."""
+        array = {"type": "array", "items": {"anyOf": self.call_schemas()}, "minItems": 1}
         if not self.parallel:
             array["maxItems"] = 1
         answer = _object(tool_calls=array)
@@ -87,6 +105,8 @@ class ToolPlan:
         return answer
 
     def grammar(self) -> Grammar:
+        if self.template is not None:
+            return self.template.grammar(self)
         return Grammar.json_schema(self.schema())
 
 
@@ -110,7 +130,7 @@ def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
         role, content = message["role"], message.get("content") or ""
         if message.get("tool_calls"):
             calls = [
-                {"name": call["name"], "arguments": _loads(call["arguments"])}
+                {"name": call["name"], "arguments": loads_arguments(call["arguments"])}
                 for call in message["tool_calls"]
             ]
             content = dumps({"tool_calls": calls})
@@ -129,7 +149,7 @@ def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
     return out
 
 
-def _loads(arguments: str):
+def loads_arguments(arguments: str):
     try:
         return json.loads(arguments)
     except ValueError:
@@ -138,21 +158,30 @@ def _loads(arguments: str):
 
 @dataclass
 class Scan:
-    """What an answer's text says so far: its text answer (decoded, None when it calls tools
-    or has not said yet) and its calls, ``(name, arguments text so far, complete)``."""
+    """What an answer's text says so far: its text (decoded; None when it has none, or has not
+    said yet; a template's format may have text before calls) and its calls, ``(name,
+    arguments text so far, complete)``."""
 
     content: str | None = None
     calls: list[tuple[str, str, bool]] = field(default_factory=list)
 
 
-def scan(text: str) -> Scan:
-    """Read a (partial) answer in the generic format, as laid out by the grammar."""
+def scan(text: str, template: CallFormat | None = None) -> Scan:
+    """Read a (partial) answer in the generic format, as laid out by the grammar, or in the
+    chat template's format (:meth:`.tool_template.TemplateFormat.scan`)."""
+    if template is not None:
+        return template.scan(text)
     if text.startswith(RESPONSE_START):
         return Scan(content=_string_prefix(text, len(RESPONSE_START)))
-    result, pos = Scan(), len(CALLS_START)
     if not text.startswith(CALLS_START):
-        return result
-    # Each call: {"name": "NAME", "arguments": VALUE}, then "}, " before the next one.
+        return Scan()
+    return Scan(calls=read_calls(text, len(CALLS_START), NEXT_CALL))
+
+
+def read_calls(text: str, pos: int, between: str) -> list[tuple[str, str, bool]]:
+    """The calls written from ``pos`` on, each ``{"name": "NAME", "arguments": VALUE``, then
+    ``between`` before the next one: ``(name, arguments text so far, complete)``."""
+    calls = []
     while text.startswith(CALL_START, pos):
         end = _string_end(text, pos + len(CALL_START))
         if end is None or not text.startswith(ARGUMENTS_START, end + 1):
@@ -160,26 +189,31 @@ def scan(text: str) -> Scan:
         name = json.loads(text[pos + len(CALL_START) - 1 : end + 1])
         start = end + 1 + len(ARGUMENTS_START)
         stop = _value_end(text, start)
-        result.calls.append((name, text[start : stop or len(text)], stop is not None))
-        if stop is None or not text.startswith(NEXT_CALL, stop):
+        calls.append((name, text[start : stop or len(text)], stop is not None))
+        if stop is None or not text.startswith(between, stop):
             break
-        pos = stop + len(NEXT_CALL)
-    return result
+        pos = stop + len(between)
+    return calls
 
 
-def parse(text: str) -> tuple[str | None, list[dict]]:
+def parse(text: str, template: CallFormat | None = None) -> tuple[str | None, list[dict]]:
     """A whole answer: ``(content, tool_calls)`` in OpenAI's shape. An answer the grammar did
     not get to finish (``finish_reason: "length"``) is returned as text."""
-    try:
-        json.loads(text)
-    except ValueError:
+    if template is None:
+        try:
+            json.loads(text)
+        except ValueError:
+            return text, []
+    elif not template.complete(text):
         return text, []
-    found = scan(text)
+    found = scan(text, template)
     calls = [
         {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
         for name, args, _ in found.calls
     ]
-    return (None if calls else found.content or ""), calls
+    if not calls:  # a text answer
+        return (text if template is not None else found.content or ""), []
+    return found.content or None, calls  # the template's format may have text before calls
 
 
 class ToolStream:
@@ -187,14 +221,15 @@ class ToolStream:
     text of a ``response``) and tool call deltas (a call's id and name once its name is
     complete, then its arguments as they come)."""
 
-    def __init__(self) -> None:
+    def __init__(self, template: CallFormat | None = None) -> None:
+        self.template = template  # None: the generic format
         self.text, self.sent_content = "", 0
         self.sent: list[tuple[str, int]] = []  # per call begun: its id, argument chars sent
 
     def feed(self, delta: str) -> tuple[str, list[dict]]:
         """``(new content, new tool call deltas)`` after ``delta``."""
         self.text += delta
-        found = scan(self.text)
+        found = scan(self.text, self.template)
         content = ""
         if found.content is not None:
             content = found.content[self.sent_content :]
