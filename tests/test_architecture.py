@@ -19,6 +19,7 @@ LAYERS = [
         "cost_model",
         "cost_store",
         "models",
+        "tokenizer_cache",
         "drafters.base",
         "drafters.suffix_index",
         "drafters.prompt_lookup",

@@ -161,6 +161,18 @@ def test_every_row_of_a_pass_is_a_one_token_passs_row(models, arch, threads, one
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
+def test_a_pass_longer_than_the_kernels_slice_gives_shorter_passes_rows(models, arch):
+    """A 1,100-row pass (the C layers take 512 rows at a time: Gemma 3's two rotary tables and
+    windows across slices) gives the rows of 300-row passes, bit for bit."""
+    target = TransformersTarget(models[arch])
+    tokens = [(11 * i + 5) % VOCAB for i in range(1100)]
+    whole = target.forward(tokens)
+    target.reset()
+    pieces = [target.forward(tokens[start : start + 300]) for start in range(0, 1100, 300)]
+    assert torch.equal(torch.cat(pieces), whole)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_sequences_sharing_a_pass_get_their_own_rows(models, arch):
     prompts = [[1, 2, 3, 4, 5, 6] * 3, [9, 8, 7], [60, 61, 62, 63, 1, 2, 3, 4, 5, 6, 7] * 2]
     assert_sequences_get_their_own_rows(TransformersTarget(models[arch]), prompts)

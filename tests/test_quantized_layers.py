@@ -73,7 +73,7 @@ def assert_sequences_get_their_own_rows(target, prompts: list[list[int]]) -> Non
 
 
 def test_a_cache_that_grows_between_passes_keeps_its_keys_and_values():
-    """Single steps across the cache's first capacity (256 positions, then doubled and
+    """Single steps across the cache's first capacity (256 positions, then grown and
     copied) give the rows of one pass over the same tokens, which never grew."""
     target = tiny_target(3)
     tokens = [(11 * i + 5) % 64 for i in range(262)]
@@ -81,3 +81,20 @@ def test_a_cache_that_grows_between_passes_keeps_its_keys_and_values():
     target.reset()
     target.forward(tokens[:-8])
     assert torch.equal(torch.cat([target.forward([token]) for token in tokens[-8:]]), whole)
+
+
+def test_a_pass_longer_than_a_slice_gives_the_rows_of_shorter_passes():
+    """A pass over more rows than the kernel takes at once (SLICE_ROWS, 512: its rows go
+    through the layers in slices) gives each row's bits as passes of a few hundred rows do,
+    for one sequence and for two sharing the pass."""
+    target = tiny_target(4)
+    tokens = [(13 * i + 7) % 64 for i in range(1100)]
+    whole = target.forward(tokens)
+    target.reset()
+    pieces = [target.forward(tokens[start : start + 300]) for start in range(0, 1100, 300)]
+    assert torch.equal(torch.cat(pieces), whole)
+    target.reset()
+    other = target.forward(tokens[500:])
+    caches = [target.new_sequence(), target.new_sequence()]
+    first, second = target.forward_batch(caches, [tokens[:700], tokens[500:]], [700, 600])
+    assert torch.equal(first, whole[:700]) and torch.equal(second, other)

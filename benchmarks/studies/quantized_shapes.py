@@ -171,12 +171,14 @@ print(json.dumps({**loaded, "formats": formats, "pass_ms": passes, "rss_after_mi
 """
 
 
-def llama_bench(binary: str, path: Path, contexts: list[int], threads: int) -> dict:
+def llama_bench(
+    binary: str, path: Path, contexts: list[int], threads: int, repetitions: int = 3
+) -> dict:
     """llama-bench's milliseconds per pass of t tokens after c (its prompt-processing test of
     t tokens at depth c): {(c, t): ms}. Where its repacked weights crash (some CPUs' AMX
     kernels), the file's own layout (``--repack 0``)."""
     command = [binary, "-m", str(path), "-t", str(threads), "-p", "1,2,4,8,16", "-n", "0",
-               "-d", ",".join(map(str, contexts)), "-r", "3", "-o", "json"]  # fmt: skip
+               "-d", ",".join(map(str, contexts)), "-r", str(repetitions), "-o", "json"]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode != 0:
         out = subprocess.run(
@@ -198,6 +200,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--llama-bench", help="also time the same passes with llama.cpp's llama-bench (its path)"
+    )
+    parser.add_argument(
+        "--repetitions", type=int, default=3, help="llama-bench's runs of each pass (-r)"
     )
     args = parser.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
@@ -228,7 +233,7 @@ def main() -> None:
             )
             print(lines[-1], flush=True)
             if args.llama_bench:
-                ms = llama_bench(args.llama_bench, path, contexts, args.threads)
+                ms = llama_bench(args.llama_bench, path, contexts, args.threads, args.repetitions)
                 cells = "".join(f" {ms[(c, t)]:.0f} |" for c in contexts for t in (1, 2, 4, 8, 16))
                 lines.append(f"| {shape} | {mix}, llama-bench | | | | |{cells}")
                 print(lines[-1], flush=True)

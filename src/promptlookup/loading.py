@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import cache_files
+from . import cache_files, tokenizer_cache
 from .errors import InvalidParameterError, ModelLoadError, UnsupportedModelError
 from .generation import LanguageModel
 from .models import _converted_folder, _quiet, load_pretrained, resolve_model
@@ -226,25 +226,29 @@ def _read(path: str, config_cache: str) -> None:
 
 
 def _tokenizer_folder(source) -> Path:
-    """Where :func:`gguf_tokenizer` keeps a GGUF's tokenizer."""
-    return cache_files.cache_root() / "tokenizers" / _converted_folder(source).name
+    """Where :func:`gguf_tokenizer` keeps a GGUF's tokenizer (``tokenizers-v2``: checked for
+    its lean form; ``tokenizers``, before it, held each model's own class)."""
+    return cache_files.cache_root() / "tokenizers-v2" / _converted_folder(source).name
 
 
 def gguf_tokenizer(path: str | os.PathLike):
-    """The ``transformers`` tokenizer stored in a GGUF file, cached after the first read
-    (reading it from the GGUF takes seconds; the cached copy loads in well under one). The
-    cache holds the tokenizer's files alone: from a folder with a model config,
-    ``AutoTokenizer`` would read that config, importing ``transformers``' modelling code
-    (about 100 MiB of a process; see :mod:`~promptlookup.backends.gguf_modules`)."""
+    """The ``transformers`` tokenizer stored in a GGUF file, cached after the first read in its
+    lean form (:mod:`~promptlookup.tokenizer_cache`: reading it from the GGUF takes seconds,
+    the cached copy loads in one or two). The cache holds the tokenizer's files alone: from a
+    folder with a model config, ``AutoTokenizer`` would read that config, importing
+    ``transformers``' modelling code (about 100 MiB of a process; see
+    :mod:`~promptlookup.backends.gguf_modules`)."""
     from transformers import AutoTokenizer
 
     source = resolve_model(path)
-    converted = _converted_folder(source)  # the transformers backend's cache, if made
     cached = _tokenizer_folder(source)
+    if tokenizer_cache.is_lean(cached):
+        return tokenizer_cache.load(cached)
+    converted = _converted_folder(source)  # the transformers backend's cache, if made
     _quiet()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if (cached / "tokenizer_config.json").is_file():
+        if (cached / "tokenizer_config.json").is_file():  # kept in its own class
             return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
         try:
             tokenizer = (
@@ -256,9 +260,4 @@ def gguf_tokenizer(path: str | os.PathLike):
             raise ModelLoadError(
                 f"{path}: cannot read the tokenizer from this GGUF ({type(exc).__name__})"
             ) from exc
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(str(cached))
-    except OSError:  # a read-only cache only costs time
-        pass
-    return tokenizer
+        return tokenizer_cache.save(tokenizer, cached)

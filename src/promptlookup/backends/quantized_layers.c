@@ -133,15 +133,13 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
     return 0;
 }
 
-/* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
- * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
- * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
- * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns
- * 0, -1 for a shape the kernels do not take, -2 out of memory. */
-int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
-                     const float *sin, const int64_t *row_sequence, const int64_t *row_position,
-                     const int64_t *key_pointers, const int64_t *value_pointers,
-                     const int64_t *capacities, int64_t sequences, int threads) {
+/* `hidden` (rows x hidden, float32) through every layer, in place; see quantized_layers. cos
+ * and sin: this call's first row's entries of tables of `table_rows` rows. */
+static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, const float *cos,
+                          const float *sin, int64_t table_rows, const int64_t *row_sequence,
+                          const int64_t *row_position, const int64_t *key_pointers,
+                          const int64_t *value_pointers, const int64_t *capacities,
+                          int64_t sequences, int threads) {
     const int64_t h = m->hidden, dim = m->head_dim, inter = m->intermediate;
     const int64_t q_width = (int64_t)m->heads * dim, kv_width = (int64_t)m->kv_heads * dim;
     const int64_t qkv_width = q_width + 2 * kv_width;
@@ -166,7 +164,7 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
         /* Rotate queries and keys; keys and values into the row's sequence's cache. */
 #pragma omp parallel for num_threads(threads) if (parallel)
         for (int64_t r = 0; r < rows; r++) {
-            const int64_t table = ((int64_t)L->rope * rows + r) * m->rot_dim;
+            const int64_t table = ((int64_t)L->rope * table_rows + r) * m->rot_dim;
             const float *row = qkv + r * qkv_width;
             const float *c = L->rope < 0 ? NULL : cos + table, *s = L->rope < 0 ? NULL : sin + table;
             for (int head = 0; head < m->heads; head++)
@@ -214,4 +212,31 @@ int quantized_layers(const struct model *m, float *hidden, int64_t rows, const f
     }
     free(buffer);
     return status;
+}
+
+/* Rows that go through the layers together: a longer pass (a long prompt's chunk) runs in
+ * slices of this many rows, one after the other, each through every layer, so its activations
+ * take SLICE_ROWS rows of memory (Gemma 3 270M: 43 KiB a row) instead of the whole pass's. The
+ * bits are the same: a row depends on its own position and its sequence's cache alone, and a
+ * slice's keys and values are in the cache before the next slice attends to them. */
+#define SLICE_ROWS 512
+
+/* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
+ * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
+ * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
+ * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns
+ * 0, -1 for a shape the kernels do not take, -2 out of memory. */
+int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
+                     const float *sin, const int64_t *row_sequence, const int64_t *row_position,
+                     const int64_t *key_pointers, const int64_t *value_pointers,
+                     const int64_t *capacities, int64_t sequences, int threads) {
+    for (int64_t first = 0; first < rows; first += SLICE_ROWS) {
+        const int64_t count = rows - first < SLICE_ROWS ? rows - first : SLICE_ROWS;
+        const int status = layers_of_rows(
+            m, hidden + first * m->hidden, count, cos + first * m->rot_dim,
+            sin + first * m->rot_dim, rows, row_sequence + first, row_position + first,
+            key_pointers, value_pointers, capacities, sequences, threads);
+        if (status) return status;
+    }
+    return 0;
 }
