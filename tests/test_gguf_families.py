@@ -20,9 +20,9 @@ from test_quantized import HALVES, random_tensor
 from test_quantized_layers import assert_sequences_get_their_own_rows
 
 import promptlookup
-from promptlookup.backends import quantized, quantized_layers
-from promptlookup.backends.quantized_model import RecurrentModelError, load_quantized
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import quantized, quantized_layers
+from promptlookup.backends.gguf.loader import RecurrentModelError, load_quantized
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.errors import UnsupportedModelError
 
 pytestmark = pytest.mark.skipif(not quantized.available(), reason="no C compiler here")

@@ -1,4 +1,4 @@
-"""A GGUF's model in our own modules (backends/gguf_modules.py): the same bits as the
+"""A GGUF's model in our own modules (backends/gguf/modules.py): the same bits as the
 ``transformers`` model over the same file, and none of ``transformers``' modelling code
 imported to run it."""
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from promptlookup.backends import gguf_modules
-from promptlookup.backends.quantized_model import NAMES, load_quantized
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import modules as gguf_modules
+from promptlookup.backends.gguf.loader import NAMES, load_quantized
+from promptlookup.backends.hf.target import TransformersTarget
 
 T = gguf.GGMLQuantizationType
 VALUES = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

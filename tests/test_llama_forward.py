@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends import transformers_backend
-from promptlookup.backends.llama_forward import LlamaForward, supports
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf.decoder_pass import LlamaForward, supports
+from promptlookup.backends.hf import target as transformers_backend
+from promptlookup.backends.hf.target import TransformersTarget
 
 
 def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
@@ -110,7 +110,7 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
 
 
 def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(monkeypatch):
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     calls = []
     blocked = attention.blocked_attention
@@ -166,8 +166,8 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
 
 def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
     """The pass calls the model's own modules by ``forward``: a kernel switch of
-    :class:`~promptlookup.backends.linear.LinearKernels` applies, a forward hook does not run."""
-    from promptlookup.backends.linear import LinearKernels
+    :class:`~promptlookup.backends.gguf.linear.LinearKernels` applies, a forward hook does not run."""
+    from promptlookup.backends.gguf.linear import LinearKernels
 
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: "weight_first")
     model = tiny_llama(seed=14).to(torch.bfloat16)
@@ -177,7 +177,7 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
         lambda module, args, output: seen.append(output.shape)
     )
     switched = []
-    from promptlookup.backends import linear
+    from promptlookup.backends.gguf import linear
 
     first = linear.weight_first_linear
     monkeypatch.setattr(
@@ -198,7 +198,7 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
     and a whole pass leaves the model's weights as they were."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from promptlookup.backends.decoder_layer import rms_norm, rotary
+    from promptlookup.backends.gguf.decoder_layer import rms_norm, rotary
 
     model = tiny_llama(seed=14).to(dtype)
     generator = torch.Generator().manual_seed(0)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_llama_forward import _tiny
 
-from promptlookup.backends import native_attention
-from promptlookup.backends.cache import GrowingLayer
-from promptlookup.backends.llama_forward import LlamaForward
-from promptlookup.backends.native_attention import PassRows, kernel
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import native_attention
+from promptlookup.backends.gguf.decoder_pass import LlamaForward
+from promptlookup.backends.gguf.native_attention import PassRows, kernel
+from promptlookup.backends.hf.cache import GrowingLayer
+from promptlookup.backends.hf.target import TransformersTarget
 
 pytestmark = pytest.mark.skipif(kernel() is None, reason="no C compiler on this machine")
 

@@ -11,7 +11,7 @@ from conftest import TinyTokenizer
 from test_quantized import quantized_tiny
 
 import promptlookup
-from promptlookup.backends import quantized_layers
+from promptlookup.backends.gguf import quantized_layers
 
 pytestmark = pytest.mark.skipif(quantized_layers.kernel() is None, reason="no C compiler here")
 

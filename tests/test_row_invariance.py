@@ -13,9 +13,10 @@ from conftest import TinyTokenizer
 from test_llama_forward import _tiny
 
 import promptlookup
-from promptlookup.backends import row_invariant, transformers_backend
-from promptlookup.backends.row_invariant import key_length, row_invariant_attention
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import row_invariant
+from promptlookup.backends.gguf.row_invariant import key_length, row_invariant_attention
+from promptlookup.backends.hf import target as transformers_backend
+from promptlookup.backends.hf.target import TransformersTarget
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -202,7 +203,7 @@ def test_seeded_sampling_is_the_same_with_any_draft_length(dtype):
 
 def test_row_invariant_passes_never_time_the_prompt_attention(monkeypatch):
     """The bfloat16 prompt-attention choice (blocks or sdpa) is for the fastest mode only."""
-    from promptlookup.backends.attention import PromptAttention
+    from promptlookup.backends.inexact.attention import PromptAttention
 
     monkeypatch.setattr(PromptAttention, "_fastest", lambda self: pytest.fail("timed"))
     target = TransformersTarget(_tiny("llama", vocab_size=48, seed=0, layers=2).to(torch.bfloat16))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends import transformers_backend
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf import target as transformers_backend
+from promptlookup.backends.hf.target import TransformersTarget
 
 
 def _spied(target: TransformersTarget) -> list[tuple[int, int]]:

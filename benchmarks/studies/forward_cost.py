@@ -23,7 +23,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.models import load_pretrained
 
 SIZES = (1, 2, 4, 8, 16, 32)

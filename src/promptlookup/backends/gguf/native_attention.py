@@ -1,6 +1,6 @@
 """Row-invariant attention over every sequence of a pass in one call: a small C kernel.
 
-:func:`~promptlookup.backends.row_invariant.row_invariant_attention` gets row invariance from a
+:func:`~promptlookup.backends.gguf.row_invariant.row_invariant_attention` gets row invariance from a
 BLAS by padding (whole key blocks, row tiles) and checks on random data that the BLAS keeps it;
 it costs a dozen tensor operations per sequence per layer, which dominate a batched pass over
 many short drafts. ``row_attention.c`` computes each query row by one fixed formula (see its
@@ -14,7 +14,7 @@ passes use the BLAS path: exact too, slower. The choice is made once per process
 timing, so every pass of a process computes a row the same way.
 
 Keys go into the cache transposed (``[kv_heads][head_dim][capacity]``, see
-:class:`~promptlookup.backends.cache.GrowingLayer`), so that the kernel reads a block of keys as
+:class:`~promptlookup.backends.hf.cache.GrowingLayer`), so that the kernel reads a block of keys as
 one vector per dimension.
 """
 
@@ -28,7 +28,7 @@ import torch
 
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("row_attention.c")
+SOURCE = Path(__file__).with_name("native") / "row_attention.c"
 #: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
 ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
 

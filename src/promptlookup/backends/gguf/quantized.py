@@ -1,7 +1,7 @@
 """Linear layers and embeddings over a GGUF file's quantized weights, kept quantized.
 
 :class:`QuantizedLinear` holds a weight matrix as ``quantized_matmul.c`` reads it (panels of 16
-outputs, the file's integers and scales, see :mod:`~promptlookup.backends.gguf_blocks`) and
+outputs, the file's integers and scales, see :mod:`~promptlookup.backends.gguf.blocks`) and
 multiplies float32 rows by it in one C call. Each output of each row is one fixed chain of
 ``fmaf`` over the inputs, so a row's result never depends on the rows beside it: products are
 row-invariant by construction, at every row count and thread count
@@ -9,7 +9,7 @@ row-invariant by construction, at every row count and thread count
 layout (a tied embedding and language-model head share one copy).
 
 The kernel is compiled on first use like the attention kernel
-(:mod:`~promptlookup.backends.native_build`); there is no fallback: without a C compiler a
+(:mod:`~promptlookup.backends.gguf.native_build`); there is no fallback: without a C compiler a
 quantized model cannot run here (:func:`available`), and loading asks for float32 instead.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .gguf_blocks import HALF_KINDS, Blocks, decode, half_exact, pack
+from .blocks import HALF_KINDS, Blocks, decode, half_exact, pack
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("quantized_matmul.c")
+SOURCE = Path(__file__).with_name("native") / "quantized_matmul.c"
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED"  #: set to 0 to refuse quantized weights
 
 

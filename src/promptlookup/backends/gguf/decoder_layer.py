@@ -1,4 +1,4 @@
-"""One decoder layer of :class:`~promptlookup.backends.llama_forward.LlamaForward`: its modules,
+"""One decoder layer of :class:`~promptlookup.backends.gguf.decoder_pass.LlamaForward`: its modules,
 looked up once, and its pass (Llama's, with the parts of our GGUF families where a layer has
 them), with the element-wise steps written to round as the model's functions round."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import grouped_sdpa
+from ..inexact.attention import grouped_sdpa
 from .native_attention import PassRows, native_attention
 from .row_invariant import row_invariant_attention
 
@@ -165,7 +165,7 @@ def causal_mask(start: int, length: int, window: int = 0) -> torch.Tensor | None
 
 
 def fused_linear(modules: list[torch.nn.Module]):
-    """One :class:`~promptlookup.backends.quantized.QuantizedLinear` computing ``modules``'
+    """One :class:`~promptlookup.backends.gguf.quantized.QuantizedLinear` computing ``modules``'
     outputs side by side, where all are quantized in one layout; else None."""
     from .quantized import QuantizedLinear, fused
 

@@ -8,13 +8,13 @@ docs/design.md).
 
 :class:`LlamaForward` is that pass, step by step as ``LlamaModel`` does it, calling the model's
 own modules (embedding, projections, rotary embedding, head), so every weight, kernel choice
-(:class:`~promptlookup.backends.linear.LinearKernels` switches the same ``nn.Linear``
+(:class:`~promptlookup.backends.gguf.linear.LinearKernels` switches the same ``nn.Linear``
 modules) and RoPE variant is the model's. Only the glue is ours: the cache is our
-:class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is
-:func:`~promptlookup.backends.row_invariant.row_invariant_attention` (every query row computed
+:class:`~promptlookup.backends.hf.cache.GrowingLayer` buffers, and attention is
+:func:`~promptlookup.backends.gguf.row_invariant.row_invariant_attention` (every query row computed
 as a one-token pass computes it), or, with ``row_invariant=False``,
-:func:`~promptlookup.backends.attention.grouped_sdpa` under
-:func:`~promptlookup.backends.attention.verification_attention`, which the caller enters.
+:func:`~promptlookup.backends.inexact.attention.grouped_sdpa` under
+:func:`~promptlookup.backends.inexact.attention.verification_attention`, which the caller enters.
 
 The element-wise steps (the RMS norms, applying the rotary embedding, SiLU, the residual sums)
 round every value as the model's functions do, bit for bit, but write into tensors they
@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from .decoder_layer import LayerModules, causal_mask
-from .gguf_modules import FAMILY_TYPES
+from .modules import FAMILY_TYPES
 from .native_attention import PassRows, kernel_takes
 from .quantized_layers import QuantizedLayers
 
@@ -46,7 +46,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": (("llama",), "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
     "Qwen2ForCausalLM": (("qwen2",), "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
     "MistralForCausalLM": (("mistral",), "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
-    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure, with
+    # A GGUF's model in our own modules (backends/gguf/modules.py): the same structure, with
     # the families' parts (per-head query/key norms, norms after attention and the MLP, GELU,
     # fused weights, sliding windows, layers without RoPE, partial RoPE) taken below.
     "GgufForCausalLM": (
@@ -56,7 +56,7 @@ ARCHITECTURES = {
         "GgufMLP",
     ),
 }
-#: Norm classes whose ``forward`` :func:`~promptlookup.backends.decoder_layer.rms_norm` reproduces (the four are one formula).
+#: Norm classes whose ``forward`` :func:`~promptlookup.backends.gguf.decoder_layer.rms_norm` reproduces (the four are one formula).
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "GgufRMSNorm")
 
 
@@ -100,7 +100,7 @@ def activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
-    """Whether :func:`~promptlookup.backends.decoder_layer.rms_norm` computes ``norm`` on
+    """Whether :func:`~promptlookup.backends.gguf.decoder_layer.rms_norm` computes ``norm`` on
     activations of ``dtype``."""
     return (
         type(norm).__name__ in RMS_NORM_CLASSES
@@ -114,7 +114,7 @@ class LlamaForward:
     """The written-out forward pass of one model, its modules looked up once.
 
     Modules are called by their ``forward`` (an override that
-    :class:`~promptlookup.backends.linear.LinearKernels` puts on an instance is found the same
+    :class:`~promptlookup.backends.gguf.linear.LinearKernels` puts on an instance is found the same
     way), not through ``nn.Module.__call__``: hooks on them do not run in our passes.
     """
 
@@ -145,7 +145,7 @@ class LlamaForward:
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [LayerModules(layer) for layer in base.layers]
         #: Every layer in one C call per pass, for a quantized model that it takes (see
-        #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
+        #: :mod:`~promptlookup.backends.gguf.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
             QuantizedLayers.build(self.layers, model.config, len(self.rotary_embs))
             if self.native_attention and layers_in_one_call
@@ -155,11 +155,11 @@ class LlamaForward:
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits ``(1, kept, vocab)`` over ``input_ids`` (1, n) appended to ``cache`` (a cache
-        of :class:`~promptlookup.backends.cache.GrowingLayer`, updated in place).
+        of :class:`~promptlookup.backends.hf.cache.GrowingLayer`, updated in place).
 
         ``logits_to_keep``: the last this many positions (0: all of them), as in transformers.
         Whether a bfloat16 prompt chunk takes the blocks is
-        :func:`~promptlookup.backends.attention.verification_attention`'s to say.
+        :func:`~promptlookup.backends.inexact.attention.verification_attention`'s to say.
         """
         length = input_ids.shape[1]
         if self.row_invariant:

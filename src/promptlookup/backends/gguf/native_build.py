@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..cache_files import cache_root
+from ...cache_files import cache_root
 
 FLAGS = (
     "-O3",

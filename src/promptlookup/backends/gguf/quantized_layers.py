@@ -24,7 +24,7 @@ from . import quantized
 from .native_attention import kernel_takes
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("quantized_layers.c")
+SOURCE = Path(__file__).with_name("native") / "quantized_layers.c"
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
 
@@ -123,7 +123,7 @@ class QuantizedLayers:
 
     @classmethod
     def build(cls, layers: list, config, ropes: int = 1) -> QuantizedLayers | None:
-        """For ``layers`` (:class:`~promptlookup.backends.decoder_layer.LayerModules` of one
+        """For ``layers`` (:class:`~promptlookup.backends.gguf.decoder_layer.LayerModules` of one
         model; ``ropes``: how many rotary embeddings its passes give), or None where some layer
         is not for the kernel (see the module doc)."""
         if not layers or type(layers[0].o_proj) is not quantized.QuantizedLinear:

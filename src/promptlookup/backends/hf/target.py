@@ -1,6 +1,6 @@
 """Target backend over any ``transformers`` causal LM whose cache layers can be cropped.
 
-For plain Llama, Qwen2 and Mistral models on the CPU (:func:`~promptlookup.backends.llama_forward.supports`)
+For plain Llama, Qwen2 and Mistral models on the CPU (:func:`~promptlookup.backends.gguf.decoder_pass.supports`)
 every pass is row-invariant: each row's logits are bit for bit those of a one-token pass over
 the same cache, whatever the number of rows, so no drafter, draft length or policy decision can
 change a token (:attr:`TransformersTarget.row_invariant`). Other models run through the model's
@@ -15,13 +15,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from ..errors import UnsupportedModelError
-from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
-from .base import PREFILL_CHUNK
+from ...errors import UnsupportedModelError
+from ..base import PREFILL_CHUNK
+from ..gguf.decoder_pass import LlamaForward, supports
+from ..gguf.linear import TIMED_ROWS, LinearKernels
+from ..inexact.attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
+from ..inexact.fastest import FastestKernels
 from .cache import GrowingLayer, growing_cache
-from .fastest import FastestKernels
-from .linear import TIMED_ROWS, LinearKernels
-from .llama_forward import LlamaForward, supports
 
 
 class WindowLayer(GrowingLayer):
@@ -58,7 +58,7 @@ class TransformersTarget:
         target's), or None to measure them on first use. ``row_invariant=False`` gives up
         exactness for the fastest kernels by timing (to measure what exactness costs).
         ``layers_in_one_call=False`` runs a quantized model's layers one by one in Python
-        (:mod:`~promptlookup.backends.quantized_layers`: the same products, torch's rounding
+        (:mod:`~promptlookup.backends.gguf.quantized_layers`: the same products, torch's rounding
         of the norms and SiLU)."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
@@ -75,7 +75,7 @@ class TransformersTarget:
         self.attention = (
             attention if attention is not None else PromptAttention(config, self.dtype, self.device)
         )
-        #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None.
+        #: The model's pass written out (:mod:`~promptlookup.backends.gguf.decoder_pass`), or None.
         #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
         #: model's own forward (bit-identical to transformers' plain decoding steps).
         self.written_out = (
@@ -103,7 +103,7 @@ class TransformersTarget:
     @property
     def weights_format(self) -> str:
         """How the weights are held: ``"Q4_1+Q8_0 GGUF, float32 activations"`` for a GGUF's
-        quantized weights (:mod:`~promptlookup.backends.quantized_model`), else the dtype."""
+        quantized weights (:mod:`~promptlookup.backends.gguf.loader`), else the dtype."""
         formats = getattr(self.model.config, "gguf_formats", None) or {}
         packed = [kind for kind in formats if not kind.startswith(("F", "BF"))]
         if packed:

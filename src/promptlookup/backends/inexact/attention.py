@@ -3,7 +3,7 @@
 Inexact by design (its SDPA and blocked kernels sum each row in an order that depends on the
 pass): it serves a model's own ``forward`` (architectures our written-out pass does not
 reproduce) and the bench's ``promptlookup-fastest``. Row-invariant passes take
-:mod:`~promptlookup.backends.row_invariant` or the native kernel instead.
+:mod:`~promptlookup.backends.gguf.row_invariant` or the native kernel instead.
 
 SmolLM2-135M, like most recent models, shares each key/value head among several query heads
 (9 query heads, 3 key/value heads). Two cases are slow in transformers' ``sdpa`` attention
@@ -61,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from .linear import median_ratios
+from ..gguf.linear import median_ratios
 
 NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
@@ -238,7 +238,7 @@ class PromptAttention:
     Timed once, on the model's head shapes over a causal chunk of :data:`TIMED_PROMPT` tokens
     (both kernels interleaved, median of five rounds); the blocks are used only when they beat
     ``sdpa`` by :data:`MARGIN`. The choice can be kept in a file
-    (:meth:`use_cache_file`), like :class:`~promptlookup.backends.linear.LinearKernels`', and
+    (:meth:`use_cache_file`), like :class:`~promptlookup.backends.gguf.linear.LinearKernels`', and
     is timed once per process and head shape. Other dtypes and devices always keep ``sdpa``.
     """
 
