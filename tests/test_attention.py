@@ -12,9 +12,9 @@ from promptlookup.backends.inexact.attention import NAME, verification_attention
 
 def _own_forward_target(model) -> TransformersTarget:
     """A target whose passes all run the model's own forward (as every model but a plain Llama
-    does; a Llama's passes are written out, see test_llama_forward.py)."""
+    does; a Llama's passes are written out, see test_decoder_pass.py)."""
     target = TransformersTarget(model)
-    target.written_out = None
+    target.decoder_pass = None
     return target
 
 

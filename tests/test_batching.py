@@ -10,7 +10,7 @@ import pytest
 import torch
 from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 from conftest import TinyTokenizer, tiny_llama
-from test_llama_forward import _tiny
+from test_decoder_pass import _tiny
 
 import promptlookup
 from promptlookup.backends.hf.target import TransformersTarget

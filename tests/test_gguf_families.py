@@ -128,8 +128,8 @@ def test_each_family_reads_its_own_metadata(models):
     for arch, model in models.items():
         assert type(model).__name__ == "GgufForCausalLM"
         target = TransformersTarget(model)
-        assert target.row_invariant and target.written_out.quantized_layers is not None, arch
-    layers = TransformersTarget(models["gemma3"]).written_out.layers
+        assert target.row_invariant and target.decoder_pass.quantized_layers is not None, arch
+    layers = TransformersTarget(models["gemma3"]).decoder_pass.layers
     assert [(layer.window, layer.rope) for layer in layers] == [(WINDOW, 1), (0, 0)] * 2
     assert models["phi3"].model.rotary_emb.attention_scaling == pytest.approx(1.19)
 

@@ -1,7 +1,7 @@
 """Our engine: a GGUF file's model in modules of our own, and the row-invariant pass over them.
 
 A pass goes :class:`~promptlookup.backends.hf.target.TransformersTarget` ->
-:class:`~.decoder_pass.LlamaForward` (the pass written out, layer by layer in
+:class:`~.decoder_pass.DecoderPass` (our pass, layer by layer in
 :mod:`.decoder_layer`) -> :class:`~.quantized_layers.QuantizedLayers` (every layer in one C
 call, where the model's weights are quantized) -> ``native/``.
 

@@ -9,7 +9,7 @@ packed format (:data:`~promptlookup.backends.gguf.blocks.DECODED`) become
 :class:`~promptlookup.backends.gguf.quantized.QuantizedEmbedding` (a tied head shares the
 embedding's copy), float tensors (norms, biases, float matrices) float32 parameters. The file
 is read through a memory map, one tensor at a time, so loading never holds a float copy of the
-model. The architectures are those :class:`~promptlookup.backends.gguf.decoder_pass.LlamaForward`
+model. The architectures are those :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass`
 runs (Llama, Mistral, Qwen2); others raise :class:`~promptlookup.errors.UnsupportedModelError`.
 """
 
@@ -72,7 +72,7 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
     elif (family := _own_family(path)) is not None:
         values = gguf_architectures.read_values(family, path.name)
         if cache_file is not None:
-            from ..cache_files import save_cache_json
+            from ...cache_files import save_cache_json
 
             save_cache_json(cache_file, values)
     else:
@@ -86,7 +86,7 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
                 f"{path}: cannot load GGUF ({type(exc).__name__}: {reason})"
             ) from exc
         if cache_file is not None:
-            from ..cache_files import save_cache_json
+            from ...cache_files import save_cache_json
 
             save_cache_json(cache_file, values)
     values = dict(values)

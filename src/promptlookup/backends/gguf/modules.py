@@ -3,7 +3,7 @@
 Importing ``transformers``' modelling classes costs a process about 130 MiB (its model code
 pulls in ``torch.distributed.tensor``, ``sympy`` and ``torch._dynamo``, and ``scipy`` where it
 is installed): more than the default model's weights. Our passes never call those classes'
-``forward`` (:class:`~promptlookup.backends.gguf.decoder_pass.LlamaForward` reads their modules
+``forward`` (:class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` reads their modules
 and computes the pass itself), so for the configurations it runs
 (:func:`takes`: Llama and Qwen2 metadata with the default rotary embedding and no sliding
 window) :func:`~promptlookup.backends.gguf.loader.load_quantized` builds this module tree
@@ -240,12 +240,8 @@ class GgufForCausalLM(nn.Module):
     """The module tree of ``LlamaForCausalLM`` for :func:`gguf_config`'s config, its weights on
     the ``meta`` device for the loader to give (built in a ``torch.device("meta")`` context,
     ``nn.Embedding`` would import ``torch._dynamo`` to initialise values nobody reads). It has
-    no ``forward`` of its own: :class:`~promptlookup.backends.gguf.decoder_pass.LlamaForward` runs
+    no ``forward`` of its own: :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` runs
     it."""
-
-    #: Tells :class:`~promptlookup.backends.hf.target.TransformersTarget` to run
-    #: every pass written out.
-    written_out_only = True
 
     def __init__(self, config) -> None:
         super().__init__()

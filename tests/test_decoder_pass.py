@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends.gguf.decoder_pass import LlamaForward, supports
-from promptlookup.backends.hf import target as transformers_backend
+from promptlookup.backends.gguf.decoder_pass import DecoderPass, supports
+from promptlookup.backends.hf import target as hf_target
 from promptlookup.backends.hf.target import TransformersTarget
 
 
@@ -66,11 +66,11 @@ def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
 def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, architecture):
     # Chunks of 80 tokens: a first chunk, a chunk after a cache, and a short last chunk (the
     # draft-sized path with a mask) all occur in a 200-token prompt.
-    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 80)
+    monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 80)
     model = _tiny(architecture, vocab_size=48, seed=11, layers=3).to(dtype)
     written, own = TransformersTarget(model), TransformersTarget(model)
-    own.written_out = None
-    assert isinstance(written.written_out, LlamaForward)
+    own.decoder_pass = None
+    assert isinstance(written.decoder_pass, DecoderPass)
     prompt = [(5 * i) % 47 + 1 for i in range(200)]
     steps = [[3], [4, 5, 6, 7], [8], list(range(1, 21)), [9, 10]]
     ours, theirs = _passes(written, prompt, steps), _passes(own, prompt, steps)
@@ -91,8 +91,8 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
     calls = []
     for dtype in (torch.float32, torch.bfloat16):
         target = TransformersTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
-        written = target.written_out
-        target.written_out = lambda input_ids, *args, dtype=dtype, written=written: (
+        written = target.decoder_pass
+        target.decoder_pass = lambda input_ids, *args, dtype=dtype, written=written: (
             calls.append((dtype, input_ids.shape[1])) or written(input_ids, *args)
         )
         target.extend([1, 2, 3])
@@ -123,7 +123,7 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
     target = TransformersTarget(model, row_invariant=False)
     reference = TransformersTarget(model)
-    reference.written_out = None
+    reference.decoder_pass = None
     prompt = [(7 * i) % 61 + 1 for i in range(90)]
     logits = {}
     for choice in ("blocked", "sdpa"):
@@ -155,7 +155,7 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
     unusual = tiny_llama(seed=13)
     unusual.model.layers[0].mlp = torch.nn.Identity()
     assert not supports(unusual)
-    assert TransformersTarget(unusual).written_out is None
+    assert TransformersTarget(unusual).decoder_pass is None
     # A sliding window hides old keys, which the written-out pass would attend to.
     assert supports(_tiny("mistral", 32, 13, 2)) and supports(_tiny("qwen2", 32, 13, 2))
     assert not supports(_tiny("mistral", 32, 13, 2, sliding_window=64))
