@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
-from .native_build import compiled
+from .native_build import bounds, compiled
 
-SOURCE = Path(__file__).with_name("native") / "row_attention.c"
 #: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
 ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
 
@@ -39,7 +37,9 @@ _POINTER = ctypes.c_void_p
 def kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built here (see the module doc)."""
     library = compiled(
-        SOURCE, ENVIRONMENT, "row-invariant attention kernel; using the slower BLAS path"
+        ["row_attention.c"],
+        ENVIRONMENT,
+        "row-invariant attention kernel; using the slower BLAS path",
     )
     if library is None:
         return None
@@ -65,8 +65,8 @@ def kernel() -> ctypes.CDLL | None:
     return library
 
 
-#: The kernel's static bounds (``row_attention.c``): query heads per key/value head, head size.
-MAX_GROUP, MAX_DIM = 16, 256
+#: The kernel's static bounds (``native/bounds.h``): query heads per key/value head, head size.
+MAX_GROUP, MAX_DIM = bounds()["MAX_GROUP"], bounds()["MAX_DIM"]
 
 
 def kernel_takes(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
@@ -24,7 +23,8 @@ from . import quantized
 from .native_attention import kernel_takes
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("native") / "quantized_layers.c"
+#: The library's sources: the layers, linked with the two kernels they call.
+SOURCES = ["quantized_layers.c", "quantized_matmul.c", "row_attention.c"]
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
 
@@ -80,7 +80,7 @@ class _Model(ctypes.Structure):
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled layers, or None where they cannot be built here."""
-    library = compiled(SOURCE, ENVIRONMENT, "quantized decoder layers; running them in Python")
+    library = compiled(SOURCES, ENVIRONMENT, "quantized decoder layers; running them in Python")
     if library is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64

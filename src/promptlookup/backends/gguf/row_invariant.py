@@ -30,9 +30,11 @@ import functools
 
 import torch
 
+from .native_build import bounds
+
 #: Keys are attended in lengths rounded up to a multiple of this (a query block of a prompt
 #: chunk shares its length too).
-KEY_BLOCK = 64
+KEY_BLOCK = bounds()["KEY_BLOCK"]
 #: Folded query rows of a product are padded to a multiple of this.
 ROW_TILE = 8
 
