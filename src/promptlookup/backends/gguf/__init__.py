@@ -11,5 +11,6 @@ call, where the model's weights are quantized) -> ``native/``.
 - Products: :mod:`.quantized` (over quantized weights), :mod:`.linear` (over float
   ``nn.Linear`` weights, row-invariant by choice of kernel).
 - Attention: :mod:`.row_invariant` (over a BLAS), :mod:`.native_attention` (a C kernel).
-- C: ``native/*.c`` compiled on first use by :mod:`.native_build`.
+- C: ``native/*.c``, separate translation units sharing ``native/*.h`` (the kernels' bounds
+  in ``bounds.h``), compiled on first use by :mod:`.native_build`.
 """

@@ -8,7 +8,8 @@ header): invariant by construction, whatever shares the call, and one call per l
 sequences of a pass.
 
 It is compiled on first use with the machine's C compiler (``$CC``, else ``cc``; OpenMP, built
-for this CPU) into the cache folder, keyed by its source, the flags and the CPU's features.
+for this CPU; :mod:`~promptlookup.backends.gguf.native_build`) into the cache folder, keyed by its
+source and headers, the flags and the CPU's features.
 Where no compiler works (or ``PROMPTLOOKUP_NATIVE_ATTENTION=0``), :func:`kernel` is None and
 passes use the BLAS path: exact too, slower. The choice is made once per process, never by
 timing, so every pass of a process computes a row the same way.
