@@ -42,10 +42,10 @@ def cached_default_model(monkeypatch, default_lm):
 def attention_path(request, monkeypatch):
     """Row-invariant attention in the native kernel, or (where no compiler built it) per
     sequence over the BLAS: passes are row-invariant either way."""
-    from promptlookup.backends import llama_forward, native_attention
+    from promptlookup.backends.gguf import decoder_pass, native_attention
 
     if request.param == "blas":
-        monkeypatch.setattr(llama_forward, "kernel_takes", lambda *shape: False)
+        monkeypatch.setattr(decoder_pass, "kernel_takes", lambda *shape: False)
     elif native_attention.kernel() is None:
         pytest.skip("no C compiler on this machine")
     return request.param

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TinyTokenizer, tiny_llama
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import Server
 

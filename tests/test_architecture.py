@@ -4,8 +4,11 @@ face that only re-exports (and does not import torch), and modules short enough 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "promptlookup"
@@ -25,7 +28,11 @@ LAYERS = [
         "drafters.prompt_lookup",
         "grammar",
     ],
-    ["backends"],  # the target backends: forward passes over a KV cache
+    # The target backends (forward passes over a KV cache), one folder per engine:
+    ["backends", "backends.base"],  # the Target protocol the loop speaks
+    ["backends.gguf"],  # our engine: GGUF reading, our modules, the row-invariant pass, its C
+    ["backends.inexact"],  # kernels chosen by timing, whatever their rounding
+    ["backends.hf", "backends.llamacpp"],  # the targets over transformers and llama.cpp
     [
         "drafters",
         "drafters.draft_model",
@@ -161,3 +168,35 @@ def test_no_module_over_400_lines():
         if (lines := len(path.read_text().splitlines())) > 400 and name not in TO_SPLIT
     }
     assert long == {}
+
+
+#: The engines, each a folder of ``backends/`` (beside ``base.py``, the Target protocol).
+ENGINES = {"gguf", "hf", "inexact", "llamacpp"}
+
+
+def test_backends_has_a_folder_per_engine():
+    backends = PACKAGE / "backends"
+    folders = {path.name for path in backends.iterdir() if path.is_dir()} - {"__pycache__"}
+    assert folders == ENGINES
+    assert {path.name for path in backends.glob("*.py")} == {"__init__.py", "base.py"}
+    assert all((backends / engine / "__init__.py").is_file() for engine in ENGINES)
+
+
+def c_files() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.c"), *PACKAGE.rglob("*.h")])
+
+
+def test_no_c_source_includes_another():
+    included = re.compile(r'^\s*#\s*include\s*"[^"]*\.c"', re.M)
+    assert [path.name for path in c_files() if included.search(path.read_text())] == []
+
+
+def test_the_c_sources_ship_with_the_package():
+    pyproject = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["promptlookup"]
+    unshipped = [
+        str(path.relative_to(PACKAGE))
+        for path in c_files()
+        if not any(fnmatch.fnmatch(str(path.relative_to(PACKAGE)), glob) for glob in globs)
+    ]
+    assert c_files() and unshipped == []

@@ -6,15 +6,15 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends.attention import NAME, verification_attention
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.inexact.attention import NAME, verification_attention
 
 
 def _own_forward_target(model) -> TransformersTarget:
     """A target whose passes all run the model's own forward (as every model but a plain Llama
-    does; a Llama's passes are written out, see test_llama_forward.py)."""
+    does; a Llama's passes are written out, see test_decoder_pass.py)."""
     target = TransformersTarget(model)
-    target.written_out = None
+    target.decoder_pass = None
     return target
 
 
@@ -27,7 +27,7 @@ def _verification_logits(target: TransformersTarget, prompt, draft):
 def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
     from contextlib import nullcontext
 
-    import promptlookup.backends.transformers_backend as backend
+    import promptlookup.backends.hf.target as backend
 
     model = tiny_llama(vocab_size=48, seed=3)  # 4 query heads share 2 key/value heads
     target = _own_forward_target(model)
@@ -52,7 +52,7 @@ def test_grouped_attention_gives_the_logits_of_repeated_heads(monkeypatch):
 def test_one_token_passes_match_transformers(dtype):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from promptlookup.backends.attention import grouped_sdpa
+    from promptlookup.backends.inexact.attention import grouped_sdpa
 
     module = torch.nn.Module()
     module.num_key_value_groups = 3
@@ -107,7 +107,7 @@ def _reference_attention(query, key, value, mask):
     ],
 )
 def test_blocked_attention_matches_reference(q_len, kv_len, layout):
-    from promptlookup.backends.attention import blocked_attention
+    from promptlookup.backends.inexact.attention import blocked_attention
 
     generator = torch.Generator().manual_seed(q_len)
     query = torch.randn(1, 6, q_len, 16, generator=generator)
@@ -126,7 +126,7 @@ def test_blocked_attention_matches_reference(q_len, kv_len, layout):
 
 
 def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_keep_sdpa(monkeypatch):
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     calls = []
     blocked = attention.blocked_attention
@@ -156,7 +156,7 @@ def test_bfloat16_prompt_chunks_use_blocked_attention_and_drafts_and_float32_kee
 
 
 def test_bfloat16_prompt_chunks_keep_sdpa_where_it_was_timed_faster(monkeypatch):
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     calls = []
     monkeypatch.setattr(attention, "blocked_attention", lambda *args: calls.append(args))
@@ -174,7 +174,7 @@ def test_prompt_attention_is_timed_once_per_shape_and_kept_in_its_file(monkeypat
     file means timing again."""
     from types import SimpleNamespace
 
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     timed = []
     monkeypatch.setattr(
@@ -205,7 +205,7 @@ def test_prompt_attention_is_timed_once_per_shape_and_kept_in_its_file(monkeypat
 def test_prompt_attention_timing_returns_a_kernel_it_knows():
     from types import SimpleNamespace
 
-    from promptlookup.backends.attention import PromptAttention
+    from promptlookup.backends.inexact.attention import PromptAttention
 
     config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
     assert (
@@ -215,7 +215,7 @@ def test_prompt_attention_timing_returns_a_kernel_it_knows():
 
 
 def test_causal_masks_are_recognised_and_others_kept():
-    from promptlookup.backends.attention import _is_causal
+    from promptlookup.backends.inexact.attention import _is_causal
 
     causal = torch.ones(1, 1, 4, 10, dtype=torch.bool).tril(6)  # 4 queries after 6 cached tokens
     assert _is_causal(causal)
@@ -227,7 +227,7 @@ def test_causal_masks_are_recognised_and_others_kept():
 
 
 def test_a_pass_tiles_its_mask_once_and_a_new_mask_is_tiled_afresh(monkeypatch):
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     tilings = []
     tiled_mask = attention._tiled_mask

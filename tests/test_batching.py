@@ -10,10 +10,10 @@ import pytest
 import torch
 from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 from conftest import TinyTokenizer, tiny_llama
-from test_llama_forward import _tiny
+from test_decoder_pass import _tiny
 
 import promptlookup
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.batching import BatchDecoder, BatchSequence, default_max_batch
 from promptlookup.drafters import make_drafter
 from promptlookup.errors import InvalidParameterError, UnsupportedModelError

@@ -385,12 +385,12 @@ def test_forward_trace_agrees_with_the_loops_own_counters(tiny_lm):
     )
     # The trace sees calls of the model itself: run the loop's passes through the model's own
     # forward (a Llama's passes are otherwise written out, past its hooks).
-    written_out, tiny_lm.target.written_out = tiny_lm.target.written_out, None
+    own_pass, tiny_lm.target.decoder_pass = tiny_lm.target.decoder_pass, None
     try:
         with ForwardTrace(tiny_lm.model) as trace:
             result = tiny_lm.generate(prompt, max_new_tokens=16, **fixed)
     finally:
-        tiny_lm.target.written_out = written_out
+        tiny_lm.target.decoder_pass = own_pass
     stats = result.stats
     assert stats.drafted_tokens > 0  # the check means something
     assert trace.counts(len(prompt), stats.new_tokens) == (

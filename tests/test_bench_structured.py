@@ -11,7 +11,7 @@ import pytest
 from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import AsciiTokenizer, tiny_llama
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.bench import BenchRow, Settings, run_bench
 from promptlookup.bench.structured import (
     EXTRACTION,

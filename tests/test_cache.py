@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
-from promptlookup.backends.cache import GrowingLayer, growing_cache
+from promptlookup.backends.hf.cache import GrowingLayer, growing_cache
 
 # Each step appends `new` tokens, then removes `drop` of the newest (as after rejected drafts).
 steps = st.lists(st.tuples(st.integers(1, 300), st.integers(0, 300)), min_size=1, max_size=12)

@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_llama
 
 from promptlookup.backends.base import Target
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.drafters import ChainDrafter, Draft, NoDrafter, PromptLookupDrafter, make_drafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.policy import NO_POLICY
@@ -112,7 +112,7 @@ def test_a_draft_model_receives_its_sampler_when_built_and_its_policy_from_the_s
 def test_every_backend_declares_prepare():
     assert "prepare" in Target.__dict__
     assert isinstance(TransformersTarget(tiny_llama(seed=1)), Target)
-    from promptlookup.backends.llamacpp_backend import LlamaCppTarget
+    from promptlookup.backends.llamacpp.target import LlamaCppTarget
 
     assert callable(LlamaCppTarget.prepare)
 

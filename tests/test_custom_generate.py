@@ -584,7 +584,7 @@ def test_adaptive_by_default_with_one_policy_per_model_and_fixed_on_request(tiny
 def test_kernel_choices_are_timed_once_per_model_not_per_call(monkeypatch):
     """Timing the matrix-product kernels takes seconds on a real model, so calls with the same
     model object reuse the choices; a model cast to another dtype gets its own."""
-    from promptlookup.backends.linear import LinearKernels
+    from promptlookup.backends.gguf.linear import LinearKernels
     from promptlookup.hf_generate import target_for
 
     timed = []

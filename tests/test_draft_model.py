@@ -11,7 +11,7 @@ from conftest import tiny_llama
 from scipy.stats import chisquare
 
 import promptlookup.rejection as rejection
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.drafters import (
     CallableDrafter,
     ChainDrafter,

@@ -34,10 +34,10 @@ def gemma():
 def test_the_file_runs_quantized_in_our_engine(gemma):
     assert type(gemma.model).__name__ == "GgufForCausalLM"
     assert gemma.model.config.model_type == "gemma3_text"
-    assert gemma.target.row_invariant and gemma.target.written_out.quantized_layers is not None
+    assert gemma.target.row_invariant and gemma.target.decoder_pass.quantized_layers is not None
     formats = gemma.model.config.gguf_formats
     assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= set(formats)
-    layers = gemma.target.written_out.layers
+    layers = gemma.target.decoder_pass.layers
     assert [layer.window for layer in layers].count(512) == 15  # every 6th layer global
 
 

@@ -18,8 +18,8 @@ from gguf import GGMLQuantizationType
 from test_cli import assert_one_line_error
 
 import promptlookup
-from promptlookup.backends.cache import GrowingLayer
-from promptlookup.backends.transformers_backend import WindowLayer
+from promptlookup.backends.hf.cache import GrowingLayer
+from promptlookup.backends.hf.target import WindowLayer
 from promptlookup.cli import main
 from promptlookup.errors import UnsupportedModelError
 

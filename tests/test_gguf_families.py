@@ -20,9 +20,9 @@ from test_quantized import HALVES, random_tensor
 from test_quantized_layers import assert_sequences_get_their_own_rows
 
 import promptlookup
-from promptlookup.backends import quantized, quantized_layers
-from promptlookup.backends.quantized_model import RecurrentModelError, load_quantized
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import quantized, quantized_layers
+from promptlookup.backends.gguf.loader import RecurrentModelError, load_quantized
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.errors import UnsupportedModelError
 
 pytestmark = pytest.mark.skipif(not quantized.available(), reason="no C compiler here")
@@ -128,8 +128,8 @@ def test_each_family_reads_its_own_metadata(models):
     for arch, model in models.items():
         assert type(model).__name__ == "GgufForCausalLM"
         target = TransformersTarget(model)
-        assert target.row_invariant and target.written_out.quantized_layers is not None, arch
-    layers = TransformersTarget(models["gemma3"]).written_out.layers
+        assert target.row_invariant and target.decoder_pass.quantized_layers is not None, arch
+    layers = TransformersTarget(models["gemma3"]).decoder_pass.layers
     assert [(layer.window, layer.rope) for layer in layers] == [(WINDOW, 1), (0, 0)] * 2
     assert models["phi3"].model.rotary_emb.attention_scaling == pytest.approx(1.19)
 

@@ -1,4 +1,4 @@
-"""Our GGUF reader (backends/gguf_file.py) reads what ``gguf.GGUFReader`` reads: every short
+"""Our GGUF reader (backends/gguf/file.py) reads what ``gguf.GGUFReader`` reads: every short
 metadata value, the lengths of long arrays (a vocabulary), and every tensor's bytes or values
 in the same shapes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from promptlookup.backends.gguf_file import GgufFile
+from promptlookup.backends.gguf.file import GgufFile
 
 T = gguf.GGMLQuantizationType
 

@@ -1,4 +1,4 @@
-"""A GGUF's model in our own modules (backends/gguf_modules.py): the same bits as the
+"""A GGUF's model in our own modules (backends/gguf/modules.py): the same bits as the
 ``transformers`` model over the same file, and none of ``transformers``' modelling code
 imported to run it."""
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from promptlookup.backends import gguf_modules
-from promptlookup.backends.quantized_model import NAMES, load_quantized
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import modules as gguf_modules
+from promptlookup.backends.gguf.loader import NAMES, load_quantized
+from promptlookup.backends.hf.target import TransformersTarget
 
 T = gguf.GGMLQuantizationType
 VALUES = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -117,9 +117,9 @@ def test_as_transformers_shares_the_modules_and_generates(tmp_path):
     assert twin.model.norm.weight is ours.model.norm.weight
     assert twin not in list(ours.modules())  # not a submodule: no second state dict entry
     ids = torch.tensor([[3, 9, 27, 5, 60, 1]])
-    written_out = TransformersTarget(ours, layers_in_one_call=False).forward(ids[0].tolist())
+    own_pass = TransformersTarget(ours, layers_in_one_call=False).forward(ids[0].tolist())
     with torch.inference_mode():
-        assert torch.allclose(twin(ids).logits[0], written_out, atol=1e-4)
+        assert torch.allclose(twin(ids).logits[0], own_pass, atol=1e-4)
         assert twin.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 9)
 
 

@@ -9,10 +9,15 @@ from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import tiny_llama
 from test_loop_greedy import hf_greedy, repeated_prompt, run
 
-from promptlookup.backends import linear
-from promptlookup.backends.fastest import FastestKernels
-from promptlookup.backends.linear import LinearKernels, packed_linear, packs, weight_first_linear
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import linear
+from promptlookup.backends.gguf.linear import (
+    LinearKernels,
+    packed_linear,
+    packs,
+    weight_first_linear,
+)
+from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.inexact.fastest import FastestKernels
 from promptlookup.drafters import PromptLookupDrafter
 
 

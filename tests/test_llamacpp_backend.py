@@ -158,7 +158,7 @@ def prompt_lookup_tokens(lm, prompt_ids, max_new_tokens, chooser=None, totals=No
 def invariant_lm(llama_lm):
     """The same llama.cpp model with every forward pass over at least two tokens."""
     from promptlookup import LanguageModel
-    from promptlookup.backends.llamacpp_backend import LlamaCppTarget
+    from promptlookup.backends.llamacpp.target import LlamaCppTarget
 
     return LanguageModel(
         LlamaCppTarget(llama_lm.model, batch_invariant=True),

@@ -12,7 +12,7 @@ from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser

@@ -14,7 +14,7 @@ from conftest import TinyTokenizer, tiny_llama
 from test_quantized import quantized_tiny
 
 import promptlookup
-from promptlookup.backends import quantized_layers
+from promptlookup.backends.gguf import quantized_layers
 from promptlookup.errors import InvalidParameterError
 from promptlookup.prefix_cache import PrefixCache
 
@@ -133,7 +133,7 @@ def test_the_models_default_cache_is_used_unless_turned_off():
 
 
 def test_targets_without_row_invariant_passes_reuse_nothing():
-    from promptlookup.backends.transformers_backend import TransformersTarget
+    from promptlookup.backends.hf.target import TransformersTarget
 
     lm = tiny("float32")
     lm.target = TransformersTarget(lm.model, row_invariant=False)

@@ -15,8 +15,13 @@ from conftest import TinyTokenizer
 from gguf import GGMLQuantizationType as T
 
 import promptlookup
-from promptlookup.backends import gguf_blocks, quantized
-from promptlookup.backends.quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
+from promptlookup.backends.gguf import blocks as gguf_blocks
+from promptlookup.backends.gguf import quantized
+from promptlookup.backends.gguf.quantized import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    QuantizedWeight,
+)
 
 pytestmark = pytest.mark.skipif(not quantized.available(), reason="no C compiler here")
 #: The integer offsets of each format's float16 fields within a block.
@@ -128,7 +133,7 @@ def quantized_tiny(seed: int = 0):
 
 def test_a_quantized_model_runs_row_invariant_passes():
     lm = promptlookup.from_transformers(quantized_tiny(), TinyTokenizer(64))
-    assert lm.target.row_invariant and lm.target.written_out is not None
+    assert lm.target.row_invariant and lm.target.decoder_pass is not None
     assert lm.target.weights_format == "Q4_0+Q8_0+Q4_1 GGUF, float32 activations"
 
 
@@ -151,7 +156,7 @@ def test_a_gguf_file_loads_quantized_with_llamas_rotary_rows_restored(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    from promptlookup.backends.quantized_model import NAMES, load_quantized
+    from promptlookup.backends.gguf.loader import NAMES, load_quantized
 
     values = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

@@ -11,14 +11,14 @@ from conftest import TinyTokenizer
 from test_quantized import quantized_tiny
 
 import promptlookup
-from promptlookup.backends import quantized_layers
+from promptlookup.backends.gguf import quantized_layers
 
 pytestmark = pytest.mark.skipif(quantized_layers.kernel() is None, reason="no C compiler here")
 
 
 def tiny_target(seed: int = 0):
     target = promptlookup.from_transformers(quantized_tiny(seed), TinyTokenizer(64)).target
-    assert target.written_out.quantized_layers is not None  # the layers run in one call
+    assert target.decoder_pass.quantized_layers is not None  # the layers run in one call
     return target
 
 
@@ -26,10 +26,10 @@ def test_the_layers_compute_what_the_python_layers_compute():
     target = tiny_target()
     tokens = [3, 9, 27, 5, 60, 1, 7, 7, 2, 40]
     in_c = target.forward(tokens)
-    layers, target.written_out.quantized_layers = target.written_out.quantized_layers, None
+    layers, target.decoder_pass.quantized_layers = target.decoder_pass.quantized_layers, None
     target.reset()
     in_python = target.forward(tokens)
-    target.written_out.quantized_layers = layers
+    target.decoder_pass.quantized_layers = layers
     # Norms and SiLU round differently from torch's; every product is the same kernel's.
     assert torch.allclose(in_c, in_python, rtol=0, atol=1e-5 * in_python.abs().max())
 

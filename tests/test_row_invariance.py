@@ -10,12 +10,13 @@ import pytest
 import torch
 from _fixtures import attention_path, one_thread  # noqa: F401 (fixtures)
 from conftest import TinyTokenizer
-from test_llama_forward import _tiny
+from test_decoder_pass import _tiny
 
 import promptlookup
-from promptlookup.backends import row_invariant, transformers_backend
-from promptlookup.backends.row_invariant import key_length, row_invariant_attention
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf import row_invariant
+from promptlookup.backends.gguf.row_invariant import key_length, row_invariant_attention
+from promptlookup.backends.hf import target as hf_target
+from promptlookup.backends.hf.target import TransformersTarget
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -77,11 +78,11 @@ def test_every_row_of_a_pass_is_the_one_token_pass_row(
     monkeypatch, architecture, dtype, seed, attention_path
 ):
     # Short prompt chunks: a chunk after a cache and a waiting last chunk run in the first pass.
-    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 48)
+    monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 48)
     rng = random.Random(seed)
     target = TransformersTarget(_tiny(architecture, vocab_size=48, seed=seed, layers=2).to(dtype))
     assert target.row_invariant
-    assert target.written_out.native_attention == (attention_path == "native")
+    assert target.decoder_pass.native_attention == (attention_path == "native")
     prompt = [rng.randrange(1, 48) for _ in range(rng.randint(60, 140))]
     tokens = [rng.randrange(1, 48) for _ in range(70)]  # crosses a key block of 64
     alone = one_token_rows(target, prompt, tokens)
@@ -202,7 +203,7 @@ def test_seeded_sampling_is_the_same_with_any_draft_length(dtype):
 
 def test_row_invariant_passes_never_time_the_prompt_attention(monkeypatch):
     """The bfloat16 prompt-attention choice (blocks or sdpa) is for the fastest mode only."""
-    from promptlookup.backends.attention import PromptAttention
+    from promptlookup.backends.inexact.attention import PromptAttention
 
     monkeypatch.setattr(PromptAttention, "_fastest", lambda self: pytest.fail("timed"))
     target = TransformersTarget(_tiny("llama", vocab_size=48, seed=0, layers=2).to(torch.bfloat16))

@@ -23,7 +23,7 @@ from conftest import TinyTokenizer, tiny_llama
 from scipy.stats import chi2_contingency, chisquare
 
 import promptlookup
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser, logits_processors

@@ -8,7 +8,7 @@ import math
 from _server import RowByRowTarget
 from conftest import TinyTokenizer, tiny_llama
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 
 PROMPT = "abcd abcd abcd abcd"

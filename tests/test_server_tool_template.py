@@ -17,7 +17,7 @@ from _server import FIXED, RunningServer
 from conftest import AsciiTokenizer, tiny_llama
 from test_server_tools import MESSAGES, TOOLS, WEATHER, streamed
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.schemas import ChatCompletionRequest

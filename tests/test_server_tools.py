@@ -15,7 +15,7 @@ from _server import FIXED, RunningServer
 from conftest import AsciiTokenizer, tiny_llama
 
 from promptlookup import Grammar
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.tools import ToolPlan, ToolStream, parse, prompt_messages

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends import transformers_backend
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf import target as hf_target
+from promptlookup.backends.hf.target import TransformersTarget
 
 
 def _spied(target: TransformersTarget) -> list[tuple[int, int]]:
@@ -44,7 +44,7 @@ def test_a_prompt_and_the_first_step_are_one_pass(dtype):
 
 
 def test_a_prompt_longer_than_a_chunk_runs_its_whole_chunks_at_once(monkeypatch):
-    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 8)
     target = TransformersTarget(tiny_llama(seed=22))
     runs = _spied(target)
     target.prefill(list(range(1, 21)))  # 20 tokens: two chunks now, four wait

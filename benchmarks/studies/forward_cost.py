@@ -23,7 +23,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.models import load_pretrained
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -37,7 +37,7 @@ class StockTarget(TransformersTarget):
     def __init__(self, model) -> None:
         super().__init__(model)
         self.can_crop = True  # DynamicLayer crops as well
-        self.written_out = None  # `_run` below is the model's own forward
+        self.decoder_pass = None  # `_run` below is the model's own forward
 
     def reset(self) -> None:
         super().reset()
@@ -62,8 +62,8 @@ def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, i
         "blas-attention": TransformersTarget(model),
         "promptlookup": TransformersTarget(model),
     }
-    targets["own-forward"].written_out = None
-    targets["blas-attention"].written_out.native_attention = False
+    targets["own-forward"].decoder_pass = None
+    targets["blas-attention"].decoder_pass.native_attention = False
     targets["blas-attention"].reset()  # its caches: keys not transposed
     times: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):

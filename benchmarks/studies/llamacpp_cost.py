@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from promptlookup.backends.llamacpp_backend import LlamaCppTarget, open_llama
+from promptlookup.backends.llamacpp.target import LlamaCppTarget, open_llama
 from promptlookup.models import resolve_model
 
 SIZES = (1, 2, 3, 4, 8, 16)

@@ -144,8 +144,8 @@ def write_gguf(path: Path, shape: str, mix: str) -> dict:
 MEASURE = r"""
 import json, resource, statistics, sys, time
 import psutil, torch
-from promptlookup.backends.quantized_model import load_quantized
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf.loader import load_quantized
+from promptlookup.backends.hf.target import TransformersTarget
 path, config, contexts, threads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
 rss = lambda: psutil.Process().memory_info().rss / 2**20

@@ -35,7 +35,7 @@ class CostModel:
     away from a size for good. The points are joined by straight lines, and beyond the largest
     measured size the curve follows the line's slope. It need not be monotone: a pass over a few
     tokens can cost *less* than over one (float32 matrix products on some CPUs, see
-    :mod:`promptlookup.backends.linear`), and the policy should know it. Estimates are kept
+    :mod:`promptlookup.backends.gguf.linear`), and the policy should know it. Estimates are kept
     within ``[cost(1) / 2, n * cost(1)]`` (never dearer than n separate passes; anything more
     than twice cheaper than one token is noise).
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from .backends.transformers_backend import TransformersTarget
+from .backends.hf.target import TransformersTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
 from .hf_batch import PaddedChooser, decode_batch

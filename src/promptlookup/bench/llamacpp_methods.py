@@ -106,7 +106,7 @@ class LlamaGenerate:
 def _llamacpp_pld(lm, options: dict) -> LlamaGenerate:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    from ..backends.llamacpp_backend import open_llama
+    from ..backends.llamacpp.target import open_llama
 
     num_pred_tokens = options.get("num_pred_tokens", 10)
     if not isinstance(num_pred_tokens, int) or num_pred_tokens < 1:

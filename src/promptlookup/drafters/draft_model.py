@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..backends.transformers_backend import TransformersTarget
+from ..backends.hf.target import TransformersTarget
 from ..errors import UnsupportedModelError
 from .base import Draft
 from .options import DRAFT_MODEL_DEFAULTS, check_draft_model_options

@@ -1,9 +1,9 @@
 """Attention for passes that are not row-invariant: grouped-query attention, no slow paths.
 
 Inexact by design (its SDPA and blocked kernels sum each row in an order that depends on the
-pass): it serves a model's own ``forward`` (architectures our written-out pass does not
+pass): it serves a model's own ``forward`` (architectures our pass does not
 reproduce) and the bench's ``promptlookup-fastest``. Row-invariant passes take
-:mod:`~promptlookup.backends.row_invariant` or the native kernel instead.
+:mod:`~promptlookup.backends.gguf.row_invariant` or the native kernel instead.
 
 SmolLM2-135M, like most recent models, shares each key/value head among several query heads
 (9 query heads, 3 key/value heads). Two cases are slow in transformers' ``sdpa`` attention
@@ -61,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from .linear import median_ratios
+from ..gguf.linear import median_ratios
 
 NAME = "promptlookup_sdpa"
 #: Query rows per block of :func:`blocked_attention` (fastest of 32-256 on prompts of
@@ -238,7 +238,7 @@ class PromptAttention:
     Timed once, on the model's head shapes over a causal chunk of :data:`TIMED_PROMPT` tokens
     (both kernels interleaved, median of five rounds); the blocks are used only when they beat
     ``sdpa`` by :data:`MARGIN`. The choice can be kept in a file
-    (:meth:`use_cache_file`), like :class:`~promptlookup.backends.linear.LinearKernels`', and
+    (:meth:`use_cache_file`), like :class:`~promptlookup.backends.gguf.linear.LinearKernels`', and
     is timed once per process and head shape. Other dtypes and devices always keep ``sdpa``.
     """
 
@@ -272,7 +272,7 @@ class PromptAttention:
                 _timed_choices[self.shape] = self._fastest()
             self.choice = _timed_choices[self.shape]
             if self.cache_file is not None:
-                from ..cache_files import save_cache_json
+                from ...cache_files import save_cache_json
 
                 save_cache_json(self.cache_file, {"bfloat16_prompt": self.choice})
         return self.choice == "blocked"
@@ -315,7 +315,7 @@ def verification_attention(
 ) -> Iterator[None]:
     """Run the enclosed forward passes with :func:`grouped_sdpa` if ``config`` uses ``sdpa``;
     ``blocked_prompts``: whether bfloat16 prompt chunks go to :func:`blocked_attention`.
-    ``model_forward=False``: no pass calls the model's own forward (only our written-out
+    ``model_forward=False``: no pass calls the model's own forward (only our
     passes, which call :func:`grouped_sdpa` themselves), so transformers' attention registry
     (its modelling code, a sizeable import) is left alone."""
     token = _blocked_prompts.set(blocked_prompts)  # read by grouped_sdpa, however it is called

@@ -4,14 +4,16 @@ transformers' ``DynamicLayer`` appends by ``torch.cat``, copying a layer's whole
 every layer on every forward pass (about 15% of a one-token pass of SmolLM2-135M after a
 2,000-token prompt on CPU). :class:`GrowingLayer` keeps the keys and values in buffers with
 spare room, growing by a quarter when full, and hands attention a view of the filled part;
-cropping after rejected draft tokens only moves the end. Attention sees the same numbers either way.
+cropping after rejected draft tokens only moves the end. Attention sees the same numbers
+either way.
 
-Capacity is a multiple of :data:`~promptlookup.backends.row_invariant.KEY_BLOCK`, zeroed past
-the positions being written: row-invariant attention reads whole key blocks past a sequence's end (masked), so the
-slots there must hold finite values (zeros, or a rejected draft's keys and values).
+Capacity is a multiple of :data:`~promptlookup.backends.gguf.row_invariant.KEY_BLOCK`, zeroed
+past the positions being written: row-invariant attention reads whole key blocks past a
+sequence's end (masked), so the slots there must hold finite values (zeros, or a rejected
+draft's keys and values).
 
 With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capacity)``
-(``key_storage``), the layout :mod:`~promptlookup.backends.native_attention` reads;
+(``key_storage``), the layout :mod:`~promptlookup.backends.gguf.native_attention` reads;
 ``key_buffer`` is then a transposed view of it, so everything else sees the usual shape.
 """
 
@@ -23,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .row_invariant import KEY_BLOCK
+from ..gguf.row_invariant import KEY_BLOCK
 
 #: Room for this many tokens is reserved at first (or for the first pass's tokens, if more).
 MIN_CAPACITY = 256

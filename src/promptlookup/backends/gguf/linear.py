@@ -19,7 +19,7 @@ to depend on the row count on some machine (checked the same way), that weight s
 are multiplied one at a time (``rows``): exact by construction, and slow. The reordered copies double the weights' memory.
 
 Exact only: the bench's ``promptlookup-fastest`` method (what exactness costs) takes the fastest
-kernel by timing whatever its rounding, :class:`~promptlookup.backends.fastest.FastestKernels`.
+kernel by timing whatever its rounding, :class:`~promptlookup.backends.inexact.fastest.FastestKernels`.
 
 The kernels are switched on the model's ``nn.Linear`` modules for the duration of our own
 passes only (transformers' ``model.generate`` on the same model object is untouched). Choices
@@ -154,7 +154,7 @@ class LinearKernels:
     def _save(self) -> None:
         if self.cache_file is None:
             return
-        from ..cache_files import save_cache_json
+        from ...cache_files import save_cache_json
 
         save_cache_json(
             self.cache_file,

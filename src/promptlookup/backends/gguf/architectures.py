@@ -2,7 +2,7 @@
 Phi-3 (Phi-4-mini is a Phi-3 file), with no ``transformers`` code at all.
 
 :func:`read_values` turns a file's ``{arch}.*`` keys into a config's values under
-``transformers``' names (so that :meth:`~promptlookup.backends.gguf_modules.GgufForCausalLM.as_transformers`
+``transformers``' names (so that :meth:`~promptlookup.backends.gguf.modules.GgufForCausalLM.as_transformers`
 can still make the ``transformers`` model over the same modules), following what llama.cpp
 reads for each family:
 
@@ -34,7 +34,7 @@ cache, and no state checkpoints are kept for them.
 
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 
 #: GGUF architecture -> ``transformers``' model_type, for the families read here.
 FAMILIES = {"qwen3": "qwen3", "gemma3": "gemma3_text", "smollm3": "smollm3", "phi3": "phi3"}
@@ -55,7 +55,7 @@ KNOWN = frozenset(
         "attention.rope_pattern", "vocab_size",
     }
 )  # fmt: skip
-#: Tensor names that differ from Llama's (``quantized_model.NAMES``), per family.
+#: Tensor names that differ from Llama's (``loader.NAMES``), per family.
 TENSORS = {
     "qwen3": {
         "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
@@ -79,7 +79,7 @@ ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 def architecture(reader) -> str:
     """The file's ``general.architecture`` (``reader``: a
-    :class:`~promptlookup.backends.gguf_file.GgufFile`)."""
+    :class:`~promptlookup.backends.gguf.file.GgufFile`)."""
     return str(reader.fields.get("general.architecture", ""))
 
 

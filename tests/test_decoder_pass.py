@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends import transformers_backend
-from promptlookup.backends.llama_forward import LlamaForward, supports
-from promptlookup.backends.transformers_backend import TransformersTarget
+from promptlookup.backends.gguf.decoder_pass import DecoderPass, supports
+from promptlookup.backends.hf import target as hf_target
+from promptlookup.backends.hf.target import TransformersTarget
 
 
 def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
@@ -66,11 +66,11 @@ def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
 def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, architecture):
     # Chunks of 80 tokens: a first chunk, a chunk after a cache, and a short last chunk (the
     # draft-sized path with a mask) all occur in a 200-token prompt.
-    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 80)
+    monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 80)
     model = _tiny(architecture, vocab_size=48, seed=11, layers=3).to(dtype)
     written, own = TransformersTarget(model), TransformersTarget(model)
-    own.written_out = None
-    assert isinstance(written.written_out, LlamaForward)
+    own.decoder_pass = None
+    assert isinstance(written.decoder_pass, DecoderPass)
     prompt = [(5 * i) % 47 + 1 for i in range(200)]
     steps = [[3], [4, 5, 6, 7], [8], list(range(1, 21)), [9, 10]]
     ours, theirs = _passes(written, prompt, steps), _passes(own, prompt, steps)
@@ -91,8 +91,8 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
     calls = []
     for dtype in (torch.float32, torch.bfloat16):
         target = TransformersTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
-        written = target.written_out
-        target.written_out = lambda input_ids, *args, dtype=dtype, written=written: (
+        written = target.decoder_pass
+        target.decoder_pass = lambda input_ids, *args, dtype=dtype, written=written: (
             calls.append((dtype, input_ids.shape[1])) or written(input_ids, *args)
         )
         target.extend([1, 2, 3])
@@ -110,7 +110,7 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
 
 
 def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(monkeypatch):
-    import promptlookup.backends.attention as attention
+    import promptlookup.backends.inexact.attention as attention
 
     calls = []
     blocked = attention.blocked_attention
@@ -123,7 +123,7 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
     target = TransformersTarget(model, row_invariant=False)
     reference = TransformersTarget(model)
-    reference.written_out = None
+    reference.decoder_pass = None
     prompt = [(7 * i) % 61 + 1 for i in range(90)]
     logits = {}
     for choice in ("blocked", "sdpa"):
@@ -155,7 +155,7 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
     unusual = tiny_llama(seed=13)
     unusual.model.layers[0].mlp = torch.nn.Identity()
     assert not supports(unusual)
-    assert TransformersTarget(unusual).written_out is None
+    assert TransformersTarget(unusual).decoder_pass is None
     # A sliding window hides old keys, which the written-out pass would attend to.
     assert supports(_tiny("mistral", 32, 13, 2)) and supports(_tiny("qwen2", 32, 13, 2))
     assert not supports(_tiny("mistral", 32, 13, 2, sliding_window=64))
@@ -166,8 +166,8 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
 
 def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
     """The pass calls the model's own modules by ``forward``: a kernel switch of
-    :class:`~promptlookup.backends.linear.LinearKernels` applies, a forward hook does not run."""
-    from promptlookup.backends.linear import LinearKernels
+    :class:`~promptlookup.backends.gguf.linear.LinearKernels` applies, a forward hook does not run."""
+    from promptlookup.backends.gguf.linear import LinearKernels
 
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: "weight_first")
     model = tiny_llama(seed=14).to(torch.bfloat16)
@@ -177,7 +177,7 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
         lambda module, args, output: seen.append(output.shape)
     )
     switched = []
-    from promptlookup.backends import linear
+    from promptlookup.backends.gguf import linear
 
     first = linear.weight_first_linear
     monkeypatch.setattr(
@@ -198,7 +198,7 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
     and a whole pass leaves the model's weights as they were."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from promptlookup.backends.decoder_layer import rms_norm, rotary
+    from promptlookup.backends.gguf.decoder_layer import rms_norm, rotary
 
     model = tiny_llama(seed=14).to(dtype)
     generator = torch.Generator().manual_seed(0)

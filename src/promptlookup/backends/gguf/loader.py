@@ -1,15 +1,15 @@
 """A causal LM whose weights are a GGUF file's, kept in the file's quantization.
 
 :func:`load_quantized` builds the model's modules without memory (on the ``meta`` device):
-our own (:mod:`~promptlookup.backends.gguf_modules`) where they reproduce the ``transformers``
+our own (:mod:`~promptlookup.backends.gguf.modules`) where they reproduce the ``transformers``
 model, which keeps ``transformers``' modelling code out of the process, else the
 ``transformers`` model. It then gives each module its tensor from the file: matrices of a
-packed format (:data:`~promptlookup.backends.gguf_blocks.DECODED`) become
-:class:`~promptlookup.backends.quantized.QuantizedLinear` and
-:class:`~promptlookup.backends.quantized.QuantizedEmbedding` (a tied head shares the
+packed format (:data:`~promptlookup.backends.gguf.blocks.DECODED`) become
+:class:`~promptlookup.backends.gguf.quantized.QuantizedLinear` and
+:class:`~promptlookup.backends.gguf.quantized.QuantizedEmbedding` (a tied head shares the
 embedding's copy), float tensors (norms, biases, float matrices) float32 parameters. The file
 is read through a memory map, one tensor at a time, so loading never holds a float copy of the
-model. The architectures are those :class:`~promptlookup.backends.llama_forward.LlamaForward`
+model. The architectures are those :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass`
 runs (Llama, Mistral, Qwen2); others raise :class:`~promptlookup.errors.UnsupportedModelError`.
 """
 
@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError, UnsupportedModelError
-from ..machine import return_freed_memory
-from . import gguf_architectures, gguf_modules
-from .gguf_blocks import DECODED
-from .gguf_file import GgufFile
+from ...errors import ModelLoadError, UnsupportedModelError
+from ...machine import return_freed_memory
+from . import architectures as gguf_architectures
+from . import modules as gguf_modules
+from .blocks import DECODED
+from .file import GgufFile
 from .quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 
 #: GGUF tensor names -> module paths in the ``transformers`` model (``{i}``: the layer).
@@ -71,7 +72,7 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
     elif (family := _own_family(path)) is not None:
         values = gguf_architectures.read_values(family, path.name)
         if cache_file is not None:
-            from ..cache_files import save_cache_json
+            from ...cache_files import save_cache_json
 
             save_cache_json(cache_file, values)
     else:
@@ -85,7 +86,7 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
                 f"{path}: cannot load GGUF ({type(exc).__name__}: {reason})"
             ) from exc
         if cache_file is not None:
-            from ..cache_files import save_cache_json
+            from ...cache_files import save_cache_json
 
             save_cache_json(cache_file, values)
     values = dict(values)
@@ -99,7 +100,7 @@ def gguf_values(path: Path, cache_file: Path | None) -> dict:
     return values
 
 
-#: The model types of the families read by :mod:`~promptlookup.backends.gguf_architectures`.
+#: The model types of the families read by :mod:`~promptlookup.backends.gguf.architectures`.
 MODEL_TYPES = tuple(gguf_architectures.FAMILIES.values())
 
 
@@ -125,7 +126,7 @@ class RecurrentModelError(UnsupportedModelError):
 
 def empty_model(values: dict):
     """The model for ``values`` (:func:`gguf_values`) on the ``meta`` device: our own modules
-    (:mod:`~promptlookup.backends.gguf_modules`) where they reproduce the ``transformers``
+    (:mod:`~promptlookup.backends.gguf.modules`) where they reproduce the ``transformers``
     model, else the ``transformers`` model."""
     values = dict(values)
     model_type = values.pop("model_type")

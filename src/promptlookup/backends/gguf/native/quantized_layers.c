@@ -18,7 +18,7 @@
  *   hidden += att @ Wo                            (Gemma 3: rms_norm(att @ Wo, attn_post_norm))
  *   normed = rms_norm(hidden, ffn_norm)
  *   act    = silu(normed @ Wgate) * (normed @ Wup) silu(x) = (x >= 0 ? x : x * e) / (1 + e),
- *                                                 e = exp(-|x|) (row_attention.c's exp_approx);
+ *                                                 e = exp(-|x|) (row_attention.h's exp_approx);
  *                                                 Gemma 3: gelu(x) = x/2 * (1 + tanh(u)),
  *                                                 u = 0.7978845608 * (x + 0.044715 x^3),
  *                                                 tanh(u) = sign(u) (1 - e) / (1 + e),
@@ -30,8 +30,13 @@
  * the rows, sequences or threads beside it, so the pass is row-invariant by construction, as
  * its two kernels are.
  */
-#include "quantized_matmul.c"
-#include "row_attention.c"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quantized_matmul.h"  /* struct weights, packed_matmul */
+#include "row_attention.h"     /* row_attention, exp_approx; bounds.h: MAX_DIM */
 
 /* One linear layer: quantized_matmul.c's weights (header: its entry points' flags), and a bias
  * (n floats) or NULL. */
@@ -127,7 +132,7 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
         const struct linear *l = &parts[p];
         if (!known_layout(l->block, l->bits, l->k)) return -1;
         const struct weights w = weights_of(l->panels, l->n, l->k, l->block, l->bits, l->header);
-        if (matmul(&w, normed, rows, out + first, ld, l->bias, threads)) return -2;
+        if (packed_matmul(&w, normed, rows, out + first, ld, l->bias, threads)) return -2;
         first += l->n;
     }
     return 0;

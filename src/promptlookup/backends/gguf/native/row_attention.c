@@ -17,7 +17,7 @@
  *   top       = max_j score[j] * s   (in LANES lanes, j into lane j % LANES, then across them; a
  *               maximum is the same whatever the order, signed zeros aside, and exp below
  *               gives the same bits for x - (+0) and x - (-0))
- *   weight[j] = exp(score[j] * s - top)                    (exp_approx below, fixed)
+ *   weight[j] = exp(score[j] * s - top)                    (exp_approx, row_attention.h)
  *   total     = sum of weight[j] into lane j % LANES, in order of j, then a fixed tree
  *   out[d]    = (fmaf chain over j of weight[j] * value[j][d], from 0) / total
  *
@@ -37,11 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "row_attention.h"  /* exp_approx; bounds.h: KEY_BLOCK, MAX_GROUP, MAX_DIM */
+
 #define LANES 16   /* lanes of the weight sum and of the maximum */
-#define BLOCK 64   /* keys per block (cache capacities are multiples of it) */
+#define BLOCK KEY_BLOCK  /* keys per block (cache capacities are multiples of it) */
 #define MAX_VECTORS 64  /* query vectors per task: rows of one sequence times the group */
-#define MAX_GROUP 16
-#define MAX_DIM 256
 #define NV 2       /* query vectors a micro-kernel carries through the same keys or values */
 #define KEYS 64    /* keys scored per micro-kernel call */
 #define CHUNK 64   /* output elements summed per micro-kernel call */
@@ -59,28 +59,6 @@ static inline uint16_t float_to_bf16(float f) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
     bits += 0x7fffu + ((bits >> 16) & 1u);  /* round to nearest even */
     return (uint16_t)(bits >> 16);
-}
-
-/* exp(x) for x <= 0 (0 below -87): Cody-Waite reduction by ln 2, a degree-6 polynomial
- * (Cephes' expf coefficients), and the power of two put into the exponent. About 2 ulp. */
-static inline float exp_approx(float x) {
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    float clamped = x < -87.0f ? -87.0f : x;
-    float n = (fmaf(clamped, 1.44269504088896341f, magic)) - magic;
-    float r = fmaf(n, -0.693359375f, clamped);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float poly = 1.9875691500e-4f;
-    poly = fmaf(poly, r, 1.3981999507e-3f);
-    poly = fmaf(poly, r, 8.3334519073e-3f);
-    poly = fmaf(poly, r, 4.1665795894e-2f);
-    poly = fmaf(poly, r, 1.6666665459e-1f);
-    poly = fmaf(poly, r, 5.0000001201e-1f);
-    poly = fmaf(poly, r * r, r);
-    poly = poly + 1.0f;
-    int32_t exponent = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &exponent, sizeof scale);
-    return x < -87.0f ? 0.0f : poly * scale;
 }
 
 /* max_j scores[j] * scale over j < n, in LANES lanes then across them (the same maximum in
@@ -326,9 +304,9 @@ DEFINE_ATTEND_TILE(bf16_tile, uint16_t, bf16_to_float, float_to_bf16, bf16_key_b
 
 typedef void (*tile_function)(const call_t *, int64_t, int, int);
 
-/* Entry point: every row of the call, each against its own sequence's cache (each within its
- * last `window` keys, 0: all). Returns 0, or
- * -1 when a shape is beyond the static bounds above (the caller then uses another path). */
+/* Entry point (row_attention.h): every row of the call, each against its own sequence's cache
+ * (each within its last `window` keys, 0: all). Returns 0, or -1 when a shape is beyond
+ * bounds.h (the caller then uses another path). */
 int row_attention(int bf16, const void *query, void *out, int64_t rows,
                   const int64_t *row_sequence, const int64_t *row_position,
                   const int64_t *key_pointers, const int64_t *value_pointers,

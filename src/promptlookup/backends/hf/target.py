@@ -1,7 +1,11 @@
-"""Target backend over any ``transformers`` causal LM whose cache layers can be cropped.
+"""Target backend over any ``transformers`` causal LM whose cache layers can be cropped, and
+over a GGUF's model in our own modules (:mod:`~promptlookup.backends.gguf.modules`), which
+looks like one but has no forward of its own.
 
-For plain Llama, Qwen2 and Mistral models on the CPU (:func:`~promptlookup.backends.llama_forward.supports`)
-every pass is row-invariant: each row's logits are bit for bit those of a one-token pass over
+For plain Llama, Qwen2 and Mistral models and our GGUF modules on the CPU
+(:func:`~promptlookup.backends.gguf.decoder_pass.supports`) our
+:class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` runs, and every pass is
+row-invariant: each row's logits are bit for bit those of a one-token pass over
 the same cache, whatever the number of rows, so no drafter, draft length or policy decision can
 change a token (:attr:`TransformersTarget.row_invariant`). Other models run through the model's
 own forward, whose multi-token passes may round differently from one-token passes.
@@ -15,13 +19,18 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from ..errors import UnsupportedModelError
-from .attention import SDPA_MAX_ROWS, PromptAttention, verification_attention
-from .base import PREFILL_CHUNK
+from ...errors import UnsupportedModelError
+from ..base import PREFILL_CHUNK
+from ..gguf.decoder_pass import DecoderPass, supports
+from ..gguf.linear import TIMED_ROWS, LinearKernels
+from ..inexact.attention import (
+    SDPA_MAX_ROWS,
+    PromptAttention,
+    grouped_sdpa,
+    verification_attention,
+)
+from ..inexact.fastest import FastestKernels
 from .cache import GrowingLayer, growing_cache
-from .fastest import FastestKernels
-from .linear import TIMED_ROWS, LinearKernels
-from .llama_forward import LlamaForward, supports
 
 
 class WindowLayer(GrowingLayer):
@@ -58,7 +67,7 @@ class TransformersTarget:
         target's), or None to measure them on first use. ``row_invariant=False`` gives up
         exactness for the fastest kernels by timing (to measure what exactness costs).
         ``layers_in_one_call=False`` runs a quantized model's layers one by one in Python
-        (:mod:`~promptlookup.backends.quantized_layers`: the same products, torch's rounding
+        (:mod:`~promptlookup.backends.gguf.quantized_layers`: the same products, torch's rounding
         of the norms and SiLU)."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
@@ -75,16 +84,19 @@ class TransformersTarget:
         self.attention = (
             attention if attention is not None else PromptAttention(config, self.dtype, self.device)
         )
-        #: The model's pass written out (:mod:`~promptlookup.backends.llama_forward`), or None.
-        #: Row-invariant, it runs every pass; otherwise float32 one-token passes keep the
-        #: model's own forward (bit-identical to transformers' plain decoding steps).
-        self.written_out = (
-            LlamaForward(model, row_invariant, layers_in_one_call) if supports(model) else None
+        #: Our pass over the model's modules (:mod:`~promptlookup.backends.gguf.decoder_pass`),
+        #: or None where it does not reproduce the model. Row-invariant, it runs every pass;
+        #: otherwise float32 one-token passes keep the model's own forward (bit-identical to
+        #: transformers' plain decoding steps), where the model has one.
+        self.decoder_pass = (
+            DecoderPass(model, None if row_invariant else grouped_sdpa, layers_in_one_call)
+            if supports(model)
+            else None
         )
         self._row_invariant = row_invariant  # as asked; see the row_invariant property
-        #: Whether the model has a forward of its own (our GGUF modules do not: every pass is
-        #: written out, and transformers' attention registry is never needed).
-        self.model_forward = not getattr(model, "written_out_only", False)
+        #: Whether the model has a forward of its own: our GGUF modules have none, so our pass
+        #: runs all of theirs (and transformers' attention registry is never needed).
+        self.model_forward = type(model).forward is not torch.nn.Module.forward
         self.reset()
         # Recurrent layers (or others transformers adds) forget what a crop would restore.
         self.can_crop = all(type(layer) in CROPPABLE for layer in self.cache.layers)
@@ -103,7 +115,7 @@ class TransformersTarget:
     @property
     def weights_format(self) -> str:
         """How the weights are held: ``"Q4_1+Q8_0 GGUF, float32 activations"`` for a GGUF's
-        quantized weights (:mod:`~promptlookup.backends.quantized_model`), else the dtype."""
+        quantized weights (:mod:`~promptlookup.backends.gguf.loader`), else the dtype."""
         formats = getattr(self.model.config, "gguf_formats", None) or {}
         packed = [kind for kind in formats if not kind.startswith(("F", "BF"))]
         if packed:
@@ -113,8 +125,8 @@ class TransformersTarget:
     @property
     def row_invariant(self) -> bool:
         """Whether every pass computes each row as a one-token pass would (see the module
-        doc): the written-out pass, over row-invariant kernels."""
-        return self._row_invariant and self.written_out is not None and self.kernels.row_invariant
+        doc): our pass, over row-invariant kernels."""
+        return self._row_invariant and self.decoder_pass is not None and self.kernels.row_invariant
 
     @property
     def cache_length(self) -> int:
@@ -130,10 +142,10 @@ class TransformersTarget:
         )
         own = self.model_forward
         with verification_attention(self.config, blocked, own), self.kernels.use(length):
-            if self.written_out is not None and (
+            if self.decoder_pass is not None and (
                 self.row_invariant or length > 1 or self.dtype != torch.float32 or not own
             ):
-                return self.written_out(input_ids, self.cache, logits_to_keep)[0]
+                return self.decoder_pass(input_ids, self.cache, logits_to_keep)[0]
             out = self.model(
                 input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
             )
@@ -184,7 +196,7 @@ class TransformersTarget:
     def new_sequence(self) -> DynamicCache:
         """An empty cache for one more sequence of :meth:`forward_batch` (keys transposed
         where row-invariant passes take the native attention kernel)."""
-        native = self.written_out is not None and self.written_out.native_attention
+        native = self.decoder_pass is not None and self.decoder_pass.native_attention
         cache = growing_cache(self.model.config, transposed_keys=native)
         cache.layers = [
             WindowLayer(layer.sliding_window, native)
@@ -229,7 +241,7 @@ class TransformersTarget:
             [[t for tokens in token_ids for t in tokens]], dtype=torch.long, device=self.device
         )
         with self.kernels.use(sum(lengths)):
-            logits = self.written_out.batch(input_ids, caches, lengths, keep).float()
+            logits = self.decoder_pass.batch(input_ids, caches, lengths, keep).float()
         return list(logits.split(list(keep)))  # (keep[i], vocab) each
 
     def _alone(self, cache: DynamicCache, token_ids: Sequence[int], keep: int) -> torch.Tensor:

@@ -3,10 +3,10 @@
 Importing ``transformers``' modelling classes costs a process about 130 MiB (its model code
 pulls in ``torch.distributed.tensor``, ``sympy`` and ``torch._dynamo``, and ``scipy`` where it
 is installed): more than the default model's weights. Our passes never call those classes'
-``forward`` (:class:`~promptlookup.backends.llama_forward.LlamaForward` reads their modules
+``forward`` (:class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` reads their modules
 and computes the pass itself), so for the configurations it runs
 (:func:`takes`: Llama and Qwen2 metadata with the default rotary embedding and no sliding
-window) :func:`~promptlookup.backends.quantized_model.load_quantized` builds this module tree
+window) :func:`~promptlookup.backends.gguf.loader.load_quantized` builds this module tree
 instead: the same module paths, ``nn.Linear``/``nn.Embedding`` slots and attributes as
 ``LlamaForCausalLM``/``Qwen2ForCausalLM`` for the same config, so the loader fills it the same
 way and every pass computes the same bits (``tests/test_gguf_modules.py`` checks it against
@@ -44,7 +44,7 @@ DEFAULTS = {
     "hidden_act": "silu",
 }
 QWEN2_DEFAULTS = {"max_position_embeddings": 32768}
-#: The model types read by :mod:`~promptlookup.backends.gguf_architectures`.
+#: The model types read by :mod:`~promptlookup.backends.gguf.architectures`.
 FAMILY_TYPES = ("qwen3", "gemma3_text", "smollm3", "phi3")
 #: Families with per-head RMS norms on queries and keys.
 QK_NORMS = ("qwen3", "gemma3_text")
@@ -54,7 +54,7 @@ def takes(model_type: str, values: dict) -> bool:
     """Whether these modules reproduce ``model_type``'s ``transformers`` model for a GGUF's
     metadata ``values`` (else the loader uses ``transformers``' classes): Llama and Qwen2 as
     ``transformers`` reads them, and every family that
-    :mod:`~promptlookup.backends.gguf_architectures` reads (only these modules run those)."""
+    :mod:`~promptlookup.backends.gguf.architectures` reads (only these modules run those)."""
     if model_type in FAMILY_TYPES:
         return True
     return (
@@ -240,12 +240,8 @@ class GgufForCausalLM(nn.Module):
     """The module tree of ``LlamaForCausalLM`` for :func:`gguf_config`'s config, its weights on
     the ``meta`` device for the loader to give (built in a ``torch.device("meta")`` context,
     ``nn.Embedding`` would import ``torch._dynamo`` to initialise values nobody reads). It has
-    no ``forward`` of its own: :class:`~promptlookup.backends.llama_forward.LlamaForward` runs
+    no ``forward`` of its own: :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` runs
     it."""
-
-    #: Tells :class:`~promptlookup.backends.transformers_backend.TransformersTarget` to run
-    #: every pass written out.
-    written_out_only = True
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -266,7 +262,7 @@ class GgufForCausalLM(nn.Module):
         twin = self.__dict__.get("_transformers_twin")
         if twin is not None:
             return twin
-        from .gguf_twin import transformers_twin
+        from .twin import transformers_twin
 
         twin = transformers_twin(self)
         object.__setattr__(self, "_transformers_twin", twin.eval())  # not a submodule

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LANES = 16  #: outputs per panel (``quantized_matmul.c``'s LANES)
+from .native_build import bounds
+
+LANES = bounds()["PANEL_LANES"]  #: outputs per panel (``native/bounds.h``)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The ``transformers`` model over a :class:`~promptlookup.backends.gguf_modules.GgufForCausalLM`'s
+"""The ``transformers`` model over a :class:`~promptlookup.backends.gguf.modules.GgufForCausalLM`'s
 modules: its ``generate`` for the bench's ``plain`` and ``hf-pld`` methods and for users.
 
 Every product module (quantized or not) and the embedding are shared, not copied; norm weights
@@ -6,7 +6,7 @@ are shared too, except Gemma 3's, whose file stores ``1 + w`` where ``transforme
 itself (the twin gets ``w`` back, a float32 difference: its passes may differ from ours in the
 last bits); rotary frequencies are ours (the file's factors included). The twin runs
 ``transformers``' own forward: not row-invariant (see
-:mod:`~promptlookup.backends.transformers_backend`).
+:mod:`~promptlookup.backends.hf.target`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Only the bench's ``promptlookup-fastest`` method uses them (a target built with
 ``row_invariant=False``), to measure what exactness costs in the same run: with them a draft
 or a batch may change a token. Everything else in :mod:`~promptlookup.backends` that a
 row-invariant pass runs computes each row as a one-token pass would
-(:class:`~promptlookup.backends.linear.LinearKernels`, the native and quantized kernels); the
+(:class:`~promptlookup.backends.gguf.linear.LinearKernels`, the native and quantized kernels); the
 attention such a target runs instead (``grouped_sdpa``, and the blocked prompt attention it
-times) is in :mod:`~promptlookup.backends.attention`.
+times) is in :mod:`~promptlookup.backends.inexact.attention`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import torch
 
-from ..machine import memory_bytes
-from .linear import LinearKernels
+from ...machine import memory_bytes
+from ..gguf.linear import LinearKernels
 
 #: Packed copies of the weights may take at most this share of the machine's memory.
 PACKING_MEMORY_SHARE = 0.25
 
 
 class FastestKernels(LinearKernels):
-    """:class:`~promptlookup.backends.linear.LinearKernels` timing every kernel against
+    """:class:`~promptlookup.backends.gguf.linear.LinearKernels` timing every kernel against
     ``nn.Linear`` with no bit-for-bit check and no padding of one row to two; float32 one-row
     products keep ``nn.Linear`` (plain steps stay bit-identical to transformers')."""
 

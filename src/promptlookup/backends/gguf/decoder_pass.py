@@ -1,4 +1,4 @@
-"""A forward pass written out for Llama-architecture models: the same modules, less framework.
+"""Our forward pass over a decoder's modules (Llama's structure): the same modules, less framework.
 
 A forward pass of ``transformers``' ``LlamaForCausalLM`` spends a good part of its time on work
 around the products: building a mask and position objects, dispatching attention through its
@@ -6,15 +6,15 @@ interface, updating the cache through its layers, output records, decorators and
 plumbing in every module. For a small model on a CPU that is a sizeable share (see
 docs/design.md).
 
-:class:`LlamaForward` is that pass, step by step as ``LlamaModel`` does it, calling the model's
+:class:`DecoderPass` is that pass, step by step as ``LlamaModel`` does it, calling the model's
 own modules (embedding, projections, rotary embedding, head), so every weight, kernel choice
-(:class:`~promptlookup.backends.linear.LinearKernels` switches the same ``nn.Linear``
+(:class:`~promptlookup.backends.gguf.linear.LinearKernels` switches the same ``nn.Linear``
 modules) and RoPE variant is the model's. Only the glue is ours: the cache is our
-:class:`~promptlookup.backends.cache.GrowingLayer` buffers, and attention is
-:func:`~promptlookup.backends.row_invariant.row_invariant_attention` (every query row computed
-as a one-token pass computes it), or, with ``row_invariant=False``,
-:func:`~promptlookup.backends.attention.grouped_sdpa` under
-:func:`~promptlookup.backends.attention.verification_attention`, which the caller enters.
+:class:`~promptlookup.backends.hf.cache.GrowingLayer` buffers, and attention is
+:func:`~promptlookup.backends.gguf.row_invariant.row_invariant_attention` (every query row computed
+as a one-token pass computes it), or the inexact attention the caller gives
+(:func:`~promptlookup.backends.inexact.attention.grouped_sdpa`, under
+:func:`~promptlookup.backends.inexact.attention.verification_attention`, which the caller enters).
 
 The element-wise steps (the RMS norms, applying the rotary embedding, SiLU, the residual sums)
 round every value as the model's functions do, bit for bit, but write into tensors they
@@ -31,14 +31,16 @@ runs through ``model(...)`` unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .decoder_layer import LayerModules, causal_mask
-from .gguf_modules import FAMILY_TYPES
+from .modules import FAMILY_TYPES
 from .native_attention import PassRows, kernel_takes
 from .quantized_layers import QuantizedLayers
 
-#: Architectures :class:`LlamaForward` reproduces: the class name of the whole model, and its
+#: Architectures :class:`DecoderPass` reproduces: the class name of the whole model, and its
 #: ``model_type`` (those it may be), decoder layer, attention and MLP classes (Qwen2 and Mistral are Llama's
 #: layers with biases on the query/key/value projections, or none, and a sliding window, which
 #: must be off).
@@ -46,7 +48,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": (("llama",), "LlamaDecoderLayer", "LlamaAttention", "LlamaMLP"),
     "Qwen2ForCausalLM": (("qwen2",), "Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP"),
     "MistralForCausalLM": (("mistral",), "MistralDecoderLayer", "MistralAttention", "MistralMLP"),
-    # A GGUF's model in our own modules (backends/gguf_modules.py): the same structure, with
+    # A GGUF's model in our own modules (backends/gguf/modules.py): the same structure, with
     # the families' parts (per-head query/key norms, norms after attention and the MLP, GELU,
     # fused weights, sliding windows, layers without RoPE, partial RoPE) taken below.
     "GgufForCausalLM": (
@@ -56,12 +58,12 @@ ARCHITECTURES = {
         "GgufMLP",
     ),
 }
-#: Norm classes whose ``forward`` :func:`~promptlookup.backends.decoder_layer.rms_norm` reproduces (the four are one formula).
+#: Norm classes whose ``forward`` :func:`~promptlookup.backends.gguf.decoder_layer.rms_norm` reproduces (the four are one formula).
 RMS_NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm", "GgufRMSNorm")
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether :class:`LlamaForward` computes ``model``'s forward pass (see the module doc)."""
+    """Whether :class:`DecoderPass` computes ``model``'s forward pass (see the module doc)."""
     classes = ARCHITECTURES.get(type(model).__name__)
     config = model.config
     if classes is None or getattr(config, "model_type", None) not in classes[0]:
@@ -100,7 +102,7 @@ def activation_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
-    """Whether :func:`~promptlookup.backends.decoder_layer.rms_norm` computes ``norm`` on
+    """Whether :func:`~promptlookup.backends.gguf.decoder_layer.rms_norm` computes ``norm`` on
     activations of ``dtype``."""
     return (
         type(norm).__name__ in RMS_NORM_CLASSES
@@ -110,20 +112,28 @@ def _is_rms_norm(norm: torch.nn.Module, dtype: torch.dtype) -> bool:
     )
 
 
-class LlamaForward:
-    """The written-out forward pass of one model, its modules looked up once.
+class DecoderPass:
+    """Our forward pass of one model, its modules looked up once.
 
     Modules are called by their ``forward`` (an override that
-    :class:`~promptlookup.backends.linear.LinearKernels` puts on an instance is found the same
+    :class:`~promptlookup.backends.gguf.linear.LinearKernels` puts on an instance is found the same
     way), not through ``nn.Module.__call__``: hooks on them do not run in our passes.
     """
 
     def __init__(
-        self, model: torch.nn.Module, row_invariant: bool = True, layers_in_one_call: bool = True
+        self,
+        model: torch.nn.Module,
+        inexact_attention: Callable | None = None,
+        layers_in_one_call: bool = True,
     ) -> None:
+        """``inexact_attention``: the attention of a pass that need not be row-invariant
+        (:func:`~promptlookup.backends.inexact.attention.grouped_sdpa`'s signature), or None
+        for row-invariant attention."""
         base = model.model
+        #: What attention a pass that is not row-invariant runs, or None (row-invariant).
+        self.inexact_attention = inexact_attention
         #: Whether attention computes every query row as a one-token pass would.
-        self.row_invariant = row_invariant
+        self.row_invariant = row_invariant = inexact_attention is None
         #: Whether row-invariant attention runs in the native kernel (one call per layer for
         #: every sequence of a pass; caches then keep their keys transposed), else per sequence
         #: over the BLAS. Fixed for the process, so every pass computes a row one way.
@@ -145,7 +155,7 @@ class LlamaForward:
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [LayerModules(layer) for layer in base.layers]
         #: Every layer in one C call per pass, for a quantized model that it takes (see
-        #: :mod:`~promptlookup.backends.quantized_layers`), else None: layer by layer here.
+        #: :mod:`~promptlookup.backends.gguf.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
             QuantizedLayers.build(self.layers, model.config, len(self.rotary_embs))
             if self.native_attention and layers_in_one_call
@@ -155,11 +165,11 @@ class LlamaForward:
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
         """Logits ``(1, kept, vocab)`` over ``input_ids`` (1, n) appended to ``cache`` (a cache
-        of :class:`~promptlookup.backends.cache.GrowingLayer`, updated in place).
+        of :class:`~promptlookup.backends.hf.cache.GrowingLayer`, updated in place).
 
         ``logits_to_keep``: the last this many positions (0: all of them), as in transformers.
         Whether a bfloat16 prompt chunk takes the blocks is
-        :func:`~promptlookup.backends.attention.verification_attention`'s to say.
+        :func:`~promptlookup.backends.inexact.attention.verification_attention`'s to say.
         """
         length = input_ids.shape[1]
         if self.row_invariant:
@@ -173,7 +183,9 @@ class LlamaForward:
         masks = {window: causal_mask(start, length, window) for window in self.windows}
         for layer, cache_layer in zip(self.layers, cache.layers):
             mask = masks[layer.window]
-            hidden = layer.forward(hidden, ropes, [cache_layer], [length], mask, False)
+            hidden = layer.forward(
+                hidden, ropes, [cache_layer], [length], mask, self.inexact_attention
+            )
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return self.lm_head.forward(self.norm.forward(hidden))  # (1, kept, vocab)
@@ -201,7 +213,7 @@ class LlamaForward:
         else:
             for index, layer in enumerate(self.layers):
                 cache_layers = [cache.layers[index] for cache in caches]
-                hidden = layer.forward(hidden, ropes, cache_layers, lengths, None, True, pass_rows)
+                hidden = layer.forward(hidden, ropes, cache_layers, lengths, None, None, pass_rows)
         ends = torch.tensor(lengths).cumsum(0).tolist()
         rows = [row for end, kept in zip(ends, keep) for row in range(end - kept, end)]
         if len(rows) != hidden.shape[1]:

@@ -1,12 +1,13 @@
-"""One decoder layer of :class:`~promptlookup.backends.llama_forward.LlamaForward`: its modules,
+"""One decoder layer of :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass`: its modules,
 looked up once, and its pass (Llama's, with the parts of our GGUF families where a layer has
 them), with the element-wise steps written to round as the model's functions round."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from .attention import grouped_sdpa
 from .native_attention import PassRows, native_attention
 from .row_invariant import row_invariant_attention
 
@@ -44,12 +45,12 @@ class LayerModules:
         self.silu = type(mlp.act_fn).__name__ in SILU_CLASSES
         self.gelu = getattr(mlp.act_fn, "approximate", None) == "tanh"
         self.act_fn = _silu_in_place if self.silu else mlp.act_fn
-        self.attention = attention  # what grouped_sdpa reads: is_causal, key/value groups
+        self.attention = attention  # what inexact attention reads: is_causal, key/value groups
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
         kv_width = config.num_key_value_heads * self.head_dim
         self.sizes = [config.num_attention_heads * self.head_dim, kv_width, kv_width]
         self.inner = self.down_proj.in_features
-        #: The sliding window (0: none) and the rotary embedding (LlamaForward.rotary_embs'
+        #: The sliding window (0: none) and the rotary embedding (DecoderPass.rotary_embs'
         #: index: Gemma 3's sliding layers take the second; -1: no RoPE, SmolLM3's).
         self.window = getattr(attention, "sliding_window", None) or 0
         self.rope = (1 if self.window else 0) if getattr(attention, "use_rope", True) else -1
@@ -88,14 +89,14 @@ class LayerModules:
         cache_layers: list,
         lengths: list[int],
         mask: torch.Tensor | None,
-        row_invariant: bool = True,
+        inexact_attention: Callable | None = None,
         pass_rows: PassRows | None = None,
     ) -> torch.Tensor:
         """``hidden`` (1, total, hidden_size) after this layer, updated in place: the new tokens
         of one or more sequences, ``lengths[i]`` of them appended to ``cache_layers[i]``
-        (``grouped_sdpa`` under ``mask``, for one sequence, when not ``row_invariant``;
+        (``inexact_attention`` under ``mask``, for one sequence, where given;
         the native kernel over all of them when ``pass_rows`` describes the pass). ``ropes``:
-        each rotary embedding's (cos, sin) for the pass (:meth:`LlamaForward.rotations`)."""
+        each rotary embedding's (cos, sin) for the pass (:meth:`DecoderPass.rotations`)."""
         total, head_dim = hidden.shape[1], self.head_dim
         normed = rms_norm(self.input_layernorm, hidden)
         # (1, total, heads * head_dim) -> (1, total, heads, head_dim), per-head norms, then
@@ -117,7 +118,7 @@ class LayerModules:
                 )
                 first += length
             attended = native_attention(query, cache_layers, pass_rows, self.scaling, self.window)
-        elif row_invariant:  # each sequence over its buffers: whole key blocks, masked
+        elif inexact_attention is None:  # each sequence over its buffers: whole key blocks, masked
             attended, first = [], 0
             for cache_layer, length in zip(cache_layers, lengths):
                 rows = slice(first, first + length)
@@ -137,7 +138,7 @@ class LayerModules:
             attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)
         else:
             keys, values = cache_layers[0].update(key, value)  # (1, kv_heads, start + n, d)
-            attended, _ = grouped_sdpa(
+            attended, _ = inexact_attention(
                 self.attention, query, keys, values, mask, scaling=self.scaling
             )  # (1, n, heads, head_dim)
         hidden.add_(
@@ -165,7 +166,7 @@ def causal_mask(start: int, length: int, window: int = 0) -> torch.Tensor | None
 
 
 def fused_linear(modules: list[torch.nn.Module]):
-    """One :class:`~promptlookup.backends.quantized.QuantizedLinear` computing ``modules``'
+    """One :class:`~promptlookup.backends.gguf.quantized.QuantizedLinear` computing ``modules``'
     outputs side by side, where all are quantized in one layout; else None."""
     from .quantized import QuantizedLinear, fused
 

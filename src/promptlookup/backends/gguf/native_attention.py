@@ -1,6 +1,6 @@
 """Row-invariant attention over every sequence of a pass in one call: a small C kernel.
 
-:func:`~promptlookup.backends.row_invariant.row_invariant_attention` gets row invariance from a
+:func:`~promptlookup.backends.gguf.row_invariant.row_invariant_attention` gets row invariance from a
 BLAS by padding (whole key blocks, row tiles) and checks on random data that the BLAS keeps it;
 it costs a dozen tensor operations per sequence per layer, which dominate a batched pass over
 many short drafts. ``row_attention.c`` computes each query row by one fixed formula (see its
@@ -8,13 +8,14 @@ header): invariant by construction, whatever shares the call, and one call per l
 sequences of a pass.
 
 It is compiled on first use with the machine's C compiler (``$CC``, else ``cc``; OpenMP, built
-for this CPU) into the cache folder, keyed by its source, the flags and the CPU's features.
+for this CPU; :mod:`~promptlookup.backends.gguf.native_build`) into the cache folder, keyed by its
+source and headers, the flags and the CPU's features.
 Where no compiler works (or ``PROMPTLOOKUP_NATIVE_ATTENTION=0``), :func:`kernel` is None and
 passes use the BLAS path: exact too, slower. The choice is made once per process, never by
 timing, so every pass of a process computes a row the same way.
 
 Keys go into the cache transposed (``[kv_heads][head_dim][capacity]``, see
-:class:`~promptlookup.backends.cache.GrowingLayer`), so that the kernel reads a block of keys as
+:class:`~promptlookup.backends.hf.cache.GrowingLayer`), so that the kernel reads a block of keys as
 one vector per dimension.
 """
 
@@ -22,13 +23,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
-from .native_build import compiled
+from .native_build import bounds, compiled
 
-SOURCE = Path(__file__).with_name("row_attention.c")
 #: Set to 0 to use the BLAS path (the kernel is not compiled or loaded).
 ENVIRONMENT = "PROMPTLOOKUP_NATIVE_ATTENTION"
 
@@ -39,7 +38,9 @@ _POINTER = ctypes.c_void_p
 def kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built here (see the module doc)."""
     library = compiled(
-        SOURCE, ENVIRONMENT, "row-invariant attention kernel; using the slower BLAS path"
+        ["row_attention.c"],
+        ENVIRONMENT,
+        "row-invariant attention kernel; using the slower BLAS path",
     )
     if library is None:
         return None
@@ -65,8 +66,8 @@ def kernel() -> ctypes.CDLL | None:
     return library
 
 
-#: The kernel's static bounds (``row_attention.c``): query heads per key/value head, head size.
-MAX_GROUP, MAX_DIM = 16, 256
+#: The kernel's static bounds (``native/bounds.h``): query heads per key/value head, head size.
+MAX_GROUP, MAX_DIM = bounds()["MAX_GROUP"], bounds()["MAX_DIM"]
 
 
 def kernel_takes(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError, PromptTooLongError, UnsupportedModelError
-from ..machine import default_threads
+from ...errors import ModelLoadError, PromptTooLongError, UnsupportedModelError
+from ...machine import default_threads
 
 #: Context length used when the caller gives none: the model's training context, capped here
 #: (the KV cache is allocated up front).

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quantized_matmul.h"  /* struct weights; bounds.h: PANEL_LANES */
+
 /* A float16's value as a float32 (exact: every float16 is a float32). */
 static inline float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u,
@@ -42,9 +44,8 @@ static inline float half_to_float(uint16_t h) {
     memcpy(&f, &bits, sizeof f);
     return f;
 }
-#include <string.h>
 
-#define LANES 16     /* outputs per panel */
+#define LANES PANEL_LANES  /* outputs per panel */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -156,24 +157,6 @@ static inline int panels_for(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 
 #ifndef PREFETCH_LOCALITY
 #define PREFETCH_LOCALITY 3
 #endif
-
-/* One weight matrix in panels (see the header). */
-struct weights {
-    const uint8_t *panels;
-    int64_t n, k;        /* outputs, inputs */
-    int block;           /* inputs per block: 16 or 32 */
-    int bits;            /* 4 or 8 */
-    int has_offset;      /* whether blocks carry m */
-    int half;            /* whether s and m are float16 (else float32) */
-};
-
-/* The `header` argument of the entry points: its bit 0 says the blocks carry offsets, bit 1
- * that scales and offsets are float16. */
-static inline struct weights weights_of(const uint8_t *panels, int64_t n, int64_t k, int block,
-                                        int bits, int header) {
-    struct weights w = {panels, n, k, block, bits, header & 1, (header >> 1) & 1};
-    return w;
-}
 
 static inline int64_t header_bytes(const struct weights *w) {
     return (int64_t)LANES * (w->half ? 2 : 4) * (w->has_offset ? 2 : 1);
@@ -430,7 +413,7 @@ static int gemm(const struct weights *w, const float *x, int64_t rows, float *y,
 
 /* y (rows x n, row stride ldy) = x (rows x k) times w's transpose, plus bias (n floats, or
  * NULL). Returns 0, or -2 out of memory. */
-static int matmul(const struct weights *w, const float *x, int64_t rows, float *y, int64_t ldy,
+int packed_matmul(const struct weights *w, const float *x, int64_t rows, float *y, int64_t ldy,
                   const float *bias, int threads) {
     const int64_t n = w->n, k = w->k;
     if (rows >= GEMM_FROM) return gemm(w, x, rows, y, ldy, bias, threads);
@@ -462,10 +445,6 @@ static int matmul(const struct weights *w, const float *x, int64_t rows, float *
     return 0;
 }
 
-static int known_layout(int block, int bits, int64_t k) {
-    return (block == 16 || block == 32) && (bits == 4 || bits == 8) && k % block == 0;
-}
-
 /* y (rows x n, float32) = x (rows x k, float32) times the weights' transpose, plus bias (n
  * floats, or NULL). Returns 0, -1 for a layout it does not know, -2 out of memory. */
 int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int bits,
@@ -473,7 +452,7 @@ int quantized_matmul(const uint8_t *panels, int64_t n, int64_t k, int block, int
                      int threads) {
     if (!known_layout(block, bits, k)) return -1;
     const struct weights w = weights_of(panels, n, k, block, bits, header);
-    return matmul(&w, x, rows, y, n, bias, threads);
+    return packed_matmul(&w, x, rows, y, n, bias, threads);
 }
 
 /* Rows `ids` of the weight matrix (the embedding's table), dequantized: out (count x k). */

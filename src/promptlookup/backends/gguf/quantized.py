@@ -1,7 +1,7 @@
 """Linear layers and embeddings over a GGUF file's quantized weights, kept quantized.
 
 :class:`QuantizedLinear` holds a weight matrix as ``quantized_matmul.c`` reads it (panels of 16
-outputs, the file's integers and scales, see :mod:`~promptlookup.backends.gguf_blocks`) and
+outputs, the file's integers and scales, see :mod:`~promptlookup.backends.gguf.blocks`) and
 multiplies float32 rows by it in one C call. Each output of each row is one fixed chain of
 ``fmaf`` over the inputs, so a row's result never depends on the rows beside it: products are
 row-invariant by construction, at every row count and thread count
@@ -9,7 +9,7 @@ row-invariant by construction, at every row count and thread count
 layout (a tied embedding and language-model head share one copy).
 
 The kernel is compiled on first use like the attention kernel
-(:mod:`~promptlookup.backends.native_build`); there is no fallback: without a C compiler a
+(:mod:`~promptlookup.backends.gguf.native_build`); there is no fallback: without a C compiler a
 quantized model cannot run here (:func:`available`), and loading asks for float32 instead.
 """
 
@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from .gguf_blocks import HALF_KINDS, Blocks, decode, half_exact, pack
+from .blocks import HALF_KINDS, LANES, Blocks, decode, half_exact, pack
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("quantized_matmul.c")
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED"  #: set to 0 to refuse quantized weights
 
 
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built here."""
-    library = compiled(SOURCE, ENVIRONMENT, "quantized matrix-product kernel")
+    library = compiled(["quantized_matmul.c"], ENVIRONMENT, "quantized matrix-product kernel")
     if library is None:
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -163,7 +161,7 @@ def fused(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     first = weights[0]
     if any(
         (w.k, w.block, w.bits, w.header) != (first.k, first.block, first.bits, first.header)
-        or w.n % 16
+        or w.n % LANES
         for w in weights
     ):
         return None
@@ -174,6 +172,6 @@ def fused(weights: list[QuantizedWeight]) -> QuantizedWeight | None:
     joined.panels = torch.cat([w.panels for w in weights])
     first_panel = 0  # the parts become views of the joined copy: no second copy is kept
     for w in weights:
-        w.panels = joined.panels[first_panel : first_panel + w.n // 16]
-        first_panel += w.n // 16
+        w.panels = joined.panels[first_panel : first_panel + w.n // LANES]
+        first_panel += w.n // LANES
     return joined

@@ -9,7 +9,7 @@ flips a greedy choice. :func:`row_invariant_attention` fixes the computation of 
 
 - A query at position ``p`` attends over the keys ``[0, L)`` with ``L`` = ``p + 1`` rounded up
   to :data:`KEY_BLOCK`; the keys after ``p`` are masked (their buffer slots hold zeros or stale
-  finite values, see :class:`~promptlookup.backends.cache.GrowingLayer`). So a row's scores,
+  finite values, see :class:`~promptlookup.backends.hf.cache.GrowingLayer`). So a row's scores,
   softmax and weighted sum always run over the same length, whatever else is in the pass.
 - Scores and the weighted sum are ``torch.bmm`` over each key/value head with its query heads
   folded into rows, padded to a multiple of :data:`ROW_TILE` rows: the BLAS then takes its
@@ -30,9 +30,11 @@ import functools
 
 import torch
 
+from .native_build import bounds
+
 #: Keys are attended in lengths rounded up to a multiple of this (a query block of a prompt
 #: chunk shares its length too).
-KEY_BLOCK = 64
+KEY_BLOCK = bounds()["KEY_BLOCK"]
 #: Folded query rows of a product are padded to a multiple of this.
 ROW_TILE = 8
 

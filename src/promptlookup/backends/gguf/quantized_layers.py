@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 
@@ -24,7 +23,8 @@ from . import quantized
 from .native_attention import kernel_takes
 from .native_build import compiled
 
-SOURCE = Path(__file__).with_name("quantized_layers.c")
+#: The library's sources: the layers, linked with the two kernels they call.
+SOURCES = ["quantized_layers.c", "quantized_matmul.c", "row_attention.c"]
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
 
@@ -80,7 +80,7 @@ class _Model(ctypes.Structure):
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The compiled layers, or None where they cannot be built here."""
-    library = compiled(SOURCE, ENVIRONMENT, "quantized decoder layers; running them in Python")
+    library = compiled(SOURCES, ENVIRONMENT, "quantized decoder layers; running them in Python")
     if library is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -89,20 +89,20 @@ def kernel() -> ctypes.CDLL | None:
     return library
 
 
-def _linear(module, keep: list) -> _Linear | None:
+def _linear(module, pinned: list) -> _Linear | None:
     """``module`` (a QuantizedLinear) as the kernel's struct, or None if it is not one."""
     if type(module) is not quantized.QuantizedLinear:
         return None
     weight = module.quantized
     bias = None if module.bias is None else module.bias.detach().float().contiguous()
-    keep += [weight.panels, bias]
+    pinned += [weight.panels, bias]
     return _Linear(
         weight.panels.data_ptr(), weight.n, weight.k, weight.block, weight.bits, weight.header,
         None if bias is None else bias.data_ptr(),
     )  # fmt: skip
 
 
-def _norm_weight(norm, eps: float, keep: list) -> int | None:
+def _norm_weight(norm, eps: float, pinned: list) -> int | None:
     """The data pointer of a float32 RMS norm's weight with epsilon ``eps``, else None (0
     where there is no norm)."""
     if norm is None:
@@ -111,19 +111,19 @@ def _norm_weight(norm, eps: float, keep: list) -> int | None:
     if weight is None or weight.dtype != torch.float32 or norm.variance_epsilon != eps:
         return None
     weight = weight.detach().contiguous()
-    keep.append(weight)
+    pinned.append(weight)
     return weight.data_ptr()
 
 
 class QuantizedLayers:
     """Every decoder layer of one quantized model, run by ``quantized_layers.c``."""
 
-    def __init__(self, model: _Model, keep: list) -> None:
-        self._model, self._keep = model, keep  # keep: the tensors the structs point into
+    def __init__(self, model: _Model, pinned: list) -> None:
+        self._model, self._pinned = model, pinned  # the tensors the structs point into
 
     @classmethod
     def build(cls, layers: list, config, ropes: int = 1) -> QuantizedLayers | None:
-        """For ``layers`` (:class:`~promptlookup.backends.decoder_layer.LayerModules` of one
+        """For ``layers`` (:class:`~promptlookup.backends.gguf.decoder_layer.LayerModules` of one
         model; ``ropes``: how many rotary embeddings its passes give), or None where some layer
         is not for the kernel (see the module doc)."""
         if not layers or type(layers[0].o_proj) is not quantized.QuantizedLinear:
@@ -134,15 +134,15 @@ class QuantizedLayers:
         head_dim, eps = layers[0].head_dim, layers[0].input_layernorm.variance_epsilon
         if not kernel_takes(heads, kv_heads, head_dim, torch.float32):
             return None
-        keep: list = []
+        pinned: list = []
         table = (_Layer * len(layers))()
         for struct, layer in zip(table, layers):
             qkv = [layer.qkv] if layer.qkv else [layer.q_proj, layer.k_proj, layer.v_proj]
             gate_up = [layer.gate_up] if layer.gate_up else [layer.gate_proj, layer.up_proj]
-            parts = [_linear(module, keep) for module in qkv + gate_up]
-            o, down = _linear(layer.o_proj, keep), _linear(layer.down_proj, keep)
+            parts = [_linear(module, pinned) for module in qkv + gate_up]
+            o, down = _linear(layer.o_proj, pinned), _linear(layer.down_proj, pinned)
             norms = [
-                _norm_weight(norm, eps, keep)
+                _norm_weight(norm, eps, pinned)
                 for norm in (
                     layer.input_layernorm, layer.ffn_norm, layer.q_norm, layer.k_norm,
                     layer.attn_post_norm, layer.ffn_post_norm,
@@ -161,14 +161,14 @@ class QuantizedLayers:
                 struct.qkv[i] = part
             for i, part in enumerate(parts[len(qkv) :]):
                 struct.gate_up[i] = part
-        keep.append(table)
+        pinned.append(table)
         intermediate = layers[0].down_proj.in_features
         rot_dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
         model = _Model(
             len(layers), config.hidden_size, heads, kv_heads, head_dim, intermediate, eps,
             layers[0].scaling, table, rot_dim, ropes, int(layers[0].gelu),
         )  # fmt: skip
-        return cls(model, keep)
+        return cls(model, pinned)
 
     def __call__(self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows) -> None:
         """``hidden`` (1, total, hidden) through every layer, in place: sequence i's

@@ -1,0 +1,1 @@
+"""The target over llama.cpp (``llama-cpp-python``): :mod:`.target`."""
