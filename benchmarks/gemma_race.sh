@@ -6,7 +6,8 @@
 # promptlookup joins the messages' contents with blank lines, and llama-server is given that
 # join as its template. Start-up: seconds from launch to the first answer of /v1/models, for
 # promptlookup serve's second start (its caches made by the first). llama-server runs with
-# --no-repack: its AMX-repacked weights crash on this project's machines (SIGSEGV).
+# --no-repack unless LLAMA_ARGS says otherwise: a -DGGML_NATIVE=ON build's AMX-repacked weights crash
+# on this project's machines (SIGSEGV); with a NATIVE=OFF build, LLAMA_ARGS= runs its defaults.
 set -euo pipefail
 OUT=${1:?output folder}
 LIMIT=${2:-4}
@@ -23,7 +24,7 @@ ready() {  # seconds until $1/v1/models answers
   until curl -sf "$1/v1/models" >/dev/null; do sleep 0.2; done
   echo "$(date +%s.%N) - $start" | bc
 }
-"$LLAMA" -m "$GGUF" --port 8089 -t 2 -c 8192 --no-repack --jinja --chat-template "$JOIN" >"$OUT/llama-server.log" 2>&1 &
+"$LLAMA" -m "$GGUF" --port 8089 -t 2 -c 8192 ${LLAMA_ARGS---no-repack} --jinja --chat-template "$JOIN" >"$OUT/llama-server.log" 2>&1 &
 LLAMA_PID=$!
 echo "llama-server ready after $(ready http://127.0.0.1:8089) s" | tee "$OUT/startup.txt"
 for start in first second; do

@@ -215,6 +215,24 @@ STUDIES = [
         "Quantized weights at Llama-3.2-1B's shape, beside llama-bench",
     ),
     (
+        "quantized-shapes-families-0.15.0.md",
+        "`python benchmarks/studies/quantized_shapes.py --shapes qwen3-1.7b,gemma3-1b,phi4-mini "
+        "--formats Q4_K_M --contexts 512 --repetitions 2 --folder OUT --llama-bench llama-bench "
+        "--out OUT`, then the same with `--contexts 2048`, version 0.15.0, on the AMD EPYC, 2 "
+        "threads, 5 December 2026, other jobs paused. Random-weight files of each family's own "
+        "tensors and metadata (Qwen3's query/key norms, Gemma 3's sliding windows and "
+        "262,144-token vocabulary, Phi-4-mini's fused QKV and partial RoPE) in llama.cpp's "
+        "Q4_K_M tensor mix, written by the study (not by llama-quantize; Gemma-3-1B's rows of "
+        "1,152 fall back to Q5_0/Q8_0 as llama-quantize's do); ms per pass of t tokens after c "
+        "cached ones (median of 3), `llama-bench`'s prompt test of t tokens at depth c (mean of "
+        "2) on the same file (llama.cpp built with `-DGGML_NATIVE=OFF`, AVX2/AVX-512 named). "
+        "Resident memory is 1.6-2.8x the file: 4-bit integers stay 4 bits, but each block's "
+        "scale and offset are float32 (exact) and the 5-, 6- and 8-bit types take a byte per "
+        "weight; plus torch (~270 MiB) and the context's KV cache.",
+        "Quantized weights at Qwen3-1.7B's, Gemma-3-1B's and Phi-4-mini's shapes, beside "
+        "llama-bench",
+    ),
+    (
         "quantized-shapes-8b-0.12.0.md",
         "The same study for Llama-3.1-8B's shape in the Q4_K_M mix at a 512-token context "
         "(`--shapes 8b --formats Q4_K_M --contexts 512`), right after it.",

@@ -163,10 +163,19 @@ def test_window_layers_attend_as_the_whole_sequence_does(gemma):
 def test_gemma3_drafting_never_changes_the_greedy_tokens(gemma):
     prompts = [PROMPT, "a b c d e f g h i j k l m n o p a b c d e f g h i j k l m n o p a b c"]
     plain = [gemma.generate(p, max_new_tokens=40, drafter="none") for p in prompts]
+
+    def half_right(tokens, max_tokens):  # the last token again, then a wrong one: rollbacks
+        wrong = tokens[0] if tokens[0] != tokens[-1] else tokens[1]
+        return [tokens[-1]] * (max_tokens // 2) + [wrong] * (max_tokens - max_tokens // 2)
+
     for prompt, expected in zip(prompts, plain):
-        drafted = gemma.generate(prompt, max_new_tokens=40, speculation="fixed", num_tokens=6)
-        assert drafted.token_ids == expected.token_ids
-        assert drafted.stats.drafted_tokens > drafted.stats.accepted_tokens > 0
+        for drafter in ("prompt-lookup", half_right):
+            drafted = gemma.generate(
+                prompt, max_new_tokens=40, speculation="fixed", num_tokens=6, drafter=drafter
+            )
+            assert drafted.token_ids == expected.token_ids
+            assert drafted.stats.accepted_tokens > 0
+        assert drafted.stats.drafted_tokens > drafted.stats.accepted_tokens  # some rejected
     batch = gemma.generate_batch(prompts, max_new_tokens=40)
     assert [r.token_ids for r in batch] == [r.token_ids for r in plain]
 
