@@ -19,6 +19,9 @@ JOIN='{% for m in messages %}{{ m.content }}{% if not loop.last %}
 
 {% endif %}{% endfor %}'
 mkdir -p "$OUT"
+# The open-ended prompts (the built-in suite's, bench/open_ended.py) as a data file.
+$PY -c 'import json; from promptlookup.bench.open_ended import OPEN_ENDED as P
+for i, p in enumerate(P): print(json.dumps({"id": f"open_ended-{i:02d}", "task": "open_ended", "messages": [{"role": "user", "content": p}]}))' >"$OUT/open_ended.jsonl"
 ready() {  # seconds until $1/v1/models answers
   local start=$(date +%s.%N)
   until curl -sf "$1/v1/models" >/dev/null; do sleep 0.2; done
@@ -36,6 +39,6 @@ done
 trap 'kill $LLAMA_PID $SERVE_PID 2>/dev/null || true' EXIT
 $PY -m promptlookup bench --model "$GGUF" --limit "$LIMIT" -n 128 --threads 2 \
   --data "$DATA/code_edit.jsonl" --data "$DATA/summarization.jsonl" \
-  --data benchmarks/data/open_ended.jsonl --methods promptlookup-none \
+  --data "$OUT/open_ended.jsonl" --methods promptlookup-none \
   --against llama-server=http://127.0.0.1:8089 --against promptlookup-serve=http://127.0.0.1:8090 \
   --no-progress --out "$OUT"

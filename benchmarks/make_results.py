@@ -55,17 +55,18 @@ RACE_COMMAND = (
 )
 #: Gemma 3 270M (the second real model) against llama-server on the same file.
 GEMMA_RACE = (
-    "gemma3-270m-race-0.15.0",
-    "`benchmarks/gemma_race.sh OUT 4` (the command in its header: `promptlookup bench --model "
-    "gemma-3-270m-q4_k_m.gguf --limit 4 -n 128 --threads 2 --data code_edit.jsonl --data "
-    "summarization.jsonl --data benchmarks/data/open_ended.jsonl --methods promptlookup-none "
-    "--against llama-server=... --against promptlookup-serve=...`, the project's held-out code "
-    "edits and summaries), version 0.15.0 (branch models), on the AMD EPYC, 4 December 2026, "
-    "2 threads everywhere, *not* alone: other sessions' tests and benchmarks kept the load "
-    "average at 7-12 on the 2 cores, so absolute times are several times a quiet machine's and "
-    "the ratios noisy. Gemma 3 270M is a base model without a chat template: both servers got "
-    "the messages' contents joined by blank lines (llama-server through `--chat-template`), "
-    "`llama-server -t 2 -c 8192 --no-repack --jinja`, `promptlookup serve --threads 2`.",
+    "gemma3-270m-race-0.15.0-b",
+    "`LLAMA_ARGS= benchmarks/gemma_race.sh OUT 4` (the command in its header: `promptlookup "
+    "bench --model gemma-3-270m-q4_k_m.gguf --limit 4 -n 128 --threads 2 --data "
+    "code_edit.jsonl --data summarization.jsonl --data open_ended.jsonl --methods "
+    "promptlookup-none --against llama-server=... --against promptlookup-serve=...`, the "
+    "project's held-out code edits and summaries and the suite's open-ended prompts), version "
+    "0.15.0, on the AMD EPYC, 5 December 2026, 2 threads everywhere, other jobs paused. Gemma "
+    "3 270M is a base model without a chat template: both servers got the messages' contents "
+    "joined by blank lines (llama-server through `--chat-template`), `llama-server -t 2 -c "
+    "8192 --jinja` (built with `-DGGML_NATIVE=OFF`, AVX2/AVX-512 named), `promptlookup serve "
+    "--threads 2`. Start-up (`startup.txt`): llama-server ready after 0.85 s, promptlookup "
+    "serve after 4.75 s and, on its second start, 4.63 s.",
 )
 #: The llama.cpp backend against llama-server, the same way (cited, not in the table).
 LLAMACPP_RACE = (
