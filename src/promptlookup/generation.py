@@ -4,16 +4,13 @@ drafter, streaming or not."""
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from .backends.base import BatchTarget, Target
 from .batching import PREFILL_TOKENS, BatchDecoder, BatchSequence, default_max_batch
 from .drafters import Drafter, DrafterSpec, NoDrafter, make_drafter
 from .errors import (
-    EmptyPromptError,
     InvalidParameterError,
     PromptTooLongError,
     UnsupportedModelError,
@@ -22,12 +19,10 @@ from .grammar import Grammar, GrammarState, grammar_state
 from .loop import GenerationStats, speculative_generate
 from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .prefix_cache import PrefixCache
+from .prompts import Prompt, encode_prompt
 from .results import GenerationResult, GenerationStream, TextAssembler
 from .sampling import SamplingParams, TokenChooser
 from .text import eos_token_ids
-
-#: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
-Prompt = Union[str, Sequence[dict], Sequence[int]]
 
 
 @dataclass
@@ -72,48 +67,10 @@ class LanguageModel:
     # -- prompts ------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
-        """Token ids for a prompt. Messages always use the chat template; a string uses it
-        when ``chat`` is true."""
-        if isinstance(prompt, str):
-            if not prompt.strip():
-                raise EmptyPromptError("the prompt is empty")
-            if chat:
-                return self.encode([{"role": "user", "content": prompt}])
-            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        items = list(prompt)
-        if not items:
-            raise EmptyPromptError("the prompt is empty")
-        if all(isinstance(t, int) for t in items):
-            return items
-        if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
-            if not getattr(self.tokenizer, "chat_template", None):
-                return self._without_template(items)
-            ids = self.tokenizer.apply_chat_template(
-                items, add_generation_prompt=True, tokenize=True
-            )
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        raise InvalidParameterError(
-            "a prompt must be text, token ids, or messages with role and content"
-        )
-
-    def _without_template(self, messages: Sequence[dict]) -> list[int]:
-        """Messages for a model without a chat template (a base model, e.g. a GGUF file that
-        stores none): their contents as plain text, a blank line apart (said once)."""
-        if not getattr(self, "_told_no_template", False):
-            self._told_no_template = True
-            warnings.warn(
-                f"{self.name} has no chat template (a base model?): "
-                "the messages' contents are joined as plain text",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        parts = []
-        for message in messages:
-            content = message["content"]
-            if not isinstance(content, str):  # OpenAI content parts
-                content = "".join(part.get("text", "") for part in content or ())
-            parts.append(content)
-        return self.encode("\n\n".join(parts))
+        """Token ids for a prompt. Messages always use the chat template (a model without one
+        gets their contents as plain text, with a warning once); a string uses it when
+        ``chat`` is true."""
+        return encode_prompt(self, prompt, chat)
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -215,8 +172,28 @@ class LanguageModel:
         )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
-        stats = stream.stats = GenerationStats()
+        """The stream's text deltas. A batch-capable target runs the batch decoder with this
+        one sequence (one driver for one row and many, each step as in a batch); any other
+        target, :func:`~promptlookup.loop.speculative_generate`, the reference loop."""
         text = TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
+        if isinstance(self.target, BatchTarget):
+            sequence = self._sequence(request)
+            stream.stats = sequence.stats
+            decoder = BatchDecoder(self.target, self.policy, max_batch=1)
+            decoder.add(sequence)
+            try:
+                for _, new_tokens in decoder.run():
+                    for _, piece in text.add_step(sequence, new_tokens):  # up to a stop string
+                        if piece:
+                            yield piece
+                if tail := text.flush():
+                    yield tail
+            finally:
+                if not sequence.done:
+                    sequence.cancel()  # the stream was closed early: the sequence ends here
+                stream.result = text.result(sequence.stats, request.prompt_ids)
+            return
+        stats = stream.stats = GenerationStats()
         tokens = speculative_generate(
             self.target,
             request.prompt_ids,
@@ -339,7 +316,12 @@ class LanguageModel:
         """One prompt as a :class:`~promptlookup.batching.BatchSequence` (``options``: those
         of :meth:`generate`, checked here) and the :class:`TextAssembler` of its text."""
         request = self.stream(prompt, **options)._request
-        sequence = BatchSequence(
+        return self._sequence(request), TextAssembler(
+            self.tokenizer, request.stops, self.eos_token_ids
+        )
+
+    def _sequence(self, request: _Request) -> BatchSequence:
+        return BatchSequence(
             request.prompt_ids,
             request.max_new_tokens,
             request.drafter,
@@ -352,7 +334,6 @@ class LanguageModel:
             tenant=request.tenant,
             grammar=request.grammar,
         )
-        return sequence, TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
 
     def _batch(
         self, prompts, max_batch, prefill_tokens, options, emit, results: list
