@@ -187,6 +187,19 @@ def test_without_max_tokens_the_answer_fits_the_context(server):
     assert response.usage.completion_tokens <= CONTEXT - 500
 
 
+def test_max_tokens_beyond_the_context_is_a_ceiling_the_context_lowers(server):
+    """Agents ask for more than a small model's context holds (Claude Code: 32,000): the
+    answer ends where the context is full, as llama-server does, and says "length"."""
+    response = server.client().completions.create(
+        model=MODEL, prompt="ab" * 250, temperature=0, max_tokens=32_000, stop=None
+    )
+    assert response.usage.prompt_tokens == 500
+    assert response.usage.completion_tokens == CONTEXT - 500
+    assert response.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="leaves no room"):  # a full context
+        server.client().completions.create(model=MODEL, prompt=[5] * CONTEXT, max_tokens=1)
+
+
 # -- bad requests ----------------------------------------------------------------------------
 
 GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
@@ -212,12 +225,6 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
             "messages",
             "context_length_exceeded",
         ),
-        (
-            {**GOOD, "messages": [{"role": "user", "content": "a" * 500}], "max_tokens": 100},
-            400,
-            "messages",
-            "context_length_exceeded",
-        ),
         ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
         ({**GOOD, "stop": "a" * 1001}, 400, "stop", None),
         ({**GOOD, "stop": ["ab", "a" * 1001]}, 400, "stop", None),
@@ -235,7 +242,6 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
         "no-messages",
         "unknown-role",
         "prompt-beyond-context",
-        "prompt-plus-max-tokens-beyond-context",
         "five-stop-strings",
         "stop-string-too-long",
         "listed-stop-string-too-long",
@@ -253,6 +259,24 @@ def test_bad_chat_request_is_a_400_with_openai_error_json(server, body, status, 
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["message"]
     assert (error["param"], error["code"]) == (param, code)
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+         "messages.0.content.0.type: only text content is supported (the model reads text), "
+         "not 'image_url'"),
+        ([{"type": "text"}], "messages.0.content.0.text: Field required"),
+        (5, "messages.0.content: Input should be a valid string"),
+    ],
+    ids=["image-part", "text-part-without-text", "a-number"],
+)  # fmt: skip
+def test_a_bad_content_part_is_named_without_the_unions_member_names(server, content, says):
+    body = {**GOOD, "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == says
 
 
 class CountingTokenizer:

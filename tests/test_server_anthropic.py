@@ -115,3 +115,56 @@ def test_errors_are_anthropic_json(server):
         headers={"x-api-key": KEY},
     )
     assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]
+
+
+def test_count_tokens_is_the_prompt_a_message_would_have(server):
+    """``/v1/messages/count_tokens`` (Claude Code asks it) counts what ``/v1/messages`` would
+    read, tools included; the answer's usage splits the same count into the tokens the prefix
+    cache held (``cache_read_input_tokens``, all of them when the prompt comes again) and the
+    rest."""
+    request = dict(model="tiny", messages=MESSAGES, tools=TOOLS)
+    counted = client(server).messages.count_tokens(**request).input_tokens
+    bare = client(server).messages.count_tokens(model="tiny", messages=MESSAGES).input_tokens
+    assert counted > bare > 0  # the tools are part of the prompt
+    for _ in range(2):  # the second time, the prompt is found in the prefix cache
+        usage = client(server).messages.create(max_tokens=4, extra_body=GREEDY, **request).usage
+        assert usage.input_tokens + usage.cache_read_input_tokens == counted
+    assert usage.cache_read_input_tokens > 0
+    with client(server).messages.stream(max_tokens=4, extra_body=GREEDY, **request) as stream:
+        streamed = stream.get_final_message().usage
+    assert streamed.input_tokens + streamed.cache_read_input_tokens == counted
+
+
+def test_earlier_thinking_blocks_are_accepted_and_left_out_of_the_prompt(server):
+    thought = [
+        MESSAGES[0],
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "The user wants weather.", "signature": "c2ln"},
+            {"type": "redacted_thinking", "data": "ZGF0YQ=="},
+            {"type": "text", "text": "Which unit?"},
+        ]},
+        {"role": "user", "content": "Celsius"},
+    ]  # fmt: skip
+    plain = [*thought[:1], {"role": "assistant", "content": "Which unit?"}, thought[2]]
+    count = client(server).messages.count_tokens
+    assert count(model="tiny", messages=thought).input_tokens == (
+        count(model="tiny", messages=plain).input_tokens
+    )
+
+
+@pytest.mark.parametrize(
+    "path, content",
+    [
+        ("/v1/messages", [{"type": "image", "source": {"type": "base64", "data": "AA=="}}]),
+        ("/v1/messages/count_tokens", [{"type": "document", "source": {}}]),
+        ("/v1/messages", [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {}}]}]),
+    ],
+    ids=["image", "document", "image-in-a-tool-result"],
+)  # fmt: skip
+def test_blocks_other_than_text_are_a_400_that_says_so(server, path, content):
+    body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(server.url + path, json=body, headers={"x-api-key": KEY})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "only text content is supported" in message and "messages.0.content.0" in message

@@ -33,7 +33,7 @@ from .schemas import (
     parse_request,
     read_json,
 )
-from .serving import event_stream, start_job, unless_disconnected
+from .serving import count_tokens, event_stream, start_job, unless_disconnected
 from .tool_schemas import NAME_PATTERN
 from .tools import ToolPlan, ToolStream, parse
 
@@ -57,6 +57,17 @@ class _Block(Forbid):
 class TextBlock(_Block):
     type: Literal["text"]
     text: str
+    citations: list[dict[str, Any]] | None = None  # accepted, ignored
+
+
+class ThinkingBlock(_Block):
+    """An earlier turn's reasoning (Anthropic's models' answers carry it): accepted and left
+    out of the prompt, as Anthropic's API leaves it out of earlier turns' context."""
+
+    type: Literal["thinking", "redacted_thinking"]
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
 
 
 class ToolUseBlock(_Block):
@@ -73,7 +84,9 @@ class ToolResultBlock(_Block):
     is_error: bool | None = None
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+Block = Annotated[
+    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock], Field(discriminator="type")
+]
 
 
 def _text(content) -> str:
@@ -221,7 +234,7 @@ async def serve_messages(state, request: Request) -> Response:
         }
         blocks.append({"type": "tool_use", **use})
     reason = "tool_calls" if calls else result.finish_reason
-    usage = {"input_tokens": len(result.prompt_ids), "output_tokens": choices[0].tokens}
+    usage = {**_input_usage(result), "output_tokens": choices[0].tokens}
     return JSONResponse(
         {
             "id": message_id,
@@ -234,6 +247,29 @@ async def serve_messages(state, request: Request) -> Response:
             "usage": usage,
         }
     )
+
+
+def _input_usage(result) -> dict:
+    """Anthropic's input counts: the prompt tokens the prefix cache held are
+    ``cache_read_input_tokens``, the others ``input_tokens`` (their sum is the prompt)."""
+    cached = result.stats.cached_tokens
+    return {"input_tokens": len(result.prompt_ids) - cached, "cache_read_input_tokens": cached}
+
+
+async def count_message_tokens(state, request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: ``{"input_tokens": n}``, the prompt a
+    ``/v1/messages`` request of the same body would have (system, messages, tools), nothing
+    generated; ``max_tokens`` is not needed."""
+    try:
+        settings = state.settings
+        body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        if isinstance(body, dict):
+            body = {"max_tokens": 1, **body, "stream": False}
+        anthropic_request = parse_request(MessagesRequest, body)
+        req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
+        return JSONResponse({"input_tokens": await count_tokens(state, req)})
+    except APIError as error:
+        return JSONResponse(error_body(error), error.status, headers=error.headers)
 
 
 def _event(kind: str, data: dict) -> str:
@@ -313,7 +349,7 @@ class EventWriter:
                         "stop_reason": STOP_REASONS.get(reason, "end_turn"),
                         "stop_sequence": None,
                     }
-                    usage = {"output_tokens": value.tokens}
+                    usage = {**_input_usage(value.result), "output_tokens": value.tokens}
                     yield _event("message_delta", {"delta": delta, "usage": usage})
                 elif kind == "done":
                     yield _event("message_stop", {})

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
-``POST /v1/messages`` (Anthropic's Messages API, :mod:`.anthropic`),
+``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API,
+:mod:`.anthropic`),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``.
 The complete list of what is supported and refused is ``docs/server.md``.
 
@@ -11,10 +12,10 @@ Policies:
 - *Loading*: given a loader, the app answers at once and loads the model on a background thread;
   ``GET /health`` is 503 ``{"status": "loading"}`` until the model is ready, then 200 (503
   ``"failed"`` if loading failed). ``/v1/*`` answer 503 until then.
-- *Context*: prompt tokens + ``max_tokens`` must fit the model's context, else 400 with code
-  ``context_length_exceeded``. Without ``max_tokens`` (or ``max_completion_tokens``, which wins
-  when both are given) the limit is ``min(default_max_tokens, context - prompt tokens)``; a
-  prompt that leaves no room at all is a 400.
+- *Context*: a generation ends at ``max_tokens`` (or ``max_completion_tokens``, which wins
+  when both are given; absent: ``default_max_tokens``) or where the model's context is full,
+  whichever comes first (``finish_reason`` ``"length"``); a prompt that leaves no room at all
+  is a 400 with code ``context_length_exceeded``.
 - *Defaults* follow OpenAI: ``temperature`` 1 and ``top_p`` 1. Pass ``temperature=0`` for
   greedy output, token-identical to plain decoding.
 - *Statistics*: ``usage`` holds OpenAI's token counts plus ``usage.speculative`` =
@@ -53,7 +54,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..drafters import check_drafter_spec
-from .anthropic import serve_messages
+from .anthropic import count_message_tokens, serve_messages
 from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
@@ -153,6 +154,10 @@ def create_app(
     @v1.post("/messages")
     async def messages(request: Request):
         return await serve_messages(state, request)
+
+    @v1.post("/messages/count_tokens")
+    async def message_tokens(request: Request):
+        return await count_message_tokens(state, request)
 
     app.include_router(v1)
     install_openapi(app)

@@ -22,10 +22,8 @@ from .tool_template import encode
 from .worker import GenerationJob, QueueFull
 
 
-async def start_job(state: ServerState, request: Request, req, chat: bool):
-    """Check a parsed request against the model, prepare it (:func:`_prepare`, on a thread)
-    and queue its job (429 when the queue is full): ``(job, its inputs)``."""
-    settings = state.settings
+def _check_model(state: ServerState, req, chat: bool) -> None:
+    """A 400 for a request to another model or with more text than the context can hold."""
     state.ready_model()
     if req.model != state.model_id:
         raise APIError(
@@ -35,6 +33,20 @@ async def start_job(state: ServerState, request: Request, req, chat: bool):
             code="model_not_found",
         )
     _check_characters(state, req, chat)  # before tokenizing: megabytes take seconds
+
+
+async def count_tokens(state: ServerState, req) -> int:
+    """The prompt tokens of a chat request, tools included, as a job would have them (on a
+    thread); its 400s are a job's."""
+    _check_model(state, req, chat=True)
+    return len(await run_in_threadpool(_encode, state, req, True))
+
+
+async def start_job(state: ServerState, request: Request, req, chat: bool):
+    """Check a parsed request against the model, prepare it (:func:`_prepare`, on a thread)
+    and queue its job (429 when the queue is full): ``(job, its inputs)``."""
+    settings = state.settings
+    _check_model(state, req, chat)
     # The tenant whose cross-request index and prefix cache entries the request uses: its
     # API key's (None without keys; see .edge and .tenants).
     tenant = getattr(request.state, "tenant", None)
@@ -79,9 +91,9 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
         )
 
 
-def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
-    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
-    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
+def _encode(state: ServerState, req, chat: bool) -> list[int]:
+    """A request's prompt as token ids (tools through the chat template where it takes
+    them, :mod:`.tool_template`), or a 400."""
     lm, context = state.lm, state.lm.target.max_context
     param = "messages" if chat else "prompt"
     # Long texts a chunk at a time, others' requests between chunks, only up to the context.
@@ -95,19 +107,9 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
             param=param,
             code="context_length_exceeded",
         )
-    reference_ids = None
-    if req.prediction is not None:
-        prediction = [content_text(req.prediction.content)]
-        reference_ids = bounded_ids(lm.tokenizer, lock, prediction, context)
-        if reference_ids is None:
-            raise APIError(
-                400,
-                f"prediction: more tokens than this model's context of {context} can use",
-                param="prediction",
-            )
     with lock:
         try:
-            if chat:  # tools through the chat template where it takes them (.tool_template)
+            if chat:
                 template = state.tool_template
                 messages = req.prompt_messages(template)
                 prompt_ids = encode(lm, messages, req.template_tools(template))
@@ -126,6 +128,25 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
     if vocab and any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
+    return prompt_ids
+
+
+def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
+    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
+    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
+    lm, context = state.lm, state.lm.target.max_context
+    param = "messages" if chat else "prompt"
+    reference_ids = None
+    if req.prediction is not None:
+        prediction = [content_text(req.prediction.content)]
+        reference_ids = bounded_ids(lm.tokenizer, state.tokenizer_lock, prediction, context)
+        if reference_ids is None:
+            raise APIError(
+                400,
+                f"prediction: more tokens than this model's context of {context} can use",
+                param="prediction",
+            )
+    prompt_ids = _encode(state, req, chat)
     sampling = req.sampling()
     try:
         SamplingParams(
@@ -138,17 +159,19 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     except PromptLookupError as exc:
         raise APIError(400, str(exc), param=str(exc).split()[0]) from None
     used = len(prompt_ids)
-    max_new_tokens = req.requested_max_tokens
-    if max_new_tokens is None:
-        max_new_tokens = min(state.settings.default_max_tokens, context - used)
-    if max_new_tokens < 1 or used + max_new_tokens > context:
+    # max_tokens is a ceiling: a generation also ends where the context is full
+    # (finish_reason "length"), as llama-server does; agents ask for more than a small local
+    # model's context holds (Claude Code: 32,000). A prompt that leaves no room is a 400.
+    if used >= context:
         raise APIError(
             400,
-            f"This model's maximum context length is {context} tokens; the "
-            f"prompt has {used} tokens and max_tokens is {max_new_tokens}",
+            f"This model's maximum context length is {context} tokens; the prompt has "
+            f"{used} tokens and leaves no room for an answer",
             param=param,
             code="context_length_exceeded",
         )
+    max_new_tokens = req.requested_max_tokens or state.settings.default_max_tokens
+    max_new_tokens = min(max_new_tokens, context - used)
     drafter, options = state.settings.drafter, state.settings.drafter_options
     if reference_ids:
         lookup = {k: v for k, v in options.items() if k in LOOKUP_OPTIONS}
