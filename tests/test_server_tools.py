@@ -262,7 +262,7 @@ def test_the_generic_format_in_the_prompt():
         (
             {"response_format": {"type": "json_object"}, "tools": TOOLS},
             "response_format",
-            "cannot be combined with tools",
+            "under 'auto' the two cannot be combined",
         ),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences, got 5"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "needs tool_call_id"),
@@ -276,6 +276,25 @@ def test_what_cannot_be_served_is_a_400_with_one_readable_line(server, extra, pa
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
     assert "\n" not in error["message"] and "Input should be 'none'" not in error["message"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_response_format_beside_required_calls_is_served_as_calls(server, choice):
+    """Agents' SDKs send an output schema and tools together; where calls are required the
+    answer is calls, which the response format does not shape (as OpenAI serves it)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": WEATHER}}]
+    body = {
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 80, "temperature": 0,
+        "tools": tools, "tool_choice": choice, "parallel_tool_calls": False,
+        "response_format": {"type": "json_object"},
+    }  # fmt: skip
+    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "f"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
 
 
 def test_the_default_model_calls_a_tool_through_the_openai_client(default_lm):

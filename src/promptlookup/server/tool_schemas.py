@@ -110,7 +110,12 @@ def tools_problem(
     if response_format is not None and response_format.type == "json_schema":
         if response_format.json_schema is None:
             return "response_format", "type json_schema needs a json_schema object"
-    calls = names and choice != "none"
-    if response_format is not None and response_format.type != "text" and calls:
-        return "response_format", "cannot be combined with tools (unless tool_choice is 'none')"
+    # With calls required, the answer is calls and response_format has no text to shape; under
+    # "auto" it may be either, which the grammars do not combine (yet).
+    auto = names and choice in (None, "auto")
+    if response_format is not None and response_format.type != "text" and auto:
+        return "response_format", (
+            "with tools, needs tool_choice 'none' (a text answer in this format), 'required' "
+            "or a named tool (calls); under 'auto' the two cannot be combined"
+        )
     return None
