@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import replace
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -227,3 +228,23 @@ def test_default_model_json_schema_equals_plain_constrained_decoding(default_lm)
     assert set(answer) == set(PERSON["properties"]) and answer["city"] == "Barcelona"
     assert fast.stats.forced_tokens > 0
     assert fast.stats.forward_passes < plain.stats.forward_passes
+
+
+#: A Pydantic-style discriminated union: ``oneOf`` whose branches exclude each other.
+SHAPE = {
+    "oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "circle"}, "radius": {"type": "integer"}},
+         "required": ["kind", "radius"], "additionalProperties": False},
+        {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer"}},
+         "required": ["kind", "side"], "additionalProperties": False},
+    ]
+}  # fmt: skip
+
+
+def test_one_of_is_read_as_any_of_and_a_discriminated_union_holds(default_lm):
+    messages = [{"role": "user", "content": "A circle of radius 3 as JSON."}]
+    options = dict(max_new_tokens=40, grammar=Grammar.json_schema(SHAPE))
+    plain = default_lm.generate(messages, drafter="none", **options)
+    fast = default_lm.generate(messages, **options)
+    assert fast.token_ids == plain.token_ids and fast.finish_reason == "stop"
+    jsonschema.validate(json.loads(fast.text), SHAPE)  # exactly one branch

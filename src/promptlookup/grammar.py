@@ -43,8 +43,16 @@ if TYPE_CHECKING:  # torch loads on first use (`promptlookup --help` does not ne
 GRAMMAR = "grammar"
 
 #: How JSON is laid out under a schema: one space after ``:`` and ``,`` and no other
-#: whitespace (as Python's ``json.dumps`` writes it), so every separator is forced.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+#: whitespace (as Python's ``json.dumps`` writes it), so every separator is forced. And
+#: ``oneOf`` is read as ``anyOf`` (as llama.cpp's grammars read it): exact where the
+#: branches exclude each other, as Pydantic's discriminated unions do; elsewhere an answer
+#: may match more than one.
+JSON_LAYOUT = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "coerce_one_of": True,
+}
 
 
 @dataclass(frozen=True)
