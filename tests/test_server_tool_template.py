@@ -180,6 +180,20 @@ def test_the_grammar_forces_the_format_and_honours_tool_choice(lm):
     assert not _accepts(lm, required, f"{one}\n{time}")  # one call only
     named = ToolPlan(tools, "get_time", True, template).grammar()
     assert _accepts(lm, named, time) and not _accepts(lm, named, one)
+    # With a response format beside the tools: its JSON, or calls; not free text.
+    shaped = ToolPlan(tools, "auto", True, template, answer=ANSWER).grammar()
+    assert _accepts(lm, shaped, '{"summary": "sunny"}') and _accepts(lm, shaped, one)
+    assert not _accepts(lm, shaped, "It is sunny.") and not _accepts(lm, shaped, '{"x": 1}')
+    assert not _accepts(lm, shaped, f'{{"summary": "sunny"}}\n{one}')
+
+
+#: A response format's schema, beside the tools.
+ANSWER = {
+    "type": "object",
+    "properties": {"summary": {"type": "string"}},
+    "required": ["summary"],
+    "additionalProperties": False,
+}
 
 
 @pytest.mark.parametrize("step", [1, 3, 7])

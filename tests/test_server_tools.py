@@ -17,6 +17,7 @@ from conftest import AsciiTokenizer, tiny_llama
 from promptlookup import Grammar
 from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
+from promptlookup.grammar import engine_tokenizer
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.tools import ToolPlan, ToolStream, parse, prompt_messages
 
@@ -259,11 +260,6 @@ def test_the_generic_format_in_the_prompt():
             "response_format",
             "'text', 'json_object' or 'json_schema'",
         ),
-        (
-            {"response_format": {"type": "json_object"}, "tools": TOOLS},
-            "response_format",
-            "under 'auto' the two cannot be combined",
-        ),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences, got 5"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "needs tool_call_id"),
         ({"functions": [{"name": "f"}]}, "functions", "use tools"),
@@ -295,6 +291,61 @@ def test_response_format_beside_required_calls_is_served_as_calls(server, choice
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "f"
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+
+
+SUMMARY = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "maxLength": 40}},
+    "required": ["summary"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("step", [1, 4, 9])
+def test_beside_tools_an_answer_in_the_response_format_is_its_json_whole_and_streamed(step):
+    """The generic format's ``{"answer": VALUE}``: the value's JSON text is the content; an
+    earlier such answer goes back into the prompt the same way."""
+    plan = ToolPlan([TOOLS[0]["function"]], "auto", answer=SUMMARY)
+    Grammar.json_schema(plan.schema())  # compiles
+    text = '{"answer": {"summary": "sunny, \\"warm\\""}}'
+    assert parse(text) == ('{"summary": "sunny, \\"warm\\""}', [])
+    stream = ToolStream()
+    pieces = [stream.feed(text[i : i + step]) for i in range(0, len(text), step)]
+    assert "".join(content for content, _ in pieces) == parse(text)[0]
+    assert all(calls == [] for _, calls in pieces)
+    assert '{"answer": ...}' in plan.instructions() and '"summary"' in plan.instructions()
+    history = [{"role": "assistant", "content": '{"summary": "cold"}'}]
+    assert prompt_messages(history, plan)[1]["content"] == '{"answer": {"summary": "cold"}}'
+
+
+def test_beside_tools_a_response_format_is_served_under_auto_whole_and_streamed(server):
+    """Agents' SDKs send an output schema and tools together under "auto": the answer is
+    calls, or JSON valid against the schema (the grammar takes nothing else); the tiny model
+    calls, and its stream ends as its whole answer does."""
+    format_ = {"type": "json_schema", "json_schema": {"name": "s", "schema": SUMMARY}}
+    client = server.client()
+    request = dict(
+        messages=MESSAGES, tools=TOOLS, response_format=format_, parallel_tool_calls=False,
+        **{**GREEDY, "max_tokens": 400},
+    )  # fmt: skip
+    choice = client.chat.completions.create(**request).choices[0]
+    content, calls, finish = streamed(client, **request)
+    assert choice.finish_reason == finish == "tool_calls" and content == ""
+    (call,) = choice.message.tool_calls
+    assert [call.function.name, call.function.arguments] == calls[0][1:]
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    grammar = ToolPlan([TOOLS[0]["function"]], "auto", answer=SUMMARY).grammar()
+    lm = server.state.lm
+    for text, taken in [
+        ('{"answer": {"summary": "warm"}}', True),
+        ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}]}', True),
+        ('{"response": "warm"}', False),  # text, where the format asks for JSON
+        ('{"answer": {"summary": 3}}', False),
+    ]:  # fmt: skip
+        matcher = grammar.start(engine_tokenizer(lm.tokenizer, lm.eos_token_ids)).matcher
+        ids = lm.tokenizer(text)["input_ids"]
+        accepted = all(matcher.consume_token(i) for i in ids) and matcher.is_accepting()
+        assert accepted == taken, text
 
 
 def test_the_default_model_calls_a_tool_through_the_openai_client(default_lm):

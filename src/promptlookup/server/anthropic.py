@@ -340,8 +340,9 @@ class EventWriter:
                     if events := self.feed(value[1]):
                         yield events
                 elif kind == "choice":
-                    called = self.stream is not None and self.stream.called
-                    reason = "tool_calls" if called else value.result.finish_reason
+                    reason = value.result.finish_reason
+                    if self.stream is not None:
+                        reason = self.stream.finish_reason(reason)
                     if self.index < 0:  # an empty answer still has its text block
                         yield self._start({"type": "text", "text": ""})
                     yield self._stop()

@@ -228,8 +228,9 @@ async def _sse_events(
                 elif text or infos:
                     yield sse(writer.delta(index, text, infos))
             elif kind == "choice":
-                called = streams is not None and streams[value.index].called
-                finish_reason = "tool_calls" if called else value.result.finish_reason
+                finish_reason = value.result.finish_reason
+                if streams is not None:
+                    finish_reason = streams[value.index].finish_reason(finish_reason)
                 yield sse(writer.finish(value.index, finish_reason))
             elif kind == "done":
                 if include_usage:

@@ -260,7 +260,12 @@ class ChatCompletionRequest(_GenerationRequest):
             return None
         named = choice if isinstance(choice, str) else choice.function.name
         parallel = self.parallel_tool_calls is not False
-        return ToolPlan([tool.plain() for tool in self.tools], named, parallel, template)
+        # Under "auto" an answer without calls takes the response format; where calls are
+        # required, the format has no answer to shape (as OpenAI serves it).
+        form = self.response_format
+        answer = form.schema() if form is not None and named == "auto" else None
+        tools = [tool.plain() for tool in self.tools]
+        return ToolPlan(tools, named, parallel, template, answer)
 
     def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
         """The messages for the chat template: the history's tool calls and results in the
@@ -280,11 +285,13 @@ class ChatCompletionRequest(_GenerationRequest):
         """What the answer must match: its tool calls' grammar, or ``response_format``."""
         plan, param = self.tool_plan(template), "response_format"
         try:
+            if self.response_format is not None:  # its own errors first, whatever follows
+                grammar = Grammar.of_response_format(self.response_format.plain())
             if plan is not None:
                 param = "tools"
                 return plan.grammar()
             if self.response_format is not None:
-                return Grammar.of_response_format(self.response_format.plain())
+                return grammar
         except GrammarError as exc:
             raise APIError(400, f"{param}: {exc}", param=param) from None
         return None

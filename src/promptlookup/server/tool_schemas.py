@@ -94,6 +94,12 @@ class ResponseFormat(Forbid):
             return {"type": self.type}
         return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_}}
 
+    def schema(self) -> dict | None:
+        """The JSON schema of an answer in this format (None: text)."""
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_
+        return {"type": "object"} if self.type == "json_object" else None
+
 
 def tools_problem(
     tools: list[Tool] | None, choice: ToolChoice | None, response_format: ResponseFormat | None
@@ -110,12 +116,4 @@ def tools_problem(
     if response_format is not None and response_format.type == "json_schema":
         if response_format.json_schema is None:
             return "response_format", "type json_schema needs a json_schema object"
-    # With calls required, the answer is calls and response_format has no text to shape; under
-    # "auto" it may be either, which the grammars do not combine (yet).
-    auto = names and choice in (None, "auto")
-    if response_format is not None and response_format.type != "text" and auto:
-        return "response_format", (
-            "with tools, needs tool_choice 'none' (a text answer in this format), 'required' "
-            "or a named tool (calls); under 'auto' the two cannot be combined"
-        )
     return None

@@ -121,6 +121,9 @@ class TemplateFormat:
         rules = [f"call: {opening} {call_json} {closing}", f"calls: call{more}"]
         if plan.choice != "auto":
             return _lark(["start: calls", *rules])
+        if plan.answer is not None:  # a response format: its JSON, or calls
+            answer = json.dumps({**plan.answer, "x-guidance": JSON_LAYOUT})
+            return _lark(["start: answer | calls", f"answer: %json {answer}", *rules])
         # Text without the tag that does not end in a beginning of it (a reader holds those
         # back), alone or before the calls.
         beginnings = "|".join(_regex(OPEN_TAG[:n]) for n in range(1, len(OPEN_TAG)))

@@ -8,7 +8,9 @@ The format (after llama.cpp's server for chat templates without tools) is one JS
 - ``{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}`` to call tools
   (one call unless ``parallel_tool_calls``), each call's arguments valid against its tool's
   ``parameters`` schema;
-- ``{"response": "..."}`` to answer in text, where ``tool_choice`` is ``"auto"``.
+- ``{"response": "..."}`` to answer in text, where ``tool_choice`` is ``"auto"``; or, with a
+  ``response_format`` beside the tools, ``{"answer": VALUE}``, the value valid against the
+  format's schema and returned as the answer's content (its JSON text).
 
 The tools and these instructions go into the system message; an assistant message's earlier
 ``tool_calls`` are written back in the same JSON, and a tool's result is a user message
@@ -30,6 +32,7 @@ from ..grammar import JSON_LAYOUT, Grammar
 
 CALLS_START = '{"tool_calls": ['
 RESPONSE_START = '{"response": "'
+ANSWER_START = '{"answer": '
 CALL_START = '{"name": "'
 ARGUMENTS_START = ', "arguments": '
 NEXT_CALL = "}, "
@@ -66,12 +69,20 @@ class ToolPlan:
     parallel: bool = True
     #: The chat template's own format (:mod:`.tool_template`); None: the generic format.
     template: CallFormat | None = None
+    #: Under ``"auto"``, the JSON schema an answer without calls matches (the request's
+    #: ``response_format``); None: text.
+    answer: dict | None = None
 
     def instructions(self) -> str:
         calls = dumps({"tool_calls": [{"name": "<tool name>", "arguments": {"<arg>": "..."}}]})
         text = f"You can call tools. To call tools, answer with JSON only: {calls}."
-        if self.choice == "auto":
+        if self.choice == "auto" and self.answer is None:
             text += f" To answer without calling a tool, answer {dumps({'response': '...'})}."
+        elif self.choice == "auto":
+            text += (
+                ' To answer without calling a tool, answer {"answer": ...} with a value valid '
+                f"against this JSON schema: {dumps(self.answer)}."
+            )
         elif self.choice != "required":
             text += f" Call the tool {self.choice}."
         listed = "\n".join(dumps(tool) for tool in self.tools)
@@ -100,6 +111,8 @@ class ToolPlan:
         if not self.parallel:
             array["maxItems"] = 1
         answer = _object(tool_calls=array)
+        if self.choice == "auto" and self.answer is not None:
+            return {"anyOf": [answer, _object(answer=self.answer)]}
         if self.choice == "auto":
             return {"anyOf": [answer, _object(response={"type": "string"})]}
         return answer
@@ -139,7 +152,7 @@ def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
             result = {"name": names.get(ident), "tool_call_id": ident, "content": content}
             content = dumps({"tool_response": result})
         elif role == "assistant" and plan is not None and plan.choice == "auto":
-            content = dumps({"response": content})
+            content = _reply(content, plan.answer is not None)
         out.append({"role": role, "content": content})
     if plan is not None:
         if out and out[0]["role"] == "system":
@@ -147,6 +160,17 @@ def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
         else:
             out.insert(0, {"role": "system", "content": plan.instructions()})
     return out
+
+
+def _reply(content: str, structured: bool) -> str:
+    """An earlier text answer as the generic format writes it: ``{"answer": VALUE}`` where
+    the answer is JSON and a format is asked for, else ``{"response": "..."}``."""
+    if structured:
+        try:
+            return dumps({"answer": json.loads(content)})
+        except ValueError:
+            pass
+    return dumps({"response": content})
 
 
 def loads_arguments(arguments: str):
@@ -173,6 +197,9 @@ def scan(text: str, template: CallFormat | None = None) -> Scan:
         return template.scan(text)
     if text.startswith(RESPONSE_START):
         return Scan(content=_string_prefix(text, len(RESPONSE_START)))
+    if text.startswith(ANSWER_START):  # the value's JSON text, as far as it is written
+        stop = _value_end(text, len(ANSWER_START))
+        return Scan(content=text[len(ANSWER_START) : stop])
     if not text.startswith(CALLS_START):
         return Scan()
     return Scan(calls=read_calls(text, len(CALLS_START), NEXT_CALL))
@@ -250,9 +277,11 @@ class ToolStream:
             self.sent[index] = (ident, len(args))
         return content, deltas
 
-    @property
-    def called(self) -> bool:
-        return bool(self.sent)
+    def finish_reason(self, reason: str) -> str:
+        """The stream's finish reason, as the whole answer's (:func:`parse`): ``tool_calls``
+        where the answer is complete calls, else ``reason`` (a call cut at ``max_tokens``
+        was streamed in part, and ends with ``length``)."""
+        return "tool_calls" if parse(self.text, self.template)[1] else reason
 
 
 def _string_end(text: str, start: int) -> int | None:
