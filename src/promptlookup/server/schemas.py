@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -36,7 +35,7 @@ from ..errors import GrammarError
 from ..grammar import Grammar
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 from .bodies import ErrorDetail, ErrorResponse, dump
-from .request_base import Content, content_text
+from .request_base import Content, content_text, first_error
 from .request_base import Forbid as _Forbid
 from .tool_schemas import (
     ResponseFormat,
@@ -385,48 +384,12 @@ async def _read_body(request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str | None]:
-    """One readable line for a validation error, and its top-level field: of the errors a
-    union gives (one per member), the one that got furthest into the body, its path without
-    the members' type names (``messages.0.content.0.type``, not
-    ``messages.0.content.list[TextPart].0.type``).
-
-    >>> from .request_base import TextPart
-    >>> from pydantic import TypeAdapter
-    >>> body = {"content": [{"type": "image_url"}]}
-    >>> try:
-    ...     TypeAdapter(dict[str, str | list[TextPart]]).validate_python(body)
-    ... except ValidationError as exc:
-    ...     _first_error(exc)
-    ("content.0.type: only text content is supported (the model reads text), not 'image_url'", 'content')
-    """
-    error = max(exc.errors(), key=lambda error: len(error["loc"]))  # the first of the deepest
-    loc = [part for part in error["loc"] if not _TYPE_NAME.match(str(part))]
-    where = ".".join(map(str, loc))
-    param = str(loc[0]) if loc else None
-    if error["type"] == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {where}", param
-    message = error["msg"].removeprefix("Value error, ")
-    kind = None  # a content part's or block's type that no member takes
-    if error["type"] == "union_tag_invalid":
-        kind = error.get("ctx", {}).get("tag")
-    elif error["type"] == "literal_error" and loc and loc[-1] == "type":
-        kind = error["input"]
-    if "content" in loc and isinstance(kind, str):
-        message = f"only text content is supported (the model reads text), not {kind!r}"
-    return (f"{where}: {message}" if where else message), param
-
-
-#: A union member's name in a validation error's path (``str``, ``list[TextPart]``, ``TextBlock``).
-_TYPE_NAME = re.compile(r"^(str|int|float|bool|dict|list|none|[A-Z]\w*|\w+\[.*\])$")
-
-
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad field."""
     try:
         request = model.model_validate(body)
     except ValidationError as exc:
-        message, param = _first_error(exc)
+        message, param = first_error(exc)
         raise APIError(400, message, param=param) from None
     request.cross_check()
     return request
