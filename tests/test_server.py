@@ -181,6 +181,20 @@ def test_models_and_health(server):
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
+@pytest.mark.parametrize("aliases", [("claude-haiku", "gpt-4o"), ("*",)])
+def test_a_model_alias_is_served_under_the_model_id(lm, aliases):
+    """Agents send the model name they are set up with; --model-alias takes it (``*`` any)."""
+    settings = ServerSettings(generation_options=FIXED, model_alias=aliases)
+    with RunningServer(create_app(lm, settings)) as running:
+        client = running.client()
+        answer = client.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        assert answer.model == MODEL
+        assert httpx.get(running.url + "/v1/models/claude-haiku").json()["id"] == MODEL
+        if "*" not in aliases:
+            with pytest.raises(openai.BadRequestError, match="does not exist"):
+                client.chat.completions.create(model="gpt-5", messages=MESSAGES, max_tokens=2)
+
+
 def test_without_max_tokens_the_answer_fits_the_context(server):
     response = server.client().completions.create(model=MODEL, prompt="ab" * 250, temperature=0)
     assert response.usage.prompt_tokens == 500

@@ -134,7 +134,7 @@ def create_app(
     @v1.get("/models/{model_id:path}")
     async def model(model_id: str):
         state.ready_model()
-        if model_id != state.model_id:
+        if not state.serves(model_id):
             raise APIError(
                 404,
                 f"The model {model_id!r} does not exist; this server has {state.model_id!r}",

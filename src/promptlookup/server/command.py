@@ -26,6 +26,8 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
     Endpoints:
       POST /v1/chat/completions  chat; "stream": true for server-sent events
       POST /v1/completions       text completion (a prompt string or token ids)
+      POST /v1/messages          Anthropic's Messages API (text, tool_use, tool_result)
+      POST /v1/messages/count_tokens  the prompt tokens of such a request
       GET  /v1/models            the served model's id (send it as "model")
       GET  /v1/models/{id}       that model (404 for any other id)
       GET  /health               503 while the model loads, 200 when ready
@@ -34,20 +36,25 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
     The server listens at once and loads the model in the background. Requests take OpenAI's
     parameters (max_tokens, temperature [default 1; 0 = greedy], top_p, seed, stop, stream,
     stream_options.include_usage, user, n, logprobs, top_logprobs) plus top_k and
-    repetition_penalty; tools and structured output (response_format) are refused (400).
-    OpenAI's "prediction" (predicted output) becomes the prompt lookup drafter's reference
-    text. The response's usage.speculative reports forward passes, drafted and accepted tokens.
-    The full list: docs/server.md.
+    repetition_penalty. response_format (json_object, json_schema) and tools (tool_choice,
+    parallel_tool_calls) are enforced by a grammar, whose forced tokens are drafted for free;
+    tools go through the chat template where it takes them in the Hermes format, else a
+    generic JSON format. OpenAI's "prediction" (predicted output) becomes the prompt lookup
+    drafter's reference text. The response's usage.speculative reports forward passes,
+    drafted and accepted tokens; usage.prompt_tokens_details.cached_tokens the prompt tokens
+    the prefix cache held. The full list: docs/server.md.
 
     Up to --max-batch sequences generate together, every step verifying all their drafts in
     one forward pass; each gets exactly the text it would get alone. Requests join and leave
     the batch between steps (a joining prompt is read in chunks, so running streams keep
     going); --max-queue more may wait, and further requests get HTTP 429. A request with n > 1
-    is n sequences of the batch. A client that disconnects cancels its generation only.
-    Without max_tokens a request generates at most --default-max-tokens tokens; a prompt plus
-    max_tokens beyond the model's context is a 400 error. 429 and 503 answers carry Retry-After. On SIGTERM the server stops taking
-    requests, answers the waiting ones with a 503 and ends the running stream with an error
-    event and [DONE].
+    is n sequences of the batch. A client that disconnects cancels its generation only. A
+    request starting with tokens its tenant sent before (a conversation's next turn) reads
+    their keys and values from the prefix cache (--prefix-cache-mib) and computes only the
+    rest. A generation ends at max_tokens (without it, --default-max-tokens) or where the
+    model's context is full; a prompt that fills the context is a 400 error. 429 and 503
+    answers carry Retry-After. On SIGTERM the server stops taking requests, answers the
+    waiting ones with a 503 and ends the running stream with an error event and [DONE].
 
     \b
     Example:

@@ -67,8 +67,9 @@ def build_openapi(app: FastAPI) -> dict:
             ],
             "description": "0 is greedy; absent: 1",
         }
-        if state is not None and state.status == "ready":
-            props["model"] = {"type": "string", "enum": [state.model_id]}
+        aliases = state.settings.model_alias if state is not None else ("*",)
+        if state is not None and state.status == "ready" and "*" not in aliases:
+            props["model"] = {"type": "string", "enum": [state.model_id, *aliases]}
     secured = state is not None and state.tenants.required
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

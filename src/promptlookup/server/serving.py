@@ -25,7 +25,7 @@ from .worker import GenerationJob, QueueFull
 def _check_model(state: ServerState, req, chat: bool) -> None:
     """A 400 for a request to another model or with more text than the context can hold."""
     state.ready_model()
-    if req.model != state.model_id:
+    if not state.serves(req.model):
         raise APIError(
             400,
             f"The model {req.model!r} does not exist; this server has {state.model_id!r}",

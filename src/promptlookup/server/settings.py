@@ -67,6 +67,14 @@ class ServerSettings:
     model_id: str | None = setting(
         None, "--model-id", "The name clients send as 'model' [default: the model's name]."
     )
+    model_alias: tuple[str, ...] = setting(
+        (),
+        "--model-alias",
+        "Another name a request's 'model' may give (repeatable), such as the one an agent is "
+        "set up with; '*' takes any name, as llama-server does. Answers name --model-id.",
+        metavar="NAME",
+        multiple=True,
+    )
     max_batch: int | None = setting(
         None,
         "--max-batch",
@@ -174,6 +182,9 @@ class ServerSettings:
         if self.api_key is None or isinstance(self.api_key, str):  # one key, or none
             self.api_key = (self.api_key,) if self.api_key else ()
         self.api_key = tuple(self.api_key)
+        if isinstance(self.model_alias, str):
+            self.model_alias = (self.model_alias,)
+        self.model_alias = tuple(self.model_alias)
         for item in options():
             value = getattr(self, item.name)
             if value is None or item.metadata["type"] is None:

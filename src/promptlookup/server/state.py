@@ -142,6 +142,11 @@ class ServerState:
             headers={"Retry-After": "5"} if self.status == "loading" else None,
         )
 
+    def serves(self, name: str) -> bool:
+        """Whether a request's ``model`` names this server's model (its id or an alias)."""
+        aliases = self.settings.model_alias
+        return name == self.model_id or name in aliases or "*" in aliases
+
     def model_card(self) -> ModelCard:
         return ModelCard(id=self.model_id, object="model", created=0, owned_by="promptlookup")
 
