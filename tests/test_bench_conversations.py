@@ -14,6 +14,7 @@ from promptlookup.bench.methods import Settings
 from promptlookup.bench.servers import ServerMethod
 from promptlookup.bench.sessions.conversations import (
     Conversation,
+    ScriptedConversation,
     build_conversations,
     report,
     run_conversations,
@@ -95,6 +96,47 @@ def test_the_session_mode_runs_from_the_command_line(tmp_path, monkeypatch):
     lines = (out / "sessions.jsonl").read_text().splitlines()
     assert [json.loads(line)["turn"] for line in lines] == [1, 2]
     assert "median TTFT turns 2+" in (out / "sessions.md").read_text()
+
+
+def test_sessions_from_data_replay_its_user_turns_with_each_methods_answers(tmp_path):
+    """``--sessions N --data FILE``: the first N rows, each row's user messages its turns (as
+    many as it has, up to --turns), its assistant messages replaced by the method's own."""
+    rows = [
+        {"id": "a", "task": "chat", "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "abcabc first"},
+            {"role": "assistant", "content": "the data's answer"},
+            {"role": "user", "content": "abcabc second"},
+            {"role": "assistant", "content": "another"},
+            {"role": "user", "content": "abcabc third"},
+        ]},
+        {"id": "b", "task": "chat", "messages": [{"role": "user", "content": "only one turn"}]},
+        {"id": "c", "task": "chat", "messages": [{"role": "user", "content": "not reached"}]},
+    ]  # fmt: skip
+    data = tmp_path / "talks.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings = ServerSettings(model_id=MODEL, generation_options=FIXED)
+    with RunningServer(create_app(tiny_lm(), settings)) as running:
+        out = tmp_path / "run"
+        result = CliRunner().invoke(
+            main,
+            [
+                "bench", "--sessions", "2", "--turns", "2", "--data", str(data), "-n", "4",
+                "--methods", "none", "--against", f"pl={running.url}", "--out", str(out),
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    turns = [json.loads(line) for line in (out / "sessions.jsonl").read_text().splitlines()]
+    assert [(t["session"], t["turn"]) for t in turns] == [
+        ("chat-a", 1),
+        ("chat-a", 2),
+        ("chat-b", 1),
+    ]
+    assert turns[1]["cached_tokens"] > 0  # turn 2 starts with turn 1 and its own answer
+    talk = ScriptedConversation.of("a", rows[0]["messages"])
+    second = talk.messages([turns[0]["text"]])
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] == turns[0]["text"] != "the data's answer"
 
 
 def test_the_session_mode_takes_only_promptlookup_in_process(tmp_path):

@@ -107,8 +107,9 @@ QUICK_TOKENS = 64
     type=click.IntRange(min=1),
     default=None,
     metavar="N",
-    help="The multi-turn session mode: N editing conversations, each turn the whole "
-    "conversation so far with the method's own answers; time to first token per turn and "
+    help="The multi-turn session mode: N editing conversations (or, with --data, the first N "
+    "rows, whose user messages are the turns), each turn the whole conversation so far with "
+    "the method's own answers; time to first token per turn and "
     "end-to-end tokens/s of promptlookup in process (with a prefix cache; --methods none "
     "leaves it out) and the --against servers, each with its own defaults and prompt cache.",
 )
@@ -278,6 +279,7 @@ def bench(
         session_bench(
             sessions, turns, max_new_tokens, methods, against, model, dtype, device, threads,
             out_dir, command="promptlookup " + shlex.join(sys.argv[1:]),
+            rows=prompts(data_files, limit)[0] if data_files else (),
         )  # fmt: skip
         return
     rows, data = prompts(data_files, limit, tasks)

@@ -7,6 +7,8 @@ earlier answers, as a chat client or an agent does.
   (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about ``file_chars``
   characters; turn 1 asks for one change and the whole file back, each later turn for another
   change (:data:`~promptlookup.bench.sessions.workload.EDITS`), after the earlier turns and answers.
+  Or the rows of ``--data`` files (:class:`ScriptedConversation`): a row's user messages are
+  its turns, its assistant messages replaced by each method's own answers.
 - *Methods*: servers raced with ``--against`` (sent as they are, so each keeps its own prompt
   cache: llama-server's is on by default; nothing like ``cache_prompt: false`` is sent) and
   ``promptlookup`` in process, with a prefix cache of its own. Each method carries its own
@@ -38,6 +40,7 @@ class Conversation:
     name: str
     file: str
     edits: list[str]
+    max_turns = None  # as many as asked for (the edits come round again)
 
     def messages(self, answers: Sequence[str]) -> list[dict]:
         """The messages of the turn after ``answers`` (a method's own answers so far)."""
@@ -57,6 +60,39 @@ class Conversation:
                     "file again.",
                 },
             ]
+        return messages
+
+
+@dataclass
+class ScriptedConversation:
+    """A conversation from a data row: its system (or developer) messages first, then its user
+    messages as the turns, each method's own answers in place of the row's assistant ones.
+
+    >>> row = [{"role": "user", "content": "Fix it."}, {"role": "assistant", "content": "x"},
+    ...        {"role": "user", "content": "Shorter."}]
+    >>> talk = ScriptedConversation.of("r1", row)
+    >>> talk.max_turns, [m["content"] for m in talk.messages(["mine"])]
+    (2, ['Fix it.', 'mine', 'Shorter.'])
+    """
+
+    name: str
+    opening: list[dict]
+    users: list[dict]
+
+    @classmethod
+    def of(cls, name: str, messages: list[dict]) -> ScriptedConversation:
+        opening = [m for m in messages if m["role"] in ("system", "developer")]
+        return cls(name, opening, [m for m in messages if m["role"] == "user"])
+
+    @property
+    def max_turns(self) -> int:
+        return len(self.users)
+
+    def messages(self, answers: Sequence[str]) -> list[dict]:
+        """The messages of the turn after ``answers`` (a method's own answers so far)."""
+        messages = [*self.opening, self.users[0]]
+        for turn, answer in enumerate(answers, start=1):
+            messages += [{"role": "assistant", "content": answer}, self.users[turn]]
         return messages
 
 
@@ -138,7 +174,7 @@ def run_conversations(
     rotation = 0
     for conversation in conversations:
         answers: dict[str, list[str]] = {method.name: [] for method in methods}
-        for turn in range(1, turns + 1):
+        for turn in range(1, min(turns, conversation.max_turns or turns) + 1):
             order = [*methods[rotation % len(methods) :], *methods[: rotation % len(methods)]]
             rotation += 1
             for method in order:
@@ -147,7 +183,7 @@ def run_conversations(
                 answers[method.name].append(answer["text"])
                 records.append(Turn(conversation.name, turn, method.name, **answer))
             log(
-                f"{conversation.name} turn {turn}/{turns}: "
+                f"{conversation.name} turn {turn}/{min(turns, conversation.max_turns or turns)}: "
                 + ", ".join(
                     f"{r.method} {r.completion_tokens} tokens, first after "
                     f"{r.first_token_seconds:.2f} s, {r.seconds:.2f} s"
@@ -219,9 +255,11 @@ def records_json(records: Sequence[Turn]) -> list[dict]:
 def session_bench(
     sessions: int, turns: int, max_tokens: int, methods: str, against: Sequence[str],
     model, dtype: str, device: str, threads: int | None, out_dir: str, command: str,
+    rows: Sequence = (),
 ) -> None:  # fmt: skip
     """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
-    OUT/sessions.md) the session mode."""
+    OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
+    :class:`ScriptedConversation`) where given, else N built-in editing sessions."""
     import json
     import sys
     from pathlib import Path
@@ -250,15 +288,21 @@ def session_bench(
     if not chats:
         raise InvalidParameterError("--sessions needs a method: promptlookup or --against")
     names = [chat.name for chat in chats]
+    conversations = (
+        [ScriptedConversation.of(f"{row.task}-{row.id}", row.messages) for row in rows[:sessions]]
+        if rows
+        else build_conversations(sessions)
+    )
     records = run_conversations(
         chats,
-        build_conversations(sessions),
+        conversations,
         turns,
         max_tokens,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
     text = (
-        f"Session mode: {sessions} conversation(s) x {turns} turns, max_tokens {max_tokens}, "
+        f"Session mode: {len(conversations)} conversation(s) x up to {turns} turns, max_tokens "
+        f"{max_tokens}, "
         f"greedy.\nCommand: `{command}`\n\n{report(records, names)}\n"
     )
     print(text)
