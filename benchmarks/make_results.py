@@ -68,6 +68,15 @@ GEMMA_RACE = (
     "--threads 2`. Start-up (`startup.txt`): llama-server ready after 0.85 s, promptlookup "
     "serve after 4.75 s and, on its second start, 4.63 s.",
 )
+#: The structured task (schemas and tool calls) against llama-server.
+STRUCTURED_RACE = (
+    "structured-0.15.0",
+    "`promptlookup bench --tasks structured --limit 12 -n 512 --threads 2 --methods "
+    "promptlookup-none,promptlookup --against llama-server=...` (the command below), version "
+    "0.15.0, on the AMD EPYC, 5 December 2026, other jobs paused; `llama-server -t 2 --jinja` "
+    "with its defaults otherwise, sent the same schemas (tools as the generic format's JSON "
+    "schema). Reading, and the bound prefill sets: [structured.md](structured.md).",
+)
 #: The llama.cpp backend against llama-server, the same way (cited, not in the table).
 LLAMACPP_RACE = (
     "llamacpp-backend-0.12.0",
@@ -149,6 +158,33 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "prefix-cache-sessions-0.15.0/sessions.md",
+        "How it ran: `prefix-cache-sessions-0.15.0/NOTES.md` (`benchmarks/prefix_cache_sessions.sh`"
+        ", version 0.15.0, 2 threads each, other jobs paused).",
+        "Multi-turn editing sessions with the prefix cache, against llama-server's prompt cache",
+    ),
+    (
+        "prefix-cache-sessions-chat-0.15.0/sessions.md",
+        "How it ran: `prefix-cache-sessions-chat-0.15.0/NOTES.md` (the same script with "
+        "`DATA=chat.jsonl SESSIONS=8 TURNS=2`: MT-bench's two-turn questions).",
+        "Multi-turn sessions from a data file, against llama-server's prompt cache",
+    ),
+    (
+        "prefix-cache-shared-0.15.0/NOTES.md",
+        "`benchmarks/prefix_cache_shared.sh`, version 0.15.0.",
+        "8 requests at once sharing a prefix, against llama-server -np 8",
+    ),
+    (
+        "prefix-cache-soak-30min/NOTES.md",
+        "`benchmarks/prefix_cache.py soak`, version 0.15.0.",
+        "The prefix cache over 30 minutes of 16 tenants",
+    ),
+    (
+        "drivers-0.15.0.md",
+        "`benchmarks/studies/drivers.py`, version 0.15.0.",
+        "One stream through the batch decoder against the reference loop",
+    ),
     (
         "sessions-0.13.0/sessions.md",
         SESSIONS + ", and `llama-server -np 8 -c 32768 -t 2 -tb 2 --spec-type ngram-mod` on the "
@@ -483,7 +519,8 @@ def run_section(run: str, note: str) -> list[str]:
 
 def study_section(name: str, note: str, title: str = "") -> list[str]:
     text = portable((RUNS / name).read_text().strip())
-    if title:
+    if title:  # in place of the file's own first heading, if it has one
+        text = re.sub(r"\A# [^\n]*\n+", "", text)
         text = f"### {title}\n\n{text}"
     text = re.sub(r"^(#+) ", lambda m: "#" * min(len(m.group(1)) + 1, 6) + " ", text, flags=re.M)
     first, _, rest = text.partition("\n")
@@ -563,7 +600,7 @@ def document() -> str:
         "## Bench runs",
         "",
     ]
-    for run, note in [RACE, GEMMA_RACE, LLAMACPP_RACE, *MAIN, *SWEEPS]:
+    for run, note in [RACE, GEMMA_RACE, STRUCTURED_RACE, LLAMACPP_RACE, *MAIN, *SWEEPS]:
         parts += run_section(run, note)
     parts += [
         "## Studies",
