@@ -93,6 +93,23 @@ def test_a_json_schema_answer_is_valid_whole_and_streamed(server):
     assert content == whole.choices[0].message.content and not calls and finish == "stop"
 
 
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "json_schema": {"schema": WEATHER}},  # no name (a label only)
+        {"type": "json_object", "schema": WEATHER},  # llama-server's way of saying it
+    ],
+    ids=["json-schema-without-name", "json-object-with-schema"],
+)
+def test_other_servers_spellings_of_a_schema_are_enforced(server, response_format):
+    body = {"messages": MESSAGES, "response_format": response_format, **GREEDY}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), WEATHER)
+
+
 def test_json_object_starts_an_object(server):
     answer = server.client().chat.completions.create(
         messages=MESSAGES, response_format={"type": "json_object"}, **GREEDY
@@ -259,6 +276,11 @@ def test_the_generic_format_in_the_prompt():
             {"response_format": {"type": "xml"}},
             "response_format",
             "'text', 'json_object' or 'json_schema'",
+        ),
+        (
+            {"response_format": {"type": "text", "schema": WEATHER}},
+            "response_format",
+            "schema goes with type json_object",
         ),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences, got 5"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "needs tool_call_id"),

@@ -78,7 +78,7 @@ def check_tool_choice(value):
 
 
 class JSONSchemaFormat(Forbid):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str | None = Field(None, pattern=NAME_PATTERN)  # OpenAI requires it; a label only
     description: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None  # accepted: the grammar always enforces the schema
@@ -87,18 +87,24 @@ class JSONSchemaFormat(Forbid):
 class ResponseFormat(Forbid):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
+    #: llama-server's ``{"type": "json_object", "schema": {...}}``: an object in that schema.
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
     def plain(self) -> dict:
         """OpenAI's shape, as :meth:`promptlookup.grammar.Grammar.of_response_format` reads it."""
-        if self.json_schema is None:
-            return {"type": self.type}
-        return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_}}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_}}
+        if self.type == "json_object" and self.schema_ is not None:
+            return {"type": "json_schema", "json_schema": {"schema": self.schema_}}
+        return {"type": self.type}
 
     def schema(self) -> dict | None:
         """The JSON schema of an answer in this format (None: text)."""
         if self.type == "json_schema" and self.json_schema is not None:
             return self.json_schema.schema_
-        return {"type": "object"} if self.type == "json_object" else None
+        if self.type == "json_object":
+            return self.schema_ if self.schema_ is not None else {"type": "object"}
+        return None
 
 
 def tools_problem(
@@ -116,4 +122,7 @@ def tools_problem(
     if response_format is not None and response_format.type == "json_schema":
         if response_format.json_schema is None:
             return "response_format", "type json_schema needs a json_schema object"
+    if response_format is not None and response_format.schema_ is not None:
+        if response_format.type != "json_object":
+            return "response_format", "schema goes with type json_object (or in json_schema)"
     return None
