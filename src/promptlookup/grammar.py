@@ -103,15 +103,16 @@ class Grammar:
     @classmethod
     def of_response_format(cls, response_format: Mapping | None) -> Grammar | None:
         """OpenAI's ``response_format``: ``{"type": "text"}`` (None: unconstrained),
-        ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"name": ...,
-        "schema": {...}, "strict": true}}``."""
+        ``{"type": "json_object"}`` (with llama-server's ``"schema": {...}``, an object in that
+        schema) or ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...},
+        "strict": true}}``."""
         if response_format is None:
             return None
         kind = response_format.get("type") if isinstance(response_format, Mapping) else None
         if kind == "text":
             return None
         if kind == "json_object":
-            return cls.json_schema(None)
+            return cls.json_schema(response_format.get("schema"))
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, Mapping):
