@@ -62,6 +62,8 @@ def test_bad_grammars_are_named_errors_with_one_line():
         Grammar.of_response_format({"type": "json_schema"})
     assert Grammar.of_response_format({"type": "text"}) is None
     assert Grammar.of_response_format({"type": "json_object"}) == Grammar.json_schema(None)
+    shaped = {"type": "json_object", "schema": SHAPE}  # llama-server's spelling
+    assert Grammar.of_response_format(shaped) == Grammar.json_schema(SHAPE)
     with pytest.raises(promptlookup.InvalidParameterError, match="grammar must be"):
         tiny_lm().generate("abc", grammar=PATTERN)
 
