@@ -168,3 +168,35 @@ def test_blocks_other_than_text_are_a_400_that_says_so(server, path, content):
     assert response.status_code == 400
     message = response.json()["error"]["message"]
     assert "only text content is supported" in message and "messages.0.content.0" in message
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        lambda schema: {"output_format": {"type": "json_schema", "schema": schema}},
+        lambda schema: {"output_config": {"format": {"type": "json_schema", "schema": schema},
+                                          "effort": "low"}},
+    ],
+    ids=["output_format", "output_config"],
+)  # fmt: skip
+def test_structured_output_is_enforced_whole_and_streamed(server, spelling):
+    body = {
+        "model": "tiny", "max_tokens": 200, "messages": MESSAGES, **GREEDY,
+        **spelling(WEATHER), "tools": [{**TOOLS[0], "strict": True}],
+        "tool_choice": {"type": "none"},
+    }  # fmt: skip
+    headers = {"x-api-key": KEY}
+    whole = httpx.post(server.url + "/v1/messages", json=body, headers=headers)
+    assert whole.status_code == 200, whole.text
+    answer = whole.json()
+    assert answer["stop_reason"] == "end_turn"
+    (block,) = answer["content"]
+    jsonschema.validate(json.loads(block["text"]), WEATHER)
+    with httpx.stream(
+        "POST", server.url + "/v1/messages", json={**body, "stream": True}, headers=headers
+    ) as response:
+        events = [
+            json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")
+        ]
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == block["text"]
