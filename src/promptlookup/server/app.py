@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API,
-:mod:`.anthropic`),
+:mod:`.anthropic`), ``POST /v1/responses`` (OpenAI's Responses API, :mod:`.responses_api`),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``.
 The complete list of what is supported and refused is ``docs/server.md``.
 
@@ -59,6 +59,7 @@ from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
+from .responses_api import serve_responses
 from .schemas import (
     APIError,
     ChatCompletionRequest,
@@ -158,6 +159,10 @@ def create_app(
     @v1.post("/messages/count_tokens")
     async def message_tokens(request: Request):
         return await count_message_tokens(state, request)
+
+    @v1.post("/responses")
+    async def responses(request: Request):
+        return await serve_responses(state, request)
 
     app.include_router(v1)
     install_openapi(app)

@@ -28,6 +28,7 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
       POST /v1/completions       text completion (a prompt string or token ids)
       POST /v1/messages          Anthropic's Messages API (text, tool_use, tool_result)
       POST /v1/messages/count_tokens  the prompt tokens of such a request
+      POST /v1/responses         OpenAI's Responses API (stateless: send the whole input)
       GET  /v1/models            the served model's id (send it as "model")
       GET  /v1/models/{id}       that model (404 for any other id)
       GET  /health               503 while the model loads, 200 when ready

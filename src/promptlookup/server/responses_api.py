@@ -1,0 +1,252 @@
+"""OpenAI's Responses API, ``POST /v1/responses``: text, function calls and structured output
+(``text.format``), whole or streamed as its events.
+
+A request is validated in its own shape (:class:`.responses_api_schemas.ResponsesRequest`),
+said again as a chat completions request and served by the same path (:func:`.serving.start_job`),
+so tools go through the chat template's format or the generic one, and its grammar. The
+answer is a ``response`` object whose ``output`` holds a ``message`` item (its
+``output_text``) and ``function_call`` items; ``usage`` counts the prompt's tokens the prefix
+cache held as ``input_tokens_details.cached_tokens``. A stream sends ``response.created`` and
+``response.in_progress``, then per item ``response.output_item.added``, its deltas
+(``response.output_text.delta`` inside a ``content_part``, or
+``response.function_call_arguments.delta``) and its ``.done`` events, then
+``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it). Errors are
+OpenAI's JSON; once a stream has begun, an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from .responses_api_schemas import ResponsesRequest
+from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
+from .serving import event_stream, start_job, unless_disconnected
+from .tools import ToolPlan, ToolStream, parse
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+async def serve_responses(state, request: Request) -> Response:
+    """``POST /v1/responses`` (see the module doc); an :class:`APIError` is the app's to answer."""
+    settings = state.settings
+    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+    asked = parse_request(ResponsesRequest, body)
+    req = parse_request(ChatCompletionRequest, asked.as_chat())
+    job, _ = await start_job(state, request, req, chat=True)
+    # A stream's response begins when its job starts (an error before that is JSON).
+    waited = job.started() if req.stream else job.outcome()
+    finished, choices = await unless_disconnected(waited, job, request)
+    if not finished:  # the client is gone; nobody reads this
+        return Response(status_code=499)
+    tools = req.tool_plan(state.tool_template)
+    shell = _shell(state.model_id, asked)
+    if req.stream:
+        return event_stream(ResponseEvents(shell, tools).events(job))
+    result = choices[0].result
+    content, calls = parse(result.text, tools.template) if tools else (result.text, [])
+    output = [_message(content)] if content or not calls else []
+    for call in calls:
+        function = call["function"]
+        output.append(_call(call["id"], function["name"], function["arguments"]))
+    cut = result.finish_reason == "length" and not calls
+    return JSONResponse(_finished(shell, output, result, choices[0].tokens, cut))
+
+
+def _shell(model: str, asked: ResponsesRequest) -> dict:
+    """The response object before its output: the request's settings said back."""
+    choice = asked.tool_choice
+    text_format = asked.text.format if asked.text is not None else None
+    return {
+        "id": _id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": asked.instructions,
+        "max_output_tokens": asked.max_output_tokens,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": asked.parallel_tool_calls is not False,
+        "previous_response_id": None,
+        "temperature": 1.0 if asked.temperature is None else asked.temperature,
+        "top_p": 1.0 if asked.top_p is None else asked.top_p,
+        "tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else choice or "auto",
+        "tools": [tool.model_dump(exclude_none=True) for tool in asked.tools or ()],
+        "text": {
+            "format": text_format.model_dump(by_alias=True, exclude_none=True)
+            if text_format is not None
+            else {"type": "text"}
+        },
+        "store": False,
+        "usage": None,
+    }
+
+
+def _message(text: str, status: str = "completed") -> dict:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {
+        "type": "message",
+        "id": _id("msg"),
+        "status": status,
+        "role": "assistant",
+        "content": [part],
+    }
+
+
+def _call(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {
+        "type": "function_call",
+        "id": _id("fc"),
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _finished(shell: dict, output: list[dict], result, output_tokens: int, cut: bool) -> dict:
+    """The response once its answer is in: ``incomplete`` when ``max_output_tokens`` cut it."""
+    prompt = len(result.prompt_ids)
+    usage = {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": result.stats.cached_tokens},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output_tokens,
+    }
+    return {
+        **shell,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "output": output,
+        "usage": usage,
+    }
+
+
+class ResponseEvents:
+    """The events of one streamed response: output items opened and closed as the answer's
+    text and calls come (:class:`.tools.ToolStream` reads the tool format)."""
+
+    def __init__(self, shell: dict, tools: ToolPlan | None) -> None:
+        self.shell, self.items = shell, []
+        self.stream = ToolStream(tools.template) if tools else None
+        self.number = 0  # the next event's sequence_number
+
+    def _event(self, kind: str, data: dict) -> str:
+        data = {"type": kind, **data, "sequence_number": self.number}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def _where(self) -> dict:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+    def _open(self, item: dict) -> str:
+        events = self._close()
+        self.items.append(item)
+        events += self._event(
+            "response.output_item.added", {"output_index": len(self.items) - 1, "item": item}
+        )
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": "", "annotations": []}
+            events += self._event(
+                "response.content_part.added", {**self._where(), "content_index": 0, "part": part}
+            )
+        return events
+
+    def _close(self) -> str:
+        """The ``.done`` events of the open item, if any."""
+        if not self.items or self.items[-1]["status"] == "completed":
+            return ""
+        item, where = self.items[-1], self._where()
+        item["status"] = "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            events = self._event(
+                "response.output_text.done", {**where, "content_index": 0, "text": part["text"]}
+            )
+            events += self._event(
+                "response.content_part.done", {**where, "content_index": 0, "part": part}
+            )
+        else:
+            events = self._event(
+                "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
+            )
+        return events + self._event(
+            "response.output_item.done", {"output_index": where["output_index"], "item": item}
+        )
+
+    def text(self, piece: str) -> str:
+        opened = self.items and self.items[-1]["type"] == "message"
+        events = (
+            ""
+            if opened and self.items[-1]["status"] != "completed"
+            else self._open(_message("", status="in_progress"))
+        )
+        self.items[-1]["content"][0]["text"] += piece
+        return events + self._event(
+            "response.output_text.delta", {**self._where(), "content_index": 0, "delta": piece}
+        )
+
+    def feed(self, piece: str) -> str:
+        """The events for a text delta of the answer."""
+        if self.stream is None:
+            return self.text(piece) if piece else ""
+        content, calls = self.stream.feed(piece)
+        events = self.text(content) if content else ""
+        for call in calls:
+            function = call["function"]
+            if "id" in call:
+                events += self._open(_call(call["id"], function["name"], "", "in_progress"))
+            if function["arguments"]:
+                self.items[-1]["arguments"] += function["arguments"]
+                events += self._event(
+                    "response.function_call_arguments.delta",
+                    {**self._where(), "delta": function["arguments"]},
+                )
+        return events
+
+    async def events(self, job):
+        try:
+            yield self._event("response.created", {"response": self.shell})
+            yield self._event("response.in_progress", {"response": self.shell})
+            while True:
+                kind, value = await job.events.get()
+                if kind == "delta":
+                    if events := self.feed(value[1]):
+                        yield events
+                elif kind == "choice":
+                    if not self.items:  # an empty answer still has its message
+                        yield self._open(_message("", status="in_progress"))
+                    yield self._close()
+                    reason = value.result.finish_reason
+                    if self.stream is not None:  # as the whole answer's: calls cut are "length"
+                        reason = self.stream.finish_reason(reason)
+                    cut = reason == "length"
+                    done = _finished(self.shell, self.items, value.result, value.tokens, cut)
+                    name = (
+                        "response.incomplete"
+                        if done["status"] == "incomplete"
+                        else "response.completed"
+                    )
+                    yield self._event(name, {"response": done})
+                elif kind == "done":
+                    break
+                else:
+                    error = (
+                        value if kind == "error" else APIError(503, "the generation was cancelled")
+                    )
+                    yield self._event(
+                        "error",
+                        {"code": error.code, "message": error.message, "param": error.param},
+                    )
+                    break
+        finally:
+            job.cancel()  # no effect once the job has ended
