@@ -2,8 +2,9 @@
 blocks, and its streaming events.
 
 A request is validated in Anthropic's shape (:class:`.anthropic_schemas.MessagesRequest`),
-then said again as a chat completions request (its ``as_chat``) and served by the same path (:func:`.app.start_job`), so tools go through the chat template's
-format or the generic one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
+then said again as a chat completions request (its ``as_chat``) and served by the same path
+(:func:`.serving.start_job`), so tools go through the chat template's format or the generic
+one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
 answer is written back as content blocks; a stream is ``message_start``, per block
 ``content_block_start``/``content_block_delta`` (``text_delta`` or
 ``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
