@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .anthropic_schemas import MessagesRequest
 from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
-from .serving import count_tokens, event_stream, start_job, unless_disconnected
+from .serving import APIEvents, count_tokens, event_stream, serve_as_chat
 from .tools import ToolPlan, ToolStream, parse
 
 #: Anthropic's error type for each status.
@@ -46,14 +46,7 @@ def error_body(error: APIError) -> dict:
 async def serve_messages(state, request: Request) -> Response:
     """``POST /v1/messages`` (see the module doc)."""
     try:
-        settings = state.settings
-        body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-        anthropic_request = parse_request(MessagesRequest, body)
-        req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
-        job, _ = await start_job(state, request, req, chat=True)
-        # A stream's response begins when its job starts (an error before that is JSON).
-        waited = job.started() if req.stream else job.outcome()
-        finished, choices = await unless_disconnected(waited, job, request)
+        _, req, job, finished, choices = await serve_as_chat(state, request, MessagesRequest)
     except APIError as error:
         return JSONResponse(error_body(error), error.status, headers=error.headers)
     if not finished:  # the client is gone; nobody reads this
@@ -117,7 +110,7 @@ def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
 
-class EventWriter:
+class EventWriter(APIEvents):
     """The events of one streamed message: content blocks opened and closed as the answer's
     text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
@@ -155,52 +148,25 @@ class EventWriter:
         events = "" if self.open == "text" else self._start({"type": "text", "text": ""})
         return events + self._delta({"type": "text_delta", "text": piece})
 
-    def feed(self, piece: str) -> str:
-        """The events for a text delta of the answer."""
-        if self.stream is None:
-            return self.text(piece) if piece else ""
-        content, calls = self.stream.feed(piece)
-        events = self.text(content) if content else ""
-        for call in calls:
-            function = call["function"]
-            if "id" in call:
-                use = {"type": "tool_use", "id": call["id"], "name": function["name"], "input": {}}
-                events += self._start(use)
-            if function["arguments"]:
-                events += self._delta(
-                    {"type": "input_json_delta", "partial_json": function["arguments"]}
-                )
-        return events
+    def call(self, call_id: str, name: str) -> str:
+        return self._start({"type": "tool_use", "id": call_id, "name": name, "input": {}})
 
-    async def events(self, job):
-        try:
-            yield _event("message_start", {"message": self.message})
-            while True:
-                kind, value = await job.events.get()
-                if kind == "delta":
-                    if events := self.feed(value[1]):
-                        yield events
-                elif kind == "choice":
-                    reason = value.result.finish_reason
-                    if self.stream is not None:
-                        reason = self.stream.finish_reason(reason)
-                    if self.index < 0:  # an empty answer still has its text block
-                        yield self._start({"type": "text", "text": ""})
-                    yield self._stop()
-                    delta = {
-                        "stop_reason": STOP_REASONS.get(reason, "end_turn"),
-                        "stop_sequence": None,
-                    }
-                    usage = {**_input_usage(value.result), "output_tokens": value.tokens}
-                    yield _event("message_delta", {"delta": delta, "usage": usage})
-                elif kind == "done":
-                    yield _event("message_stop", {})
-                    break
-                else:
-                    error = (
-                        value if kind == "error" else APIError(503, "the generation was cancelled")
-                    )
-                    yield _event("error", {"error": error_body(error)["error"]})
-                    break
-        finally:
-            job.cancel()  # no effect once the job has ended
+    def arguments(self, piece: str) -> str:
+        return self._delta({"type": "input_json_delta", "partial_json": piece})
+
+    def start(self) -> str:
+        return _event("message_start", {"message": self.message})
+
+    def finish(self, choice) -> str:
+        # An empty answer still has its text block.
+        events = self._start({"type": "text", "text": ""}) if self.index < 0 else ""
+        reason = STOP_REASONS.get(self.reason(choice), "end_turn")
+        delta = {"stop_reason": reason, "stop_sequence": None}
+        usage = {**_input_usage(choice.result), "output_tokens": choice.tokens}
+        return events + self._stop() + _event("message_delta", {"delta": delta, "usage": usage})
+
+    def end(self) -> str:
+        return _event("message_stop", {})
+
+    def error(self, error: APIError) -> str:
+        return _event("error", {"error": error_body(error)["error"]})

@@ -24,8 +24,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from .responses_api_schemas import ResponsesRequest
-from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
-from .serving import event_stream, start_job, unless_disconnected
+from .schemas import APIError
+from .serving import APIEvents, event_stream, serve_as_chat
 from .tools import ToolPlan, ToolStream, parse
 
 
@@ -35,14 +35,7 @@ def _id(prefix: str) -> str:
 
 async def serve_responses(state, request: Request) -> Response:
     """``POST /v1/responses`` (see the module doc); an :class:`APIError` is the app's to answer."""
-    settings = state.settings
-    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-    asked = parse_request(ResponsesRequest, body)
-    req = parse_request(ChatCompletionRequest, asked.as_chat())
-    job, _ = await start_job(state, request, req, chat=True)
-    # A stream's response begins when its job starts (an error before that is JSON).
-    waited = job.started() if req.stream else job.outcome()
-    finished, choices = await unless_disconnected(waited, job, request)
+    asked, req, job, finished, choices = await serve_as_chat(state, request, ResponsesRequest)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     tools = req.tool_plan(state.tool_template)
@@ -131,7 +124,7 @@ def _finished(shell: dict, output: list[dict], result, output_tokens: int, cut: 
     }
 
 
-class ResponseEvents:
+class ResponseEvents(APIEvents):
     """The events of one streamed response: output items opened and closed as the answer's
     text and calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
@@ -195,58 +188,32 @@ class ResponseEvents:
             "response.output_text.delta", {**self._where(), "content_index": 0, "delta": piece}
         )
 
-    def feed(self, piece: str) -> str:
-        """The events for a text delta of the answer."""
-        if self.stream is None:
-            return self.text(piece) if piece else ""
-        content, calls = self.stream.feed(piece)
-        events = self.text(content) if content else ""
-        for call in calls:
-            function = call["function"]
-            if "id" in call:
-                events += self._open(_call(call["id"], function["name"], "", "in_progress"))
-            if function["arguments"]:
-                self.items[-1]["arguments"] += function["arguments"]
-                events += self._event(
-                    "response.function_call_arguments.delta",
-                    {**self._where(), "delta": function["arguments"]},
-                )
-        return events
+    def call(self, call_id: str, name: str) -> str:
+        return self._open(_call(call_id, name, "", "in_progress"))
 
-    async def events(self, job):
-        try:
-            yield self._event("response.created", {"response": self.shell})
-            yield self._event("response.in_progress", {"response": self.shell})
-            while True:
-                kind, value = await job.events.get()
-                if kind == "delta":
-                    if events := self.feed(value[1]):
-                        yield events
-                elif kind == "choice":
-                    if not self.items:  # an empty answer still has its message
-                        yield self._open(_message("", status="in_progress"))
-                    yield self._close()
-                    reason = value.result.finish_reason
-                    if self.stream is not None:  # as the whole answer's: calls cut are "length"
-                        reason = self.stream.finish_reason(reason)
-                    cut = reason == "length"
-                    done = _finished(self.shell, self.items, value.result, value.tokens, cut)
-                    name = (
-                        "response.incomplete"
-                        if done["status"] == "incomplete"
-                        else "response.completed"
-                    )
-                    yield self._event(name, {"response": done})
-                elif kind == "done":
-                    break
-                else:
-                    error = (
-                        value if kind == "error" else APIError(503, "the generation was cancelled")
-                    )
-                    yield self._event(
-                        "error",
-                        {"code": error.code, "message": error.message, "param": error.param},
-                    )
-                    break
-        finally:
-            job.cancel()  # no effect once the job has ended
+    def arguments(self, piece: str) -> str:
+        self.items[-1]["arguments"] += piece
+        return self._event(
+            "response.function_call_arguments.delta", {**self._where(), "delta": piece}
+        )
+
+    def start(self) -> str:
+        return self._event("response.created", {"response": self.shell}) + self._event(
+            "response.in_progress", {"response": self.shell}
+        )
+
+    def finish(self, choice) -> str:
+        # An empty answer still has its message.
+        events = self._open(_message("", status="in_progress")) if not self.items else ""
+        events += self._close()
+        cut = self.reason(choice) == "length"
+        done = _finished(self.shell, self.items, choice.result, choice.tokens, cut)
+        name = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
+        return events + self._event(name, {"response": done})
+
+    def end(self) -> str:
+        return ""
+
+    def error(self, error: APIError) -> str:
+        body = {"code": error.code, "message": error.message, "param": error.param}
+        return self._event("error", body)

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from .request_base import Forbid
 from .schemas import INT32_MAX
-from .tool_schemas import NAME_PATTERN
+from .tool_schemas import FunctionDef
 
 
 class InputText(Forbid):
@@ -85,14 +85,10 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(Forbid):
+class FunctionTool(FunctionDef):
     """A tool, flat (``{"type": "function", "name", "parameters"}``, not under ``function``)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=NAME_PATTERN)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # accepted: the grammar always enforces the parameters
 
 
 class NamedFunction(Forbid):

@@ -15,10 +15,11 @@ from ..drafters import parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
-from .schemas import APIError, content_text
+from .schemas import APIError, ChatCompletionRequest, content_text, parse_request, read_json
 from .state import ServerState
 from .texts import CHUNK, bounded_ids
 from .tool_template import encode
+from .tools import stream_pieces
 from .worker import GenerationJob, QueueFull
 
 
@@ -40,6 +41,21 @@ async def count_tokens(state: ServerState, req) -> int:
     thread); its 400s are a job's."""
     _check_model(state, req, chat=True)
     return len(await run_in_threadpool(_encode, state, req, True))
+
+
+async def serve_as_chat(state: ServerState, request: Request, shape):
+    """A request of another API (``shape``: its pydantic model, with ``as_chat``) served by
+    the chat path: ``(the request in its own shape, as chat, its job, whether the client is
+    still there, its choices)``; for a stream, the job has started (an error before that is an
+    :class:`APIError`, answered as JSON) and the choices are to come as its events."""
+    settings = state.settings
+    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+    asked = parse_request(shape, body)
+    req = parse_request(ChatCompletionRequest, asked.as_chat())
+    job, _ = await start_job(state, request, req, chat=True)
+    waited = job.started() if req.stream else job.outcome()
+    finished, choices = await unless_disconnected(waited, job, request)
+    return asked, req, job, finished, choices
 
 
 async def start_job(state: ServerState, request: Request, req, chat: bool):
@@ -239,3 +255,46 @@ def event_stream(events) -> StreamingResponse:
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+class APIEvents:
+    """One streamed answer in another API's events (:mod:`.anthropic`, :mod:`.responses_api`):
+    the job's text deltas read through the request's tool format (``stream``, None without
+    tools) into text, call and argument pieces, each a subclass's events. Subclasses write
+    ``start``, ``text``, ``call``, ``arguments``, ``finish`` (the choice, its finish reason as
+    the whole answer's), ``end`` and ``error``."""
+
+    stream = None  # a .tools.ToolStream where the request has tools
+
+    def feed(self, delta: str) -> str:
+        """The events for a text delta of the answer."""
+        events = ""
+        for kind, *value in stream_pieces(self.stream, delta):
+            events += getattr(self, kind)(*value)
+        return events
+
+    def reason(self, choice) -> str:
+        """The choice's finish reason, as the whole answer's (calls cut are ``length``)."""
+        reason = choice.result.finish_reason
+        return reason if self.stream is None else self.stream.finish_reason(reason)
+
+    async def events(self, job: GenerationJob):
+        try:
+            yield self.start()
+            while True:
+                kind, value = await job.events.get()
+                if kind == "delta":
+                    if events := self.feed(value[1]):
+                        yield events
+                elif kind == "choice":
+                    yield self.finish(value)
+                elif kind == "done":
+                    if events := self.end():
+                        yield events
+                    break
+                else:
+                    cancelled = APIError(503, "the generation was cancelled")
+                    yield self.error(value if kind == "error" else cancelled)
+                    break
+        finally:
+            job.cancel()  # no effect once the job has ended

@@ -284,6 +284,23 @@ class ToolStream:
         return "tool_calls" if parse(self.text, self.template)[1] else reason
 
 
+def stream_pieces(stream: ToolStream | None, delta: str) -> list[tuple[str, ...]]:
+    """A text delta of the answer as what a streaming API sends, in order: ``("text",
+    piece)``, ``("call", id, name)`` where a call begins, ``("arguments", piece)``; through
+    ``stream`` where the request has tools (None: all text)."""
+    if stream is None:
+        return [("text", delta)] if delta else []
+    content, calls = stream.feed(delta)
+    pieces: list[tuple[str, ...]] = [("text", content)] if content else []
+    for call in calls:
+        function = call["function"]
+        if "id" in call:
+            pieces.append(("call", call["id"], function["name"]))
+        if function["arguments"]:
+            pieces.append(("arguments", function["arguments"]))
+    return pieces
+
+
 def _string_end(text: str, start: int) -> int | None:
     """The index of the quote that closes the JSON string whose characters begin at
     ``start``, or None when it is not closed yet."""
