@@ -139,6 +139,24 @@ def test_sessions_from_data_replay_its_user_turns_with_each_methods_answers(tmp_
     assert second[2]["content"] == turns[0]["text"] != "the data's answer"
 
 
+def test_without_methods_the_session_mode_runs_promptlookup_in_process(tmp_path, monkeypatch):
+    """README's ``bench --sessions 4 --against ...`` (no --methods) failed: the bench's default
+    methods were taken for the session mode's."""
+    import promptlookup
+    from promptlookup.bench.sessions import conversations
+
+    short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
+    monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)
+    monkeypatch.setattr(promptlookup, "load_model", lambda *args, **kwargs: tiny_lm())
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        main, ["bench", "--sessions", "1", "--turns", "2", "-n", "4", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    methods = {json.loads(line)["method"] for line in (out / "sessions.jsonl").open()}
+    assert methods == {"promptlookup"}
+
+
 def test_the_session_mode_takes_only_promptlookup_in_process(tmp_path):
     result = CliRunner().invoke(
         main, ["bench", "--sessions", "1", "--methods", "plain", "--out", str(tmp_path)]

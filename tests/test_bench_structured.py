@@ -88,3 +88,21 @@ def test_a_structured_run_is_valid_and_identical_across_plain_none_and_promptloo
     assert all(record["identical_to_none"] for record in result.records)
     (summary,) = [s for s in result.summary if s["method"] == "promptlookup"]
     assert summary["valid_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("method", ["hf-pld", "hf-custom:k=4"])
+def test_transformers_prompt_lookup_is_refused_on_constrained_rows(tmp_path, method):
+    """Its drafts bypass the grammar's logits processor (it crashed in llguidance); the
+    structured task's default methods leave it out."""
+    from click.testing import CliRunner
+
+    from promptlookup.bench.command import CONSTRAINED_METHODS
+    from promptlookup.cli import main
+
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--tasks", "structured", "--limit", "1", "--methods", f"{method},promptlookup",
+         "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "cannot keep to a grammar" in result.output
+    assert "hf-" not in CONSTRAINED_METHODS

@@ -38,6 +38,10 @@ def register_drafter_method(backend: str, item: str) -> str:
 
 DEFAULT_TOKENS = 128
 QUICK_TOKENS = 64
+#: The methods a run compares unless --methods says otherwise.
+DEFAULT_METHODS = "plain,hf-pld,promptlookup-none,promptlookup"
+#: ... where prompts are constrained by a grammar (the structured task).
+CONSTRAINED_METHODS = "plain,promptlookup-none,promptlookup"
 
 
 @click.command()
@@ -79,11 +83,11 @@ QUICK_TOKENS = 64
 )
 @click.option(
     "--methods",
-    default="plain,hf-pld,promptlookup-none,promptlookup",
-    show_default=True,
+    default=None,
     help="Comma-separated methods; parameters as name:key=value,key=value, e.g. "
     "promptlookup:k=4,min=2. plain (the baseline) is always added; with promptlookup-none "
-    "the report splits each promptlookup speed-up into the engine's part and drafting's.",
+    "the report splits each promptlookup speed-up into the engine's part and drafting's. "
+    f"[default: {DEFAULT_METHODS}; with the structured task, {CONSTRAINED_METHODS}]",
 )
 @click.option(
     "--drafter-method",
@@ -277,12 +281,24 @@ def bench(
         from .sessions.conversations import session_bench
 
         session_bench(
-            sessions, turns, max_new_tokens, methods, against, model, dtype, device, threads,
+            sessions, turns, max_new_tokens, methods or "promptlookup", against, model, dtype,
+            device, threads,
             out_dir, command="promptlookup " + shlex.join(sys.argv[1:]),
             rows=prompts(data_files, limit)[0] if data_files else (),
         )  # fmt: skip
         return
     rows, data = prompts(data_files, limit, tasks)
+    # Grammar-constrained rows (the structured task): transformers' own prompt lookup
+    # (hf-pld, hf-custom) verifies drafts past a logits processor, so it cannot keep to one.
+    constrained = any(row.request for row in rows)
+    methods = methods or (CONSTRAINED_METHODS if constrained else DEFAULT_METHODS)
+    unconstrained = [m for m in split_names(methods) if m.split(":")[0] in ("hf-pld", "hf-custom")]
+    if constrained and unconstrained:
+        raise click.UsageError(
+            f"--methods: {', '.join(unconstrained)} cannot keep to a grammar (transformers' "
+            f"drafts bypass its logits processor); on the structured task use {CONSTRAINED_METHODS}"
+            " and servers"
+        )
     servers = [parse_against(item) for item in against]
     specs = split_methods(methods)
     if sweep:
