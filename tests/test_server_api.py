@@ -82,6 +82,16 @@ def test_openapi_describes_the_request_bodies(server):
     assert {"messages", "logprobs", "top_logprobs", "n"} <= set(
         doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     )
+    for path, model in [
+        ("/v1/messages", "MessagesRequest"),
+        ("/v1/messages/count_tokens", "MessagesRequest"),
+        ("/v1/responses", "ResponsesRequest"),
+    ]:
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"]["$ref"].endswith(model)
+    assert {"input", "tools", "text"} <= set(
+        doc["components"]["schemas"]["ResponsesRequest"]["properties"]
+    )
 
 
 def test_models_retrieve_knows_the_served_model_only(server):

@@ -12,10 +12,18 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ..limits import MIN_TEMPERATURE
+from .anthropic_schemas import MessagesRequest
 from .bodies import RESPONSE_MODELS
+from .responses_api_schemas import ResponsesRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
 
-_MODELS = (ChatCompletionRequest, CompletionRequest, *RESPONSE_MODELS)
+_MODELS = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    MessagesRequest,
+    ResponsesRequest,
+    *RESPONSE_MODELS,
+)
 _ERRORS = {
     "400": "invalid request",
     "401": "missing or wrong API key",
@@ -88,6 +96,20 @@ def build_openapi(app: FastAPI) -> dict:
         events = f"with stream: server-sent events, 'data: ' and a {chunk} each, then [DONE]"
         ok["content"]["text/event-stream"] = {"schema": {"type": "string", "description": events}}
         operation["responses"] = {"200": ok, **_errors("400", "408", "413", "429", *v1_errors)}
+    # The other APIs' bodies: their requests validated as these models, their answers written
+    # in their own shapes (docs/server.md).
+    for path, request, answer in (
+        ("/v1/messages", "MessagesRequest", "Anthropic's message; with stream, its events"),
+        ("/v1/messages/count_tokens", "MessagesRequest", '{"input_tokens": n}'),
+        ("/v1/responses", "ResponsesRequest", "a response object; with stream, its events"),
+    ):
+        operation = paths[path]["post"]
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(request)}},
+        }
+        errors = _errors("400", "408", "413", "429", *v1_errors)
+        operation["responses"] = {"200": {"description": answer}, **errors}
     paths["/v1/models"]["get"]["responses"] = {"200": _json("ModelList"), **_errors(*v1_errors)}
     paths["/v1/models/{model_id}"]["get"]["responses"] = {
         "200": _json("ModelCard"),
