@@ -180,18 +180,17 @@ class LanguageModel:
             sequence = self._sequence(request)
             stream.stats = sequence.stats
             decoder = BatchDecoder(self.target, self.policy, max_batch=1)
-            decoder.add(sequence)
+            deltas: list[tuple[int, str]] = []
+            results: list[GenerationResult | None] = [None]
+            steps = _drive(decoder, {decoder.add(sequence): (0, text)}, deltas, results)
             try:
-                for _, new_tokens in decoder.run():
-                    for _, piece in text.add_step(sequence, new_tokens):  # up to a stop string
-                        if piece:
-                            yield piece
-                if tail := text.flush():
-                    yield tail
+                for _ in steps:  # each step's text deltas
+                    yield from (piece for _, piece in deltas)
+                    deltas.clear()
             finally:
                 if not sequence.done:
                     sequence.cancel()  # the stream was closed early: the sequence ends here
-                stream.result = text.result(sequence.stats, request.prompt_ids)
+                stream.result = results[0] or text.result(sequence.stats, request.prompt_ids)
             return
         stats = stream.stats = GenerationStats()
         tokens = speculative_generate(
@@ -358,16 +357,27 @@ class LanguageModel:
         for index, (sequence, text) in enumerate(sequences):
             texts[decoder.add(sequence)] = (index, text)
         results[:] = [None] * len(sequences)
-        for sequence, new_tokens in decoder.run():
-            index, text = texts[sequence]
-            for _, piece in text.add_step(sequence, new_tokens):  # up to a stop string
-                if piece:
-                    emit(index, piece)
-            if sequence.done:
-                if tail := text.flush():
-                    emit(index, tail)
-                results[index] = text.result(sequence.stats, sequence.prompt_ids)
+        deltas: list[tuple[int, str]] = []
+        for _ in _drive(decoder, texts, deltas, results):
+            for index, piece in deltas:
+                emit(index, piece)
+            deltas.clear()
             yield
+
+
+def _drive(decoder: BatchDecoder, texts: dict, deltas: list, results: list) -> Iterator[None]:
+    """The decoder's steps, one driver for one row and many: each sequence's new tokens into
+    its :class:`TextAssembler` (``texts``: sequence -> (index, assembler)), its text deltas
+    appended to ``deltas`` as ``(index, piece)``, its :class:`GenerationResult` into
+    ``results[index]`` when it ends; yields after each step."""
+    for sequence, new_tokens in decoder.run():
+        index, text = texts[sequence]
+        pieces = [piece for _, piece in text.add_step(sequence, new_tokens) if piece]
+        if sequence.done:
+            pieces += [tail] if (tail := text.flush()) else []
+            results[index] = text.result(sequence.stats, sequence.prompt_ids)
+        deltas += [(index, piece) for piece in pieces]
+        yield
 
 
 # generate takes stream's keyword arguments; help() and inspect show them for both.

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from .anthropic_schemas import MessagesRequest
 from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
 from .serving import APIEvents, count_tokens, event_stream, serve_as_chat
-from .tools import ToolPlan, ToolStream, parse
+from .tools import ToolPlan, ToolStream, read_answer
 
 #: Anthropic's error type for each status.
 ERROR_TYPES = {
@@ -57,7 +57,7 @@ async def serve_messages(state, request: Request) -> Response:
         writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
         return event_stream(writer.events(job))
     result = choices[0].result
-    content, calls = parse(result.text, tools.template) if tools else (result.text, [])
+    content, calls = read_answer(result.text, tools)
     blocks = [{"type": "text", "text": content}] if content or not calls else []
     for call in calls:
         function = call["function"]

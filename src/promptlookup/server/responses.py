@@ -15,7 +15,7 @@ import json
 
 from . import bodies as B
 from .schemas import APIError
-from .tools import ToolPlan, parse
+from .tools import ToolPlan, read_answer
 from .worker import Choice, TokenInfo
 
 
@@ -168,11 +168,10 @@ def completion_body(
 
 def _chat_choice(choice: Choice, tools: ToolPlan | None) -> B.ChatChoice:
     result, calls = choice.result, None
-    content, finish_reason = result.text, result.finish_reason
-    if tools:
-        content, found = parse(result.text, tools.template)
-        if found:
-            calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
+    finish_reason = result.finish_reason
+    content, found = read_answer(result.text, tools)
+    if found:
+        calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
     message = B.AssistantMessage(role="assistant", content=content, refusal=None)
     if calls:
         message.tool_calls = calls

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from .responses_api_schemas import ResponsesRequest
 from .schemas import APIError
 from .serving import APIEvents, event_stream, serve_as_chat
-from .tools import ToolPlan, ToolStream, parse
+from .tools import ToolPlan, ToolStream, read_answer
 
 
 def _id(prefix: str) -> str:
@@ -43,7 +43,7 @@ async def serve_responses(state, request: Request) -> Response:
     if req.stream:
         return event_stream(ResponseEvents(shell, tools).events(job))
     result = choices[0].result
-    content, calls = parse(result.text, tools.template) if tools else (result.text, [])
+    content, calls = read_answer(result.text, tools)
     output = [_message(content)] if content or not calls else []
     for call in calls:
         function = call["function"]

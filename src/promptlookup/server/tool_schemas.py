@@ -94,8 +94,8 @@ class ResponseFormat(Forbid):
         """OpenAI's shape, as :meth:`promptlookup.grammar.Grammar.of_response_format` reads it."""
         if self.type == "json_schema" and self.json_schema is not None:
             return {"type": self.type, "json_schema": {"schema": self.json_schema.schema_}}
-        if self.type == "json_object" and self.schema_ is not None:
-            return {"type": "json_schema", "json_schema": {"schema": self.schema_}}
+        if self.schema_ is not None:  # json_object's (tools_problem refuses it elsewhere)
+            return {"type": self.type, "schema": self.schema_}
         return {"type": self.type}
 
     def schema(self) -> dict | None:

@@ -243,6 +243,12 @@ def parse(text: str, template: CallFormat | None = None) -> tuple[str | None, li
     return found.content or None, calls  # the template's format may have text before calls
 
 
+def read_answer(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dict]]:
+    """A whole answer as ``(content, tool_calls)``: read in the plan's format (:func:`parse`),
+    or all text where the request has no tools."""
+    return parse(text, plan.template) if plan else (text, [])
+
+
 class ToolStream:
     """Turns an answer's text deltas into what OpenAI streams: content deltas (the decoded
     text of a ``response``) and tool call deltas (a call's id and name once its name is
