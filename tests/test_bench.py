@@ -21,8 +21,9 @@ from promptlookup.bench.methods import (
     split_methods,
     sweep_specs,
 )
+from promptlookup.bench.records import ResultRecord
 from promptlookup.bench.report import render_markdown
-from promptlookup.bench.runner import ResultRecord, method_order
+from promptlookup.bench.runner import method_order
 from promptlookup.bench.summary import (
     SUMMARY_KEYS,
     after_first_pass,
@@ -646,7 +647,7 @@ def test_smoke_on_the_default_model(default_lm, shared_data, tmp_path, monkeypat
 
 
 def test_drafter_method_runs_a_drafter_spec_as_a_method(tiny_lm):
-    from promptlookup.bench.command import register_drafter_method
+    from promptlookup.bench.race import register_drafter_method
 
     name = register_drafter_method("transformers", "lookup-chain=prompt-lookup,none")
     result = run_bench(tiny_lm, rows(2), ["plain", name], FAST, warmup=False)

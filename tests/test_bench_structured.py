@@ -96,7 +96,7 @@ def test_transformers_prompt_lookup_is_refused_on_constrained_rows(tmp_path, met
     structured task's default methods leave it out."""
     from click.testing import CliRunner
 
-    from promptlookup.bench.command import CONSTRAINED_METHODS
+    from promptlookup.bench.race import CONSTRAINED_METHODS
     from promptlookup.cli import main
 
     result = CliRunner().invoke(

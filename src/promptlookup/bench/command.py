@@ -1,4 +1,6 @@
-"""``promptlookup bench``: the command line over :func:`promptlookup.bench.run_bench`."""
+"""``promptlookup bench``: its options and help, and which mode runs: the prompt race
+(:mod:`.race`), the session mode (``--sessions``, :mod:`.sessions.conversations`) or the
+report alone (``--report-only``, :mod:`.report`)."""
 
 from __future__ import annotations
 
@@ -9,39 +11,12 @@ import sys
 import click
 
 from ..cli import friendly_errors, model_options
-from ..errors import InvalidParameterError
-from ..machine import default_threads
+from .race import CONSTRAINED_METHODS, DEFAULT_METHODS, prompt_rows, race
 from .suite import DEFAULT_PER_TASK
 
-
-def register_drafter_method(backend: str, item: str) -> str:
-    """``NAME=SPEC`` -> a method NAME of ``backend`` that runs promptlookup with drafter SPEC."""
-    from ..drafters import check_drafter_spec
-    from .methods import register_method
-
-    name, sep, spec = item.partition("=")
-    if not sep or not name or not spec or ":" in name or "," in name:
-        raise click.UsageError(
-            f"--drafter-method {item!r}: expected NAME=SPEC, e.g. "
-            "chain=prompt-lookup,draft-model:default"
-        )
-    if backend != "transformers":
-        raise click.UsageError("--drafter-method is available with --backend transformers")
-    check_drafter_spec(spec)
-    from .methods import PromptLookupMethod
-
-    register_method(
-        backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec), params={}
-    )
-    return name
-
-
+#: New tokens per generation unless --max-new-tokens says otherwise (and with --quick).
 DEFAULT_TOKENS = 128
 QUICK_TOKENS = 64
-#: The methods a run compares unless --methods says otherwise.
-DEFAULT_METHODS = "plain,hf-pld,promptlookup-none,promptlookup"
-#: ... where prompts are constrained by a grammar (the structured task).
-CONSTRAINED_METHODS = "plain,promptlookup-none,promptlookup"
 
 
 @click.command()
@@ -249,144 +224,72 @@ def bench(
       promptlookup bench --quick --out first-look
       promptlookup bench --limit 12 --max-new-tokens 256 --out bench-out
       promptlookup bench --limit 4 --against llamacpp=http://127.0.0.1:8080 --out race
-      promptlookup bench --tasks structured --methods promptlookup-none,promptlookup \
+      promptlookup bench --tasks structured --methods promptlookup-none,promptlookup \\
           --against llamacpp=http://127.0.0.1:8080 --max-new-tokens 256 --out structured
       promptlookup bench --data code_edit.jsonl --data chat.jsonl --limit 20 \\
           --max-new-tokens 256 --methods plain,hf-pld,promptlookup --out bench-out
     """
-    from .methods import Settings, get_backend, split_methods, sweep_specs
-    from .report import console_tables, report_from_dir
-    from .summary import read_results
-
+    command = "promptlookup " + shlex.join(sys.argv[1:])
     if report_only:
+        from .report import report_from_dir
+        from .summary import read_results
+
         summary = report_from_dir(out_dir)
-        records = read_results(
-            os.path.join(out_dir, "results.jsonl"), tolerate_partial_last_line=True
-        )
-        click.echo(console_tables(records, summary))
-        click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
+        path = os.path.join(out_dir, "results.jsonl")
+        show(read_results(path, tolerate_partial_last_line=True), summary, out_dir)
         return
     if sampling and temperature <= 0:
         raise click.UsageError("--sampling needs --temperature > 0")
     if not 0 < top_p <= 1:
         raise click.UsageError("--top-p must be in (0, 1]")
-    from .methods import parse_method_spec
-    from .servers import ServerMethod, parse_against
-
     if quick:
         limit = limit or 1
         max_new_tokens = max_new_tokens or QUICK_TOKENS
     max_new_tokens = max_new_tokens or DEFAULT_TOKENS
     if sessions:
+        from .data import load_all
         from .sessions.conversations import session_bench
 
         session_bench(
             sessions, turns, max_new_tokens, methods or "promptlookup", against, model, dtype,
-            device, threads,
-            out_dir, command="promptlookup " + shlex.join(sys.argv[1:]),
-            rows=prompts(data_files, limit)[0] if data_files else (),
+            device, threads, out_dir, command=command,
+            rows=load_all(data_files, limit) if data_files else (),
         )  # fmt: skip
         return
-    rows, data = prompts(data_files, limit, tasks)
-    # Grammar-constrained rows (the structured task): transformers' own prompt lookup
-    # (hf-pld, hf-custom) verifies drafts past a logits processor, so it cannot keep to one.
-    constrained = any(row.request for row in rows)
-    methods = methods or (CONSTRAINED_METHODS if constrained else DEFAULT_METHODS)
-    unconstrained = [m for m in split_names(methods) if m.split(":")[0] in ("hf-pld", "hf-custom")]
-    if constrained and unconstrained:
-        raise click.UsageError(
-            f"--methods: {', '.join(unconstrained)} cannot keep to a grammar (transformers' "
-            f"drafts bypass its logits processor); on the structured task use {CONSTRAINED_METHODS}"
-            " and servers"
-        )
-    servers = [parse_against(item) for item in against]
-    specs = split_methods(methods)
-    if sweep:
-        specs += [s for s in sweep_specs() if s not in specs]
-    if not specs:
-        raise click.UsageError("--methods is empty")
-    registry = get_backend(backend).factories
-    for item in drafter_methods:
-        specs.append(register_drafter_method(backend, item))
-    for spec in specs:  # unknown names fail before the (slow) model load
-        name, _ = parse_method_spec(spec)
-        if name not in registry:
-            raise InvalidParameterError(
-                f"unknown method {name!r} for backend {backend!r}; "
-                f"choose {', '.join(sorted(registry))}"
-            )
-    settings = Settings(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature if sampling else 0.0,
-        top_k=top_k if sampling else 0,
-        top_p=top_p if sampling else 1.0,
-        seed=seed if sampling else None,
-    )
-    threads = threads or default_threads()
-    import torch
+    from .methods import Settings
 
-    torch.set_num_threads(threads)
-    loader = get_backend(backend).load
-    # Servers answer (or fail with one line) before the slow model load.
-    names = {parse_method_spec(spec)[0] for spec in specs}
-    for name, _ in servers:
-        if name in names or name == "plain":
-            raise InvalidParameterError(f"--against {name}: a method of that name already runs")
-        names.add(name)
-    racing = [ServerMethod(name, url) for name, url in servers]
-    lm = loader(model, dtype, device, threads)
-    for server in racing:
-        server.lm = lm  # its tokenizer re-encodes the servers' texts
-    from .runner import run_bench
-
-    result = run_bench(
-        lm,
-        rows,
-        specs + racing,
-        settings,
+    rows, data = prompt_rows(data_files, limit, tasks)
+    result = race(
+        rows=rows,
+        data=data,
+        methods=methods,
+        settings=Settings(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature if sampling else 0.0,
+            top_k=top_k if sampling else 0,
+            top_p=top_p if sampling else 1.0,
+            seed=seed if sampling else None,
+        ),
+        model=model,
+        dtype=dtype,
+        device=device,
         backend=backend,
         out_dir=out_dir,
-        progress=not no_progress,
-        resume=resume,
-        threads=threads,
+        command=command,
+        drafter_methods=drafter_methods,
+        against=against,
+        sweep=sweep,
         repeat=repeat,
-        meta={
-            "command": "promptlookup " + shlex.join(sys.argv[1:]),
-            "model": getattr(lm, "name", model),
-            "dtype": dtype,
-            "device": device,
-            "data": data,
-            "against": {s.name: {"url": s.url, "model": s.model_id, "pid": s.pid} for s in racing},
-        },
+        threads=threads,
+        resume=resume,
+        progress=not no_progress,
     )
-    click.echo(console_tables(result.records, result.summary))
+    show(result.records, result.summary, out_dir)
+
+
+def show(records, summary, out_dir: str) -> None:
+    """The summary's tables on stdout, where the report is on stderr."""
+    from .report import console_tables
+
+    click.echo(console_tables(records, summary))
     click.echo(f"report: {os.path.join(out_dir, 'report.md')}", err=True)
-
-
-def split_names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
-def prompts(data_files, limit: int | None, tasks: str | None = None):
-    """The rows to run and how to name them in the report: the files', or the built-in
-    suite's ``tasks`` (its Python version and fingerprint)."""
-    import platform
-
-    from .data import load_all
-    from .suite import EXTRA_TASKS, TASKS, suite_fingerprint, suite_rows
-
-    if data_files:
-        if tasks:
-            raise click.UsageError("--tasks chooses tasks of the built-in suite, not of --data")
-        return load_all(data_files, limit), "files " + ", ".join(data_files)
-    chosen = tuple(split_names(tasks)) if tasks else TASKS
-    unknown = [task for task in chosen if task not in TASKS + EXTRA_TASKS]
-    if unknown:
-        raise click.UsageError(
-            f"--tasks: unknown task {unknown[0]!r}; choose from {', '.join(TASKS + EXTRA_TASKS)}"
-        )
-    rows = suite_rows(limit, chosen)
-    return rows, (
-        f"the built-in suite ({len(rows)} prompts from the Python {platform.python_version()} "
-        f"standard library; fingerprint {suite_fingerprint(rows)})"
-    )
