@@ -122,8 +122,8 @@ class CheckedDraftModel(DraftModelDrafter):
         draft = super().propose(tokens, max_tokens)
         fresh = DraftModelDrafter(
             self.model,
-            num_tokens=self.max_tokens,
-            start_tokens=self.num_tokens,
+            num_tokens=self.num_tokens,
+            start_tokens=self.draft_length,
             confidence_threshold=0,
         )
         assert draft == fresh.propose(tokens, max_tokens)
@@ -181,18 +181,18 @@ def test_common_prefix_length():
 def test_draft_length_grows_by_two_when_all_accepted_and_shrinks_by_one_otherwise(other_model):
     drafter = DraftModelDrafter(other_model, num_tokens=8, start_tokens=3)
     drafter.update([1, 2, 3], 3)
-    assert drafter.num_tokens == 5
+    assert drafter.draft_length == 5
     drafter.update([1, 2, 3, 4, 5], 5)
-    assert drafter.num_tokens == 7
+    assert drafter.draft_length == 7
     drafter.update([1, 2, 3, 4, 5, 6, 7], 7)
-    assert drafter.num_tokens == 8  # capped at num_tokens
+    assert drafter.draft_length == 8  # capped at num_tokens
     drafter.update([1, 2, 3], 1)
-    assert drafter.num_tokens == 7
+    assert drafter.draft_length == 7
     drafter.update([], 0)  # a step it did not draft changes nothing
-    assert drafter.num_tokens == 7
+    assert drafter.draft_length == 7
     for _ in range(10):
         drafter.update([1], 0)
-    assert drafter.num_tokens == 1  # never below one
+    assert drafter.draft_length == 1  # never below one
 
 
 def test_stops_drafting_after_a_low_confidence_token(other_model):
@@ -358,7 +358,7 @@ def sample_first_tokens(target_model, draft_model, runs: int):
     rejected = 0
     for seed in range(runs):
         chooser = TokenChooser.from_params(SamplingParams(**SAMPLING, seed=seed))
-        drafter.chooser, drafter.num_tokens = chooser, 2
+        drafter.chooser, drafter.draft_length = chooser, 2
         stats = GenerationStats()
         out = list(
             speculative_generate(

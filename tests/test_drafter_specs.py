@@ -109,7 +109,7 @@ def test_options_go_to_the_drafters_that_take_them(folders, lm):
     )
     lookup, draft_model = chain.drafters
     assert (lookup.num_tokens, lookup.min_match) == (7, 2)
-    assert (draft_model.max_tokens, draft_model.confidence_threshold) == (7, 0.1)
+    assert (draft_model.num_tokens, draft_model.confidence_threshold) == (7, 0.1)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,16 @@ class LazyGroup(click.Group):
                 return None
         return super().get_command(ctx, name)
 
+    def format_commands(self, ctx, formatter):
+        """The commands, each with its help's whole first sentence (click cuts it to fit)."""
+        rows = [
+            (name, command.get_short_help_str(limit=200))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
 
 def friendly_errors(func):
     """Turn promptlookup's named errors into one line on stderr and exit status 1."""
@@ -57,13 +67,8 @@ def main() -> None:
     Prompt lookup decoding drafts the next tokens by finding the text's current suffix earlier
     in the prompt (or in the output so far); the model checks the whole draft in one forward
     pass and keeps what it would have written anyway. Greedy output is token-for-token that of
-    plain decoding; sampling keeps the model's exact distribution.
-
-    \b
-    Commands:
-      generate  generate text from a prompt (streams to stdout)
-      bench     measure speed-ups against plain decoding and other methods
-      serve     run an OpenAI-compatible HTTP server
+    plain decoding; sampling keeps the model's exact distribution. Each command below has
+    its own --help.
     """
 
 

@@ -130,7 +130,7 @@ def make_drafter(
     >>> make_drafter("none")
     NoDrafter()
     >>> make_drafter("reference:old_version.py", tokenizer=tok)               # doctest: +SKIP
-    PromptLookupDrafter(num_tokens=10, min_match=1, max_match=64, reference_ids=<812 tokens>)
+    PromptLookupDrafter(num_tokens=64, min_match=1, max_match=64, reference_ids=<812 tokens>)
     >>> make_drafter("prompt-lookup,draft-model:SmolLM2-135M.gguf", tokenizer=tok)  # doctest: +SKIP
     ChainDrafter([PromptLookupDrafter(...), DraftModelDrafter(LlamaForCausalLM, ...)])
     >>> make_drafter(lambda tokens: tokens[-3:])        # any function of the tokens so far

@@ -22,7 +22,8 @@ Drafting policy:
   (:meth:`~promptlookup.policy.Speculation.worth_drafting`); 0 means a plain step.
 - Draft length adapts like ``transformers``' assisted generation: it starts at
   ``start_tokens`` in each generation (a new ``tokens`` list); +2 after a draft the target
-  accepted entirely, -1 otherwise, within ``[1, num_tokens]``. Within a draft, drafting stops early after a position where the draft
+  accepted entirely, -1 otherwise, within ``[1, num_tokens]`` (the current one:
+  ``draft_length``). Within a draft, drafting stops early after a position where the draft
   model's confidence (its highest probability) is below ``confidence_threshold`` (like
   ``assistant_confidence_threshold``; that position's token is still proposed) and after an
   end-of-sequence token.
@@ -83,9 +84,9 @@ class DraftModelDrafter:
         check_draft_model_options(num_tokens, start_tokens, confidence_threshold)
         self.model = model.eval()
         self.device = next(model.parameters()).device
-        self.max_tokens = num_tokens
+        self.num_tokens = num_tokens
         self.start_tokens = start_tokens
-        self.num_tokens = min(start_tokens, num_tokens)  # current (adaptive) draft length
+        self.draft_length = min(start_tokens, num_tokens)  # the current (adaptive) one
         self._source: object = None  # the loop's token list (one object per generation)
         self.confidence_threshold = confidence_threshold
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -104,8 +105,8 @@ class DraftModelDrafter:
         """Up to ``max_tokens`` draft tokens; when sampling, with the (len(draft), vocab)
         distributions they were drawn from (``draft_probs``; None when greedy)."""
         if tokens is not self._source:  # a new generation: start over with the draft length
-            self._source, self.num_tokens = tokens, min(self.start_tokens, self.max_tokens)
-        length = min(max_tokens, self.num_tokens)
+            self._source, self.draft_length = tokens, min(self.start_tokens, self.num_tokens)
+        length = min(max_tokens, self.draft_length)
         if self.policy is not None and self.seconds_per_token is not None:
             length = min(length, self.policy.worth_drafting(self.seconds_per_token, length))
         if length < 1 or not tokens:
@@ -154,9 +155,9 @@ class DraftModelDrafter:
         if not draft:
             return  # a step this drafter did not draft (e.g. in a chain)
         if num_accepted >= len(draft):
-            self.num_tokens = min(self.max_tokens, self.num_tokens + 2)
+            self.draft_length = min(self.num_tokens, self.draft_length + 2)
         else:
-            self.num_tokens = max(1, self.num_tokens - 1)
+            self.draft_length = max(1, self.draft_length - 1)
 
     # -- the draft model's cache --------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class DraftModelDrafter:
 
     def __repr__(self) -> str:
         return (
-            f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.max_tokens}, "
+            f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.num_tokens}, "
             f"confidence_threshold={self.confidence_threshold})"
         )
 

@@ -35,13 +35,10 @@ chunk after a cache) is recognised once per pass and then not applied element by
 Float32 keeps ``sdpa`` (there the blocks win only on short prompts, and plain decoding's
 rounding is kept).
 
-Drafts keep folded ``sdpa`` (:data:`SDPA_MAX_ROWS`). Version 0.6.1 sent bfloat16 drafts of more
-than 16 tokens through the blocks too: whole passes over 32-64 tokens took 0.83-0.91x the
-``sdpa`` pass after 1,000-2,000 cached tokens, but two 12-prompt bench runs
-(``benchmarks/runs/bfloat16-greedy-0.6.1*``) were within a few percent of 0.6.0's on code_edit,
-summarization and open-ended prompts and slower on qa and chat, where some answers parted from
-plain decoding's in other places (the blocks round scores to bfloat16 before the softmax, flash
-attention does not), so 0.6.2 went back.
+Drafts keep folded ``sdpa`` (:data:`SDPA_MAX_ROWS`): through the blocks, bfloat16 drafts were
+no faster end to end, and their answers parted from plain decoding's in more places (the blocks
+round scores to bfloat16 before the softmax, flash attention does not; the CHANGELOG has the
+runs).
 
 :func:`verification_attention` switches a model to :func:`grouped_sdpa` for the duration of
 our own forward passes only; every other case (CUDA, soft-capping, position biases, float
