@@ -245,7 +245,7 @@ def test_make_drafter_builds_the_shared_drafter_only_with_an_index():
 
 
 def test_a_second_key_never_drafts_from_the_first_keys_outputs(tiny_lm):
-    indexes = TenantIndexes("per-key", max_tokens=10_000)
+    indexes = TenantIndexes("per-tenant", max_tokens=10_000)
     first = tiny_lm.generate("abcabdabe", max_new_tokens=40, cross_request=indexes.for_tenant("a"))
     assert len(indexes.for_tenant("a")) > 0
     assert len(indexes.for_tenant("b")) == 0
@@ -258,11 +258,11 @@ def test_a_second_key_never_drafts_from_the_first_keys_outputs(tiny_lm):
     assert not set(map(tuple, a_documents)) & set(map(tuple, indexes.for_tenant("b").documents))
     shared = TenantIndexes("global")
     assert shared.for_tenant("a") is shared.for_tenant("b") is shared.for_tenant(None)
-    assert TenantIndexes("per-key").for_tenant(None) is not None  # no key: one tenant
+    assert TenantIndexes("per-tenant").for_tenant(None) is not None  # no key: one tenant
 
 
 def test_least_recently_used_tenant_is_forgotten():
-    indexes = TenantIndexes("per-key", max_tenants=2)
+    indexes = TenantIndexes("per-tenant", max_tenants=2)
     a = indexes.for_tenant("a")
     indexes.for_tenant("b")
     assert indexes.for_tenant("a") is a

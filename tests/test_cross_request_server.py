@@ -1,5 +1,5 @@
 """``promptlookup serve --cross-request``: requests draft from and add to their tenant's index
-(per API key by default, one tenant without a key), or one for all, or none; answers are the
+(per tenant by default, one tenant without a key), or one for all, or none; answers are the
 same either way."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from _server import FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
 from click.testing import CliRunner
 
 from promptlookup.cli import main
+from promptlookup.errors import InvalidParameterError
 from promptlookup.server import ServerSettings, create_app
 
 
@@ -24,16 +25,22 @@ def ask(running: RunningServer, api_key: str = "unused") -> str:
     return reply.choices[0].message.content
 
 
-def test_default_is_per_key_and_the_flag_is_documented():
-    assert ServerSettings().cross_request == "per-key"
+def test_default_is_per_tenant_and_the_flag_is_documented():
+    assert ServerSettings().cross_request == "per-tenant"
     help_text = CliRunner().invoke(main, ["serve", "--help"]).output
-    assert "--cross-request [off|per-key|global]" in help_text
+    assert "--cross-request [off|per-tenant|global]" in help_text
     assert "--cross-request-tokens" in help_text
+
+
+def test_the_released_spelling_per_key_still_means_per_tenant():
+    assert ServerSettings(cross_request="per-key").cross_request == "per-tenant"
+    with pytest.raises(InvalidParameterError, match="--cross-request"):
+        ServerSettings(cross_request="per-client")
 
 
 def test_each_sharing_mode_keeps_the_answers(lm):
     answers = {}
-    for sharing in ("off", "per-key", "global"):
+    for sharing in ("off", "per-tenant", "global"):
         settings = ServerSettings(
             api_key="k1", cross_request=sharing, model_id=MODEL, generation_options=FIXED
         )
@@ -46,8 +53,10 @@ def test_each_sharing_mode_keeps_the_answers(lm):
                 assert index is None
             else:
                 assert len(index) > 0  # both requests' outputs were added
-                assert index is running.state.cross_request.for_tenant(None) or sharing == "per-key"
-    assert answers["per-key"] == answers["off"] == answers["global"]
+                assert (
+                    index is running.state.cross_request.for_tenant(None) or sharing == "per-tenant"
+                )
+    assert answers["per-tenant"] == answers["off"] == answers["global"]
 
 
 def test_without_a_key_every_client_is_one_tenant(lm):

@@ -50,7 +50,7 @@ def test_a_run_on_a_tiny_model_keeps_every_output(long_tiny_lm):
     batched = cross_request.run_sessions(
         tiny_lm, pair, max_new_tokens=12, requests=2, concurrency=2, log=lambda _: None
     )
-    assert batched.identical and batched.tallies[("all", "per-key")].requests == 4
+    assert batched.identical and batched.tallies[("all", "per-tenant")].requests == 4
 
 
 class EchoServer:

@@ -511,6 +511,30 @@ def test_each_tenant_drafts_by_its_own_history():
     assert verified(Speculation(policy, tenant="b"), 16, 8) == fresh > 0
 
 
+def test_a_policy_keeps_the_histories_of_as_many_tenants_as_a_server_keeps_indexes():
+    """One bound on tenants (:data:`promptlookup.limits.MAX_TENANTS`): beyond it the least
+    recently used tenant's history is forgotten, as its cross-request index is."""
+    from promptlookup.drafters.shared_lookup import TenantIndexes
+    from promptlookup.limits import MAX_TENANTS
+
+    policy = policy_with_costs({1: 1.0, 2: 1.5, 16: 2.0, 64: 4.0})
+    indexes = TenantIndexes("per-tenant", max_tokens=100)
+    fresh = verified(Speculation(policy, tenant="a"), 16, 8)
+    for _ in range(50):  # tenant a's drafts: every one rejected
+        policy.learn(Speculation(policy, tenant="a").entry(16, 8), num_accepted=0)
+    first = indexes.for_tenant("a")
+    for tenant in range(MAX_TENANTS - 1):  # as many others as fit beside a
+        policy.learn(Speculation(policy, tenant=tenant).entry(16, 8), num_accepted=0)
+        indexes.for_tenant(tenant)
+    assert verified(Speculation(policy, tenant="a"), 16, 8) < fresh  # a is still known
+    assert indexes.for_tenant("a") is first
+    for tenant in range(MAX_TENANTS - 1, 2 * MAX_TENANTS):  # a is now used least recently
+        policy.learn(Speculation(policy, tenant=tenant).entry(16, 8), num_accepted=0)
+        indexes.for_tenant(tenant)
+    assert verified(Speculation(policy, tenant="a"), 16, 8) == fresh  # forgotten by both
+    assert indexes.for_tenant("a") is not first
+
+
 def test_generate_passes_its_tenant_to_the_policy():
     lm = pl.from_transformers(tiny_llama(seed=2), TinyTokenizer(32))
     prompt = list(range(1, 13)) * 4

@@ -1,7 +1,9 @@
-"""The sampling settings and the ranges they are taken in, torch-free so that the server's
-request models and the bench check the same numbers (:class:`SamplingParams`; the token choice
-they configure is :mod:`promptlookup.sampling`): beyond them, dividing or multiplying the
-logits leaves float32's range (inf, then NaN probabilities)."""
+"""The limits the library, the server and the bench share, torch-free: the sampling settings
+and the ranges they are taken in, so that the server's request models and the bench check the
+same numbers (:class:`SamplingParams`; the token choice they configure is
+:mod:`promptlookup.sampling`): beyond them, dividing or multiplying the logits leaves float32's
+range (inf, then NaN probabilities). And how many tenants a server keeps state for
+(:data:`MAX_TENANTS`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from .errors import InvalidParameterError
 MIN_TEMPERATURE = 1e-4
 #: Repetition penalties taken (1.0: off).
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
+#: Most tenants whose state a server keeps (a cross-request index, with ``--cross-request
+#: per-tenant``, and the speculation policy's acceptance history each), the least recently
+#: used forgotten first.
+MAX_TENANTS = 16
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from pathlib import Path
 from .cost_store import CostStore
 from .drafters.base import Draft
 from .errors import InvalidParameterError
+from .limits import MAX_TENANTS
 
 __all__ = [
     "MAX_DRAFT",
@@ -134,10 +135,6 @@ class SequenceDraft:
     context: int = 0
     #: Whose requests' history it is weighed with (an opaque key, e.g. a server's API key).
     tenant: str | None = None
-
-
-#: Most tenants whose acceptance history a policy keeps (the least recently used forgotten).
-MAX_TENANTS = 64
 
 
 class SpeculationPolicy:
@@ -272,8 +269,8 @@ class SpeculationPolicy:
 
     def _history(self, draft: SequenceDraft) -> AcceptanceModel:
         """The acceptance history of ``draft``'s tenant, of requests that sample or not as it
-        does (a tenant's first request starts one; beyond :data:`MAX_TENANTS` the least
-        recently used is forgotten)."""
+        does (a tenant's first request starts one; beyond
+        :data:`~promptlookup.limits.MAX_TENANTS` the least recently used is forgotten)."""
         histories = self._histories.pop(draft.tenant, None)
         if histories is None:
             histories = {False: AcceptanceModel(), True: AcceptanceModel()}

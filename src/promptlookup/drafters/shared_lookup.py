@@ -8,14 +8,13 @@ import threading
 from collections.abc import Sequence
 
 from ..errors import InvalidParameterError
+from ..limits import MAX_TENANTS
 from .base import Draft
 from .cross_request import INDEX_TOKENS, SHARED, CrossRequestIndex, Document
 from .prompt_lookup import PromptLookupDrafter
 
 #: How a server shares cross-request indexes between its tenants (see :class:`TenantIndexes`).
-SHARING = ("off", "per-key", "global")
-#: Most indexes a server keeps (one per tenant with ``"per-key"``).
-MAX_TENANTS = 16
+SHARING = ("off", "per-tenant", "global")
 
 
 class SharedLookupDrafter(PromptLookupDrafter):
@@ -88,12 +87,13 @@ class SharedLookupDrafter(PromptLookupDrafter):
 
 class TenantIndexes:
     """Cross-request indexes by tenant, for a server: ``sharing`` is ``"off"`` (no index),
-    ``"per-key"`` (one index per API key: a client's drafts never come from another client's
-    outputs, whose acceptance speed could reveal them) or ``"global"`` (one index for all).
+    ``"per-tenant"`` (one index per tenant, :mod:`promptlookup.server.tenants`: a client's drafts
+    never come from another client's outputs, whose acceptance speed could reveal them) or
+    ``"global"`` (one index for all).
     At most ``max_tenants`` indexes of ``max_tokens`` each are kept, the least recently used
     one forgotten first.
 
-    >>> indexes = TenantIndexes("per-key", max_tokens=1000)
+    >>> indexes = TenantIndexes("per-tenant", max_tokens=1000)
     >>> indexes.for_tenant("key-a") is indexes.for_tenant("key-b")
     False
     >>> TenantIndexes("off").for_tenant("key-a") is None
@@ -102,7 +102,7 @@ class TenantIndexes:
 
     def __init__(
         self,
-        sharing: str = "per-key",
+        sharing: str = "per-tenant",
         max_tokens: int = INDEX_TOKENS,
         max_tenants: int = MAX_TENANTS,
     ) -> None:
@@ -117,8 +117,8 @@ class TenantIndexes:
         self._lock = threading.Lock()
 
     def for_tenant(self, tenant: str | None) -> CrossRequestIndex | None:
-        """The index a request of ``tenant`` (its API key; None: no key) drafts from and adds
-        to, or None when sharing is off."""
+        """The index a request of ``tenant`` (None: no keys) drafts from and adds to, or None
+        when sharing is off."""
         if self.sharing == "off":
             return None
         key = None if self.sharing == "global" else tenant

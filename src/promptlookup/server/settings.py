@@ -20,14 +20,27 @@ from typing import Any
 import click
 
 from ..drafters.cross_request import INDEX_TOKENS
-from ..drafters.shared_lookup import MAX_TENANTS, SHARING
+from ..drafters.shared_lookup import SHARING
 from ..errors import InvalidParameterError
+from ..limits import MAX_TENANTS
 
 
 def setting(default: Any, flag: str, help: str, type: Any = None, **option: Any) -> Any:
     """A settings field: its ``default``, and the ``promptlookup serve`` option ``flag`` with
     its ``help`` and click ``type`` (also the check the field's value must pass)."""
     return field(default=default, metadata={"flag": flag, "help": help, "type": type, **option})
+
+
+class Spelling(click.Choice):
+    """A choice that also takes older spellings of its values (``older``: old -> new), which
+    ``--help`` does not show."""
+
+    def __init__(self, choices, older: dict[str, str]) -> None:
+        super().__init__(choices)
+        self.older = older
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.older.get(value, value), param, ctx)
 
 
 @dataclass
@@ -125,20 +138,20 @@ class ServerSettings:
         click.FloatRange(min=0, min_open=True),
     )
     cross_request: str = setting(
-        "per-key",
+        "per-tenant",
         "--cross-request",
         "Prompt lookup also drafts from earlier requests' outputs (a bounded index): 'off'; "
-        "'per-key', an index per tenant (its API key's; one when no key is set), since "
-        "acceptance speed could reveal another client's answers; or 'global', one index for "
-        "every request.",
-        click.Choice(SHARING),
+        "'per-tenant', an index per tenant (one when no key is set; 'per-key' before 0.15), "
+        "since acceptance speed could reveal another client's answers; or 'global', one index "
+        "for every request.",
+        Spelling(SHARING, older={"per-key": "per-tenant"}),
     )
     cross_request_tokens: int = setting(
         INDEX_TOKENS,
         "--cross-request-tokens",
         "Tokens each cross-request index holds (about 1.3 KB each at most), the oldest "
-        f"outputs evicted first; at most {MAX_TENANTS} indexes, the least recently used "
-        "forgotten.",
+        f"outputs evicted first; at most {MAX_TENANTS} indexes (tenants), the least recently "
+        "used forgotten.",
         click.IntRange(min=1),
     )
     prefix_cache_mib: int = setting(

@@ -1,7 +1,7 @@
 """Running the session workload (:mod:`~promptlookup.bench.sessions.workload`) and tallying it.
 
-Modes: ``off`` (prompt lookup, no index), ``per-key`` (one index per session, as the server
-shares one per API key, each session a client) and ``global`` (one index for all sessions).
+Modes: ``off`` (prompt lookup, no index), ``per-tenant`` (one index per session, as the server
+keeps one per tenant, each session a client) and ``global`` (one index for all sessions).
 Sessions run one after another (concurrency 1), or ``concurrency`` at a time with
 :meth:`~promptlookup.LanguageModel.generate_batch` (their n-th requests together). Modes are
 interleaved request by request in a rotating order, so a slow spell of a shared machine hits
@@ -103,13 +103,13 @@ def run_sessions(
     modes = [*modes, *by_name]
     same_text = dict.fromkeys(by_name, 0)
     tallies: dict[tuple[str, str], Tally] = {}
-    per_key = {session.name: CrossRequestIndex(max_tokens) for session in sessions}
+    per_tenant = {session.name: CrossRequestIndex(max_tokens) for session in sessions}
     shared = CrossRequestIndex(max_tokens)
     mismatches: list[str] = []
     records: list[dict] = []
 
     def index_of(mode: str, session: Session) -> CrossRequestIndex | None:
-        return {"off": None, "per-key": per_key[session.name], "global": shared}[mode]
+        return {"off": None, "per-tenant": per_tenant[session.name], "global": shared}[mode]
 
     turn = 0
     groups = [sessions[i : i + concurrency] for i in range(0, len(sessions), concurrency)]
@@ -164,7 +164,7 @@ def run_sessions(
                     for mode in modes
                 )
             )
-    sizes = {"global": len(shared), "per-key": sum(map(len, per_key.values()))}
+    sizes = {"global": len(shared), "per-tenant": sum(map(len, per_tenant.values()))}
     return SessionRun(tallies, not mismatches, mismatches, sizes, records, same_text)
 
 
