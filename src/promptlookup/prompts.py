@@ -1,9 +1,11 @@
 """Prompts as token ids: plain text, chat messages through the tokenizer's chat template, or
-token ids as they are."""
+token ids as they are. :func:`apply_chat_template` is the one caller of a tokenizer's chat
+template (the server's tools and the tokenizer cache's check go through it too)."""
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Union
 
@@ -31,18 +33,46 @@ def encode_prompt(lm, prompt: Prompt, chat: bool = False) -> list[int]:
     if all(isinstance(m, dict) and "role" in m and "content" in m for m in items):
         if not getattr(tokenizer, "chat_template", None):
             return _without_template(lm, items)
-        ids = tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return apply_chat_template(tokenizer, items)
     raise InvalidParameterError(
         "a prompt must be text, token ids, or messages with role and content"
     )
 
 
+def apply_chat_template(
+    tokenizer,
+    messages: Sequence[dict],
+    *,
+    tools: Sequence[dict] | None = None,
+    tokenize: bool = True,
+    add_generation_prompt: bool = True,
+) -> list[int] | str:
+    """``messages`` (and ``tools``, where given) through ``tokenizer``'s chat template: their
+    token ids, or the text with ``tokenize=False``; ``add_generation_prompt`` opens the
+    assistant's turn."""
+    options = {} if tools is None else {"tools": list(tools)}
+    rendered = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=add_generation_prompt, tokenize=tokenize, **options
+    )
+    if not tokenize:
+        return rendered
+    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+
+#: The tokenizers without a chat template whose model has said so (once each), held weakly.
+_TOLD: weakref.WeakSet = weakref.WeakSet()
+
+
 def _without_template(lm, messages: Sequence[dict]) -> list[int]:
     """Messages for a model without a chat template (a base model, e.g. a GGUF file that
-    stores none): their contents as plain text, a blank line apart (said once per model)."""
-    if not getattr(lm, "_told_no_template", False):
-        lm._told_no_template = True
+    stores none): their contents as plain text, a blank line apart (said once per tokenizer,
+    that is per model)."""
+    try:
+        told = lm.tokenizer in _TOLD
+        _TOLD.add(lm.tokenizer)
+    except TypeError:  # not weakly referable: said every time
+        told = False
+    if not told:
         warnings.warn(
             f"{lm.name} has no chat template (a base model?): "
             "the messages' contents are joined as plain text",

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 from .machine import return_freed_memory
+from .prompts import apply_chat_template
 
 #: The class that loads ``tokenizer.json`` as it is.
 LEAN_CLASS = "TokenizersBackend"
@@ -119,7 +120,7 @@ def same_tokenizer(expected, lean) -> bool:
         return False
     if expected.chat_template:
         messages = [{"role": "user", "content": PROBES[0]}]
-        return lean.apply_chat_template(messages, tokenize=False) == expected.apply_chat_template(
-            messages, tokenize=False
-        )
+        return apply_chat_template(
+            lean, messages, tokenize=False, add_generation_prompt=False
+        ) == apply_chat_template(expected, messages, tokenize=False, add_generation_prompt=False)
     return True

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..grammar import JSON_LAYOUT, Grammar, engine_tokenizer
+from ..prompts import apply_chat_template
 from .tools import Scan, loads_arguments, read_calls
 
 if TYPE_CHECKING:
@@ -219,9 +220,10 @@ def _detect(tokenizer, eos_token_ids: Sequence[int]) -> TemplateFormat | None:
     if not template or "tool" not in str(template) or not hasattr(tokenizer, "apply_chat_template"):
         return None
     try:
-        rendered = tokenizer.apply_chat_template(
-            _PROBE_MESSAGES, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=False
-        )
+        rendered = apply_chat_template(
+            tokenizer, _PROBE_MESSAGES, tools=[_PROBE_TOOL], tokenize=False,
+            add_generation_prompt=False,
+        )  # fmt: skip
     except Exception:  # a template that cannot render the probe: it does not take tools
         return None
     match = _PROBE_CALLS.search(rendered if isinstance(rendered, str) else "")
@@ -249,7 +251,4 @@ def encode(lm, messages: list[dict], tools: list[dict] | None) -> list[int]:
     """The prompt's token ids: ``messages`` through ``lm``'s chat template, with ``tools``."""
     if tools is None:
         return lm.encode(messages)
-    ids = lm.tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=True
-    )
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return apply_chat_template(lm.tokenizer, messages, tools=tools)
