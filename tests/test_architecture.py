@@ -21,6 +21,7 @@ LAYERS = [
         "rejection",
         "cost_model",
         "cost_store",
+        "acceptance",
         "models",
         "tokenizer_cache",
         "drafters.base",
