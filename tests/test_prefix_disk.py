@@ -59,6 +59,25 @@ def test_a_conversation_goes_on_after_a_restart_as_without_a_cache(tmp_path, kin
     assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
 
 
+def test_blocks_read_back_from_disk_are_bit_for_bit_at_every_length(tmp_path):
+    target, prompt = tiny("float32").target, list(range(1, 31)) * 3  # 11 blocks and 2 tokens
+    sequence = target.new_sequence()
+    target.forward_batch([sequence], [prompt], [0])
+    cache = PrefixCache(mib=8, block_tokens=8, directory=tmp_path)
+    cache.store(target, sequence, prompt)
+    cache.flush()
+    for length in range(1, len(prompt) + 1):
+        restored = target.new_sequence()
+        fresh = PrefixCache(mib=8, block_tokens=8, directory=tmp_path)  # nothing in memory
+        # Another token after ``length`` (none of the prompt's): to the block, or to the token
+        # within the stored sequence's tail.
+        found = fresh.restore(target, restored, [*prompt[:length], 0])
+        assert found == (length if length >= 88 else length // 8 * 8)
+        for before, after in zip(sequence.layers, restored.layers if found else ()):
+            assert torch.equal(after.keys, before.keys[:, :, :found])
+            assert torch.equal(after.values, before.values[:, :, :found])
+
+
 def test_blocks_evicted_from_memory_are_read_back_from_disk(tmp_path):
     lm = tiny("float32")
     per_block = lm.target.kv_bytes_per_token * 16

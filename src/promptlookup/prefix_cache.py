@@ -213,11 +213,14 @@ class PrefixCache:
         self.disk.touch(names[: len(found)])
         length = len(found) * size
         rest = list(tokens[length : length + size])
-        for tail in range(min(len(rest), size - 1), 0, -1):  # then the longest tail
+        best, common = None, 0  # then the tail that the next tokens start most like
+        tail = min(len(rest), size - 1)
+        while tail > common:  # a tail no longer than the best so far cannot beat it
             loaded = self.disk.load(tail_name(keys[len(found)], tail))
-            common = 0 if loaded is None else common_prefix_length(loaded[1], rest)
-            if common:
-                found.append(loaded[0])
-                length += common
-                break
+            shared = 0 if loaded is None else common_prefix_length(loaded[1], rest)
+            if shared > common:
+                best, common = loaded[0], shared
+            tail -= 1
+        if best is not None:
+            found, length = [*found, best], length + common
         return (found, length) if length > matched else (payloads, matched)

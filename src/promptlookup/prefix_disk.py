@@ -24,6 +24,7 @@ files of a folder, found again by a later request or a later process, within a b
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -104,6 +105,9 @@ class DiskTier:
         for _, name, size in sorted(found):
             self._files[name] = size
         self._bytes = sum(self._files.values())  # the files' sizes together
+        self._warned = False  # whether the one warning was said
+        with self._lock:
+            self._evict(0)  # a budget smaller than last time's
 
     @property
     def used_bytes(self) -> int:
@@ -129,6 +133,11 @@ class DiskTier:
             return None
         try:
             data = (self.directory / name).read_bytes()
+        except FileNotFoundError:  # evicted meanwhile
+            with self._lock:
+                self._bytes -= self._files.pop(name, 0)
+            return None
+        try:
             header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
             meta = header["__metadata__"]
             block = safetensors.torch.load(data)["block"]
@@ -168,8 +177,8 @@ class DiskTier:
                     self._write(*job[1:])
                 else:
                     self._touch(job[1])
-            except OSError as error:  # a full disk, a file gone: the cache is only a cache
-                self._warn(f"prefix cache folder {self.directory}: {error}")
+            except Exception as error:  # a full disk, a file gone: the cache is only a cache
+                self._warn(f"prefix cache folder {self.directory}: {type(error).__name__}: {error}")
             finally:
                 self._queue.task_done()
 
@@ -179,7 +188,8 @@ class DiskTier:
             for name in held:  # deepest first: each more recent than its child
                 self._files.move_to_end(name)
         for name in held:
-            os.utime(self.directory / name)
+            with contextlib.suppress(FileNotFoundError):  # removed as unusable meanwhile
+                os.utime(self.directory / name)
 
     def _write(self, name: str, block: torch.Tensor, tokens: list[int]) -> None:
         import safetensors.torch
@@ -194,29 +204,37 @@ class DiskTier:
         with self._lock:
             if name in self._files or len(data) > self.budget_bytes:
                 return
-            # Room: the least recently used files go.
-            while self._files and self._bytes + len(data) > self.budget_bytes:
-                old, size = self._files.popitem(last=False)
-                self._bytes -= size
-                (self.directory / old).unlink(missing_ok=True)
+            self._evict(len(data))
         temporary = self.directory / f".{name}.{os.getpid()}.tmp"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.fchmod(descriptor, 0o600)  # whatever the umask
-            with os.fdopen(descriptor, "wb", closefd=False) as file:
-                file.write(data)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, self.directory / name)
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(descriptor, 0o600)  # whatever the umask
+                with os.fdopen(descriptor, "wb", closefd=False) as file:
+                    file.write(data)
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, self.directory / name)  # whole, or not there
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
         with self._lock:
             self._files[name] = len(data)
             self._bytes += len(data)
+
+    def _evict(self, room: int) -> None:
+        """Remove the least recently used files until ``room`` more bytes fit (lock held)."""
+        while self._files and self._bytes + room > self.budget_bytes:
+            old, size = self._files.popitem(last=False)
+            self._bytes -= size
+            (self.directory / old).unlink(missing_ok=True)
 
     def _skip(self, name: str, error: Exception) -> None:
         with self._lock:
             self._bytes -= self._files.pop(name, 0)
             self.skipped += 1
-        (self.directory / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not ours to remove: forgotten all the same
+            (self.directory / name).unlink(missing_ok=True)
         self._warn(
             f"prefix cache: skipped and removed {self.directory / name}, a truncated, corrupt "
             f"or foreign file ({type(error).__name__}: {error}); further ones are not reported"
@@ -224,7 +242,7 @@ class DiskTier:
 
     def _warn(self, message: str) -> None:
         with self._lock:
-            if getattr(self, "_warned", False):
+            if self._warned:
                 return
             self._warned = True
         warnings.warn(message, RuntimeWarning, stacklevel=2)
