@@ -88,6 +88,7 @@ class BatchTarget(Target, Protocol):
         float32 logits ``(keep[i], vocab)`` of its last ``keep[i]`` tokens (0: none)."""
 
 
+@runtime_checkable
 class BlockCache(SequenceCache, Protocol):
     """A sequence's cache that a prefix cache (:mod:`promptlookup.prefix_cache`) can read
     blocks of keys and values from and write a prefix into. A *block* is positions
