@@ -128,6 +128,13 @@ class PrefixCache:
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
 
+    def prepare(self, target) -> None:
+        """Hash ``target``'s weights for the disk tier's keys (its :meth:`kv_identity
+        <promptlookup.backends.base.PrefixTarget.kv_identity>`, about a second per GB) now, not
+        in the first request; a no-op without a disk tier."""
+        if self.disk is not None and self.applies(target):
+            target.kv_identity()
+
     def flush(self) -> None:
         """Wait until every block given to the disk tier so far is written (no-op without)."""
         if self.disk is not None:

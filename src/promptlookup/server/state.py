@@ -107,6 +107,7 @@ class ServerState:
                 directory=self.settings.prefix_cache_dir,
                 disk_mib=self.settings.prefix_cache_disk_mib,
             )
+            self.prefix_cache.prepare(lm.target)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         self.worker = (
             BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
