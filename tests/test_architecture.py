@@ -28,6 +28,11 @@ LAYERS = [
         "drafters.suffix_index",
         "drafters.prompt_lookup",
         "grammar",
+        # The prefix cache knows no backend: the target says whether it reuses prefixes, the
+        # sequence's cache reads and writes the blocks.
+        "prefix_tree",
+        "prefix_disk",
+        "prefix_cache",
     ],
     # The target backends (forward passes over a KV cache), one folder per engine:
     ["backends", "backends.base"],  # the Target protocol the loop speaks
@@ -37,8 +42,6 @@ LAYERS = [
     [
         "drafters",
         "drafters.draft_model",
-        "prefix_tree",
-        "prefix_cache",
         "policy",
         "calibration",
         "loop",
@@ -142,6 +145,19 @@ def test_no_import_circle():
     for name in sorted(edges):
         if name not in state:
             visit(name, [name])
+
+
+def test_the_prefix_cache_imports_no_backend_and_no_drafter():
+    edges, seen, todo = graph(), set(), ["prefix_cache", "prefix_tree", "prefix_disk"]
+    while todo:  # everything they import, directly or not
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(edges[name])
+    assert {"prefix_cache", "prefix_tree", "prefix_disk"} <= seen
+    assert [name for name in seen if name.startswith(("backends", "drafters"))] == []
+    code = "import sys, promptlookup.prefix_cache; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_package_face_only_re_exports():

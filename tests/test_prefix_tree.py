@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptlookup.drafters.draft_model import common_prefix_length as _common
 from promptlookup.prefix_tree import BlockTree
+from promptlookup.prefix_tree import common_prefix_length as _common
 
 BLOCK = 3
 

@@ -3,13 +3,17 @@ reused by any later request that starts with the same tokens, so that it prefill
 new tokens (a conversation's next turn, an agent's next step, many requests with one system
 prompt).
 
-- *Exact*: reused only on a target with ``row_invariant`` passes
-  (:meth:`PrefixCache.applies`), whose keys and values of a token are bit for bit the same
-  however its prefix was chunked or batched; a request's output with the cache is token for
-  token its output without it (greedy, seeded sampling, logprobs:
-  ``tests/test_prefix_cache.py``). Other targets (other ``transformers`` models, CUDA,
-  llama.cpp) may round a prompt chunk's rows differently from decoding steps, so nothing is
-  reused there.
+- *Exact*: reused only where the target says it :attr:`reuses_prefixes
+  <promptlookup.backends.base.PrefixTarget.reuses_prefixes>` (row-invariant passes, whose keys
+  and values of a token are bit for bit the same however its prefix was chunked or batched);
+  a request's output with the cache is token for token its output without it (greedy, seeded
+  sampling, logprobs: ``tests/test_prefix_cache.py``). Other targets (other ``transformers``
+  models, CUDA, llama.cpp) may round a prompt chunk's rows differently from decoding steps,
+  so nothing is reused there.
+- *A seam*: the cache knows no layer, shape or dtype. A sequence's cache (the backend's
+  :class:`~promptlookup.backends.base.BlockCache`) hands out blocks of keys and values
+  (``read_blocks``) and takes a prefix of them back (``write_prefix``); this module only
+  indexes, holds and saves them, as vLLM's KV cache manager hands the engine block tables.
 - *Blocks*: sequences are kept in blocks of :data:`BLOCK_TOKENS` tokens, one tree per tenant
   (:mod:`promptlookup.prefix_tree`): a request takes the longest cached prefix, to the token;
   sequences that start alike share their blocks in the cache.
@@ -22,6 +26,11 @@ prompt).
 - *Memory*: at most ``mib`` MiB of blocks (keys and values of every layer:
   ``kv_bytes_per_token`` each token, 46 KB for SmolLM2-135M in float32), on top of the running
   requests' own caches.
+- *Disk*: with a ``directory``, every block is also written there (in the background) within
+  ``disk_mib`` MiB, and a request whose prefix goes on past what memory holds reads the rest
+  from there: blocks evicted from memory, and a conversation's blocks after a restart
+  (:mod:`promptlookup.prefix_disk`: content keys over the model, engine, KV dtype, tenant and
+  tokens; files checked on reading).
 - *Tenants*: a request reuses only entries of its own ``tenant`` (None is a tenant too), so
   that the speed of a reply cannot confirm another tenant's prompt; unless the cache is
   ``shared``.
@@ -29,44 +38,61 @@ prompt).
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Sequence
-
-import torch
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from .errors import InvalidParameterError
-from .prefix_tree import BlockTree
+from .prefix_disk import DEFAULT_DISK_MIB, DiskTier, chain, name_of, root_key, tail_name
+from .prefix_tree import BlockTree, common_prefix_length
 
 #: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 22,000
 #: tokens of SmolLM2-135M in float32.
 DEFAULT_MIB = 1024
 #: Tokens per block of the cache.
 BLOCK_TOKENS = 32
-#: Blocks a store copies out of a sequence's cache at a time.
-COPY_BLOCKS = 16
 
 
 class PrefixCache:
-    """Keys and values of earlier sequences, by tenant, within ``mib`` MiB (see the module doc).
+    """Keys and values of earlier sequences, by tenant, within ``mib`` MiB, and within
+    ``disk_mib`` MiB of files in ``directory`` if given (see the module doc).
 
-    >>> cache = PrefixCache(mib=512)
+    >>> cache = PrefixCache(mib=512, directory="~/.cache/my-prefixes")  # doctest: +SKIP
     >>> lm.generate(messages, prefix_cache=cache)                 # doctest: +SKIP
     >>> lm.prefix_cache = cache   # every generation's default   # doctest: +SKIP
     """
 
     def __init__(
-        self, mib: float = DEFAULT_MIB, block_tokens: int = BLOCK_TOKENS, shared: bool = False
+        self,
+        mib: float = DEFAULT_MIB,
+        block_tokens: int = BLOCK_TOKENS,
+        shared: bool = False,
+        directory: str | os.PathLike | None = None,
+        disk_mib: float = DEFAULT_DISK_MIB,
     ) -> None:
         if not mib > 0:
             raise InvalidParameterError(f"a prefix cache needs a budget > 0 MiB, got {mib!r}")
         if block_tokens < 1:
             raise InvalidParameterError(f"block_tokens must be >= 1, got {block_tokens}")
+        if directory is not None and not disk_mib > 0:
+            raise InvalidParameterError(
+                f"a prefix cache's disk needs a budget > 0 MiB, got {disk_mib!r}"
+            )
         self.budget_bytes, self.block_tokens = int(mib * 2**20), block_tokens
         #: Whether every tenant reuses every entry (one namespace; reply times then reveal
         #: whether someone sent a prompt before).
         self.shared = shared
         self._tree: BlockTree | None = None  # made by the first store (its block size known)
         self._lock = threading.Lock()
+        self._layout: tuple | None = None  # the blocks' model: the first target's
+        #: The disk tier, or None.
+        self.disk = None
+        if directory is not None:
+            try:
+                self.disk = DiskTier(os.path.expanduser(directory), int(disk_mib * 2**20))
+            except OSError as error:
+                raise InvalidParameterError(f"prefix cache folder {directory}: {error}") from None
 
     @classmethod
     def chosen(cls, option, default: PrefixCache | None, target) -> PrefixCache | None:
@@ -85,97 +111,123 @@ class PrefixCache:
 
     @staticmethod
     def applies(target) -> bool:
-        """Whether ``target``'s keys and values can be reused exactly: a
-        :class:`~promptlookup.backends.hf.target.TransformersTarget` (its sequences'
-        caches are ours) whose passes are row-invariant."""
-        from .backends.hf.target import TransformersTarget
-
-        return isinstance(target, TransformersTarget) and target.row_invariant
+        """Whether ``target``'s keys and values can be reused exactly: whether it says so
+        (:attr:`~promptlookup.backends.base.PrefixTarget.reuses_prefixes`)."""
+        return bool(getattr(target, "reuses_prefixes", False))
 
     def _check(self, target) -> None:
         """A named error for a target of another model than the cache's first (whose keys and
         values would not fit its sequences' caches)."""
-        shape = (target.config.num_hidden_layers, *target.attention.shape)
-        signature = (*shape, target.kv_bytes_per_token)
+        layout = (target.kv_layout, target.kv_bytes_per_token)
         with self._lock:
-            self._signature = getattr(self, "_signature", None) or signature
-            if signature != self._signature:
+            self._layout = self._layout or layout
+            if layout != self._layout:
                 raise InvalidParameterError("a PrefixCache holds the keys and values of one model")
 
     @property
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
 
+    def prepare(self, target) -> None:
+        """Hash ``target``'s weights for the disk tier's keys (its :meth:`kv_identity
+        <promptlookup.backends.base.PrefixTarget.kv_identity>`, about a second per GB) now, not
+        in the first request; a no-op without a disk tier."""
+        if self.disk is not None and self.applies(target):
+            target.kv_identity()
+
+    def flush(self) -> None:
+        """Wait until every block given to the disk tier so far is written (no-op without)."""
+        if self.disk is not None:
+            self.disk.flush()
+
     def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
         """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
-        longest cached prefix of ``token_ids`` (of ``tenant``); returns its length in tokens
-        (0: none)."""
+        longest cached prefix of ``token_ids`` (of ``tenant``), in memory or on disk; returns
+        its length in tokens (0: none)."""
         self._check(target)
+        namespace = None if self.shared else tenant
+        payloads, matched = [], 0
         with self._lock:
-            if self._tree is None:
-                return 0
-            payloads, matched = self._tree.match(None if self.shared else tenant, token_ids)
-        if not matched:
-            return 0
-        # The payloads are never written, and held here: copied outside the lock, block by
-        # block straight into the cache's buffers (the last block possibly in part).
-        first = payloads[0]
-        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
-        buffers = []
-        for layer in cache.layers:
-            layer.make_room(matched, like)
-            buffers.append((layer.key_buffer[0], layer.value_buffer[0]))  # (kv_heads, room, dim)
-        whole = len(payloads) if matched % self.block_tokens == 0 else len(payloads) - 1
-        start, tail = whole * self.block_tokens, payloads[whole:]  # tail: a block in part
-        for index, (layer, (keys, values)) in enumerate(zip(cache.layers, buffers)):
-            for kind, buffer in enumerate((keys, values)):
-                if whole:  # every whole block's rows in one call
-                    rows = [payload[index, kind] for payload in payloads[:whole]]
-                    torch.cat(rows, dim=1, out=buffer[:, :start])
-                for payload in tail:  # (layers, 2, kv_heads, block_tokens, head_dim)
-                    buffer[:, start:matched] = payload[index, kind, :, : matched - start]
-            layer.advance(matched)
+            if self._tree is not None:
+                payloads, matched = self._tree.match(namespace, token_ids)
+        if self.disk is not None:
+            payloads, matched = self._from_disk(target, namespace, token_ids, payloads, matched)
+        if matched:  # the payloads are never written, and held here: copied outside the lock
+            cache.write_prefix(payloads, matched)
         return matched
 
     def store(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
         """Keep the keys and values of the blocks of ``token_ids`` (its last tokens as a tail)
         that ``cache`` (a sequence of ``target``) holds in its first positions and the cache
-        lacks, for ``tenant``."""
+        lacks, for ``tenant`` (and write those the disk tier lacks there)."""
         self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
         if not length:
             return
+        namespace, size = None if self.shared else tenant, self.block_tokens
+        copied: dict[int, Any] = {}  # blocks read out of ``cache``, by index
+
+        def blocks(start: int, stop: int) -> list:
+            found = cache.read_blocks(start * size, min(stop * size, length), size)
+            copied.update(zip(range(start, stop), found))
+            return found
+
         with self._lock:
             if self._tree is None:
                 block_bytes = target.kv_bytes_per_token * self.block_tokens
                 self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
-            self._tree.insert(
-                None if self.shared else tenant,
-                token_ids[:length],
-                lambda start, stop: self._blocks(cache, start, stop, length),
-            )
+            self._tree.insert(namespace, token_ids[:length], blocks)
+        if self.disk is not None:
+            self._to_disk(target, namespace, token_ids[:length], blocks, copied)
 
-    def _blocks(self, cache, start: int, stop: int, length: int) -> list[torch.Tensor]:
-        """Blocks ``start`` to ``stop - 1`` of the first ``length`` positions of ``cache``,
-        each ``(layers, 2, kv_heads, block_tokens, head_dim)`` in its own storage (evicting one
-        frees it), copied out :data:`COPY_BLOCKS` at a time (so that a long sequence needs
-        little memory besides); a last block past ``length // block_tokens`` is the tail,
-        ``(layers, 2, kv_heads, length % block_tokens, head_dim)``."""
-        size, keys, blocks = self.block_tokens, cache.layers[0].keys, []
-        whole = min(stop, length // size)
-        for first in range(start, whole, COPY_BLOCKS):
-            count = min(COPY_BLOCKS, whole - first)
-            part = keys.new_empty((count, len(cache.layers), 2, keys.shape[1], size, keys.shape[3]))
-            for index, layer in enumerate(cache.layers):
-                for kind, states in enumerate((layer.keys, layer.values)):
-                    rows = states[0, :, first * size : (first + count) * size]  # (heads, n, dim)
-                    part[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
-            blocks += [block.clone() for block in part]
-        if stop > whole:  # the tail
-            rest = length - whole * size
-            part = keys.new_empty((len(cache.layers), 2, keys.shape[1], rest, keys.shape[3]))
-            for index, layer in enumerate(cache.layers):
-                for kind, states in enumerate((layer.keys, layer.values)):
-                    part[index, kind] = states[0, :, whole * size : length]
-            blocks.append(part)
-        return blocks
+    def _keys(self, target, namespace: Hashable, tokens: Sequence[int]) -> list[bytes]:
+        """The disk tier's keys: the root's, then those of the whole blocks of ``tokens``."""
+        root = root_key(target.kv_identity(), namespace, self.block_tokens)
+        return [root, *chain(root, tokens, self.block_tokens)]
+
+    def _to_disk(self, target, namespace, tokens: Sequence[int], blocks, copied: dict) -> None:
+        """Give the disk tier the blocks of ``tokens`` it lacks (those the memory tier just
+        copied, the others read out of the sequence's cache now), its tail included."""
+        size = self.block_tokens
+        keys = self._keys(target, namespace, tokens)
+        names = [name_of(key) for key in keys[1:]]
+        if len(tokens) % size:
+            names.append(tail_name(keys[-1], len(tokens) % size))
+        missing = {index for index, name in enumerate(names) if not self.disk.has(name)}
+        for index in sorted(missing):
+            if index not in copied:  # read with the run of missing blocks it starts
+                stop = next((i for i in range(index, len(names)) if i not in missing), len(names))
+                blocks(index, stop)
+            self.disk.save(names[index], copied[index], tokens[index * size : (index + 1) * size])
+        self.disk.touch(names)  # once written: the root most recent
+
+    def _from_disk(self, target, namespace, tokens, payloads: list, matched: int):
+        """``(payloads, matched)`` of the longest prefix of ``tokens`` held in memory
+        (``payloads`` over ``matched`` tokens) or, past memory's whole blocks, on disk: its
+        next whole blocks, then the longest tail below them that the next tokens start like."""
+        size = self.block_tokens
+        if matched == len(tokens):
+            return payloads, matched
+        keys = self._keys(target, namespace, tokens)
+        names = [name_of(key) for key in keys[1:]]
+        found = list(payloads[: matched // size])  # memory's whole blocks
+        while len(found) < len(names):  # then the disk's, while it has them
+            index = len(found)
+            loaded = self.disk.load(names[index])
+            if loaded is None or loaded[1] != list(tokens[index * size : (index + 1) * size]):
+                break
+            found.append(loaded[0])
+        self.disk.touch(names[: len(found)])
+        length = len(found) * size
+        rest = list(tokens[length : length + size])
+        best, common = None, 0  # then the tail that the next tokens start most like
+        tail = min(len(rest), size - 1)
+        while tail > common:  # a tail no longer than the best so far cannot beat it
+            loaded = self.disk.load(tail_name(keys[len(found)], tail))
+            shared = 0 if loaded is None else common_prefix_length(loaded[1], rest)
+            if shared > common:
+                best, common = loaded[0], shared
+            tail -= 1
+        if best is not None:
+            found, length = [*found, best], length + common
+        return (found, length) if length > matched else (payloads, matched)

@@ -25,7 +25,20 @@ import collections
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from .drafters.draft_model import common_prefix_length
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists (binary search over C-speed
+    slice comparisons: cheap even for long sequences)."""
+    equal, unequal = 0, min(len(a), len(b))
+    if list(a[:unequal]) == list(b[:unequal]):
+        return unequal
+    while unequal - equal > 1:  # invariant: a[:equal] == b[:equal], a[:unequal] != b[:unequal]
+        mid = (equal + unequal) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            equal = mid
+        else:
+            unequal = mid
+    return equal
 
 
 class _Block:

@@ -86,3 +86,41 @@ class BatchTarget(Target, Protocol):
     ) -> list[torch.Tensor]:
         """One forward pass: ``token_ids[i]`` appended to ``caches[i]``. Returns, per sequence,
         float32 logits ``(keep[i], vocab)`` of its last ``keep[i]`` tokens (0: none)."""
+
+
+@runtime_checkable
+class BlockCache(SequenceCache, Protocol):
+    """A sequence's cache that a prefix cache (:mod:`promptlookup.prefix_cache`) can read
+    blocks of keys and values from and write a prefix into. A *block* is positions
+    ``start`` to ``stop - 1`` of every layer, one tensor in the cache's own dtype and layout
+    (the prefix cache only holds, saves and hands back the tensors)."""
+
+    def read_blocks(self, start: int, stop: int, block_tokens: int) -> list[torch.Tensor]:
+        """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions each,
+        the last one shorter where the span is not a multiple; each in its own storage."""
+
+    def write_prefix(self, blocks: Sequence[torch.Tensor], length: int) -> None:
+        """Fill this empty cache with the first ``length`` positions that ``blocks`` hold one
+        after another (as :meth:`read_blocks` gave them; the last possibly in part)."""
+
+
+@runtime_checkable
+class PrefixTarget(BatchTarget, Protocol):
+    """A target whose sequences' caches can start from an earlier sequence's keys and values,
+    and still give every token exactly as without them."""
+
+    #: Whether a prefix's keys and values reused from another sequence are bit for bit those
+    #: a prefill of it would make (row-invariant passes), so that reusing them is exact; its
+    #: :meth:`new_sequence` then gives :class:`BlockCache` caches.
+    reuses_prefixes: bool
+    #: What a block's keys and values are made of, for caches that hold one model's blocks:
+    #: the engine, the layers' shapes and the keys' and values' dtype (not the weights).
+    kv_layout: str
+
+    def kv_identity(self) -> str:
+        """A digest of everything that makes its keys and values what they are: the weights,
+        the engine and its rounding, the KV layout and dtype (the key of blocks kept on disk,
+        which a later process may find). Computed once."""
+
+    def new_sequence(self) -> BlockCache:
+        """An empty cache for one more sequence."""

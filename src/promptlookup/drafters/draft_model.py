@@ -39,6 +39,7 @@ import torch
 
 from ..backends.hf.target import TransformersTarget
 from ..errors import UnsupportedModelError
+from ..prefix_tree import common_prefix_length
 from .base import Draft
 from .options import DRAFT_MODEL_DEFAULTS, check_draft_model_options
 
@@ -190,21 +191,6 @@ class DraftModelDrafter:
             f"DraftModelDrafter({type(self.model).__name__}, num_tokens={self.num_tokens}, "
             f"confidence_threshold={self.confidence_threshold})"
         )
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists (binary search over C-speed
-    slice comparisons: cheap even for long sequences)."""
-    equal, unequal = 0, min(len(a), len(b))
-    if list(a[:unequal]) == list(b[:unequal]):
-        return unequal
-    while unequal - equal > 1:  # invariant: a[:equal] == b[:equal], a[:unequal] != b[:unequal]
-        mid = (equal + unequal) // 2
-        if list(a[:mid]) == list(b[:mid]):
-            equal = mid
-        else:
-            unequal = mid
-    return equal
 
 
 def check_same_tokenizer(

@@ -23,6 +23,7 @@ from ..drafters.cross_request import INDEX_TOKENS
 from ..drafters.shared_lookup import SHARING
 from ..errors import InvalidParameterError
 from ..limits import MAX_TENANTS
+from ..prefix_disk import DEFAULT_DISK_MIB
 
 
 def setting(default: Any, flag: str, help: str, type: Any = None, **option: Any) -> Any:
@@ -170,6 +171,22 @@ class ServerSettings:
         "without keys) or every request's ('global', whose reply times may reveal whether "
         "another client sent a prompt).",
         click.Choice(["per-tenant", "global"]),
+    )
+    prefix_cache_dir: str | None = setting(
+        None,
+        "--prefix-cache-dir",
+        "Folder (made, readable by this user only, if missing) where the prefix cache also "
+        "keeps its blocks, within --prefix-cache-disk-mib: prefixes evicted from memory, and "
+        "every conversation after a restart, are read back from there. Reused only for the "
+        "same model weights, engine, KV dtype, tenant and tokens; a damaged file is skipped.",
+        click.Path(file_okay=False),
+        metavar="DIR",
+    )
+    prefix_cache_disk_mib: int = setting(
+        DEFAULT_DISK_MIB,
+        "--prefix-cache-disk-mib",
+        "MiB of files in --prefix-cache-dir, least recently used first out.",
+        click.IntRange(min=1),
     )
     threads: int | None = setting(
         None,

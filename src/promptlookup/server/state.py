@@ -101,7 +101,13 @@ class ServerState:
         self.max_batch = max_batch
         if self.settings.prefix_cache_mib and PrefixCache.applies(lm.target):
             shared = self.settings.prefix_cache_scope == "global"
-            self.prefix_cache = PrefixCache(self.settings.prefix_cache_mib, shared=shared)
+            self.prefix_cache = PrefixCache(
+                self.settings.prefix_cache_mib,
+                shared=shared,
+                directory=self.settings.prefix_cache_dir,
+                disk_mib=self.settings.prefix_cache_disk_mib,
+            )
+            self.prefix_cache.prepare(lm.target)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         self.worker = (
             BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)

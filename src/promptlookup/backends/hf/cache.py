@@ -20,6 +20,7 @@ With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capac
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 from transformers import DynamicCache
@@ -33,6 +34,8 @@ MIN_CAPACITY = 256
 #: most a fifth of the room (doubling: half; Gemma 3 270M holds 36 KiB a token in float32)
 #: for a copy of the cache every quarter more tokens, a small cost beside the passes between.
 GROWTH = 4
+#: Blocks :meth:`GrowingCache.read_blocks` copies out of the layers at a time.
+COPY_BLOCKS = 16
 
 
 class GrowingLayer(DynamicLayer):
@@ -137,10 +140,60 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("GrowingLayer holds one sequence")
 
 
-def growing_cache(config, transposed_keys: bool = False) -> DynamicCache:
+class GrowingCache(DynamicCache):
+    """One sequence's cache of :class:`GrowingLayer` layers (all of the same head shape), which
+    hands out and takes in its keys and values as *blocks* for a prefix cache
+    (:class:`~promptlookup.backends.base.BlockCache`): a block is positions ``start`` to
+    ``stop - 1`` of every layer, one tensor ``(layers, 2, kv_heads, stop - start, head_dim)``
+    (index 1: keys 0, values 1) in the buffers' dtype, in its own storage."""
+
+    def read_blocks(self, start: int, stop: int, block_tokens: int) -> list[torch.Tensor]:
+        """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions, the
+        last one shorter where ``stop - start`` is not a multiple; copied out
+        :data:`COPY_BLOCKS` at a time, so that a long sequence needs little memory besides."""
+        size, keys, blocks = block_tokens, self.layers[0].keys, []
+        layers, kv_heads, head_dim = len(self.layers), keys.shape[1], keys.shape[3]
+        whole = start + (stop - start) // size * size  # the end of the whole blocks
+        for first in range(start, whole, COPY_BLOCKS * size):
+            count = min(COPY_BLOCKS, (whole - first) // size)
+            part = keys.new_empty((count, layers, 2, kv_heads, size, head_dim))
+            for index, layer in enumerate(self.layers):
+                for kind, states in enumerate((layer.keys, layer.values)):
+                    rows = states[0, :, first : first + count * size]  # (kv_heads, n, head_dim)
+                    part[:, index, kind] = rows.unflatten(1, (count, size)).transpose(0, 1)
+            blocks += [block.clone() for block in part]  # each in its own storage
+        if stop > whole:  # the last, shorter block
+            part = keys.new_empty((layers, 2, kv_heads, stop - whole, head_dim))
+            for index, layer in enumerate(self.layers):
+                for kind, states in enumerate((layer.keys, layer.values)):
+                    part[index, kind] = states[0, :, whole:stop]
+            blocks.append(part)
+        return blocks
+
+    def write_prefix(self, blocks: list[torch.Tensor], length: int) -> None:
+        """Fill this empty cache with the first ``length`` positions that ``blocks`` hold one
+        after another (the last block possibly in part), as :meth:`read_blocks` gave them."""
+        first = blocks[0]  # (layers, 2, kv_heads, block_tokens, head_dim)
+        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
+        ends = list(itertools.accumulate(block.shape[3] for block in blocks))
+        whole = next((i for i, end in enumerate(ends) if end > length), len(blocks))
+        start = ends[whole - 1] if whole else 0  # blocks before ``whole`` are taken whole
+        for index, layer in enumerate(self.layers):
+            layer.make_room(length, like)
+            buffers = (layer.key_buffer[0], layer.value_buffer[0])  # (kv_heads, room, dim)
+            for kind, buffer in enumerate(buffers):
+                if whole:  # every whole block's rows in one call
+                    rows = [block[index, kind] for block in blocks[:whole]]
+                    torch.cat(rows, dim=1, out=buffer[:, :start])
+                if start < length:  # then the first positions of one more
+                    buffer[:, start:length] = blocks[whole][index, kind, :, : length - start]
+            layer.advance(length)
+
+
+def growing_cache(config, transposed_keys: bool = False) -> GrowingCache:
     """``DynamicCache(config=config)`` with each plain ``DynamicLayer`` made a :class:`GrowingLayer`
     (sliding-window and other special layers stay as transformers makes them)."""
-    cache = DynamicCache(config=config)
+    cache = GrowingCache(config=config)
     cache.layers = [
         GrowingLayer(transposed_keys) if type(layer) is DynamicLayer else layer
         for layer in cache.layers

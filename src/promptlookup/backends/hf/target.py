@@ -30,7 +30,8 @@ from ..inexact.attention import (
     verification_attention,
 )
 from ..inexact.fastest import FastestKernels
-from .cache import GrowingLayer, growing_cache
+from .cache import GrowingCache, GrowingLayer, growing_cache
+from .identity import build_identity, weights_digest
 
 
 class WindowLayer(GrowingLayer):
@@ -193,7 +194,34 @@ class TransformersTarget:
         size = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.config.num_hidden_layers * kv_heads * head_dim * size
 
-    def new_sequence(self) -> DynamicCache:
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prefix cache may hand its sequences an earlier sequence's keys and values
+        (:class:`~promptlookup.backends.base.PrefixTarget`): where every pass is row-invariant,
+        a prefix's keys and values are bit for bit the same however it was fed, and every
+        layer is a :class:`~promptlookup.backends.hf.cache.GrowingLayer`."""
+        return self.row_invariant and self.can_crop
+
+    @property
+    def kv_layout(self) -> str:
+        """Layers, heads, head size and dtype of the keys and values (a block's layout)."""
+        _, kv_heads, head_dim = self.attention.shape  # read from the config once, there
+        dtype = str(getattr(self, "kv_dtype", self.dtype)).removeprefix("torch.")
+        return f"{self.config.num_hidden_layers}x{kv_heads}x{head_dim} {dtype}"
+
+    def kv_identity(self) -> str:
+        """A digest of the weights, the engine and :attr:`kv_layout` (see
+        :class:`~promptlookup.backends.base.PrefixTarget`); hashing the weights takes about a
+        second per GB, once per target."""
+        if getattr(self, "_kv_identity", None) is None:
+            native = self.decoder_pass is not None and self.decoder_pass.native_attention
+            one_call = self.decoder_pass is not None and self.decoder_pass.quantized_layers
+            digest = weights_digest(self.model)
+            engine = f"{type(self).__name__} native={native} one_call={bool(one_call)}"
+            self._kv_identity = f"{engine} {self.kv_layout} {build_identity()} weights={digest}"
+        return self._kv_identity
+
+    def new_sequence(self) -> GrowingCache:
         """An empty cache for one more sequence of :meth:`forward_batch` (keys transposed
         where row-invariant passes take the native attention kernel)."""
         native = self.decoder_pass is not None and self.decoder_pass.native_attention

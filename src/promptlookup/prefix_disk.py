@@ -1,0 +1,255 @@
+"""The prefix cache's disk tier (:mod:`promptlookup.prefix_cache`): blocks of keys and values in
+files of a folder, found again by a later request or a later process, within a byte budget.
+
+- *Content keys*: a block's file is named by a hash chain, as vLLM's block hashes are: the
+  root hashes the model's :meth:`~promptlookup.backends.base.PrefixTarget.kv_identity`
+  (weights, engine, KV layout and dtype), the tenant and the block size; each whole block
+  hashes its parent's key and its own tokens (:func:`chain`). A block is therefore found only
+  for the same model, engine, KV dtype, tenant and every token before it, and a file name
+  reveals no tenant and no prompt. A *tail* (a sequence's last tokens that do not fill a
+  block) is named by its parent and its length (:func:`tail_name`), holds its tokens, and is
+  reused for the tokens a request shares with them.
+- *Files*: safetensors, one tensor (the block, in the backend's dtype and layout) and a header
+  with the file's own name, its tokens and a SHA-256 of the tensor's bytes; written by a
+  background thread to a temporary file renamed into place (a crash leaves no half file
+  under a block's name). The folder is made ``0700``, the files ``0600``.
+- *Checked on reading*: a file that is truncated, corrupt, renamed or written by something
+  else (its name, tokens or checksum do not match) is removed and never used; the first such
+  file of a tier is said in one ``RuntimeWarning``, the rest only counted (:attr:`skipped`).
+- *Eviction*: least recently used files go first when the folder would exceed its budget
+  (recency: the files' modification times at start, then every use); a use touches a
+  sequence's blocks deepest first, so a block's parent outlives it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import re
+import struct
+import threading
+import warnings
+from array import array
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+#: ``promptlookup serve``'s disk budget by default (``--prefix-cache-disk-mib``): 10 GiB.
+DEFAULT_DISK_MIB = 10 * 1024
+#: The format of the files and of their names; another version's files are never found.
+VERSION = "promptlookup-prefix-blocks-1"
+SUFFIX = ".safetensors"
+NAME = re.compile(r"^[0-9a-f]{64}" + re.escape(SUFFIX) + "$")
+
+
+def root_key(identity: str, namespace: Hashable, block_tokens: int) -> bytes:
+    """The key above a tenant's first block: the model's identity, the tenant, the block size."""
+    tenant = (
+        json.dumps(namespace)
+        if namespace is None or isinstance(namespace, str)
+        else repr(namespace)
+    )
+    text = f"{VERSION}\0{identity}\0{tenant}\0{block_tokens}"
+    return hashlib.sha256(text.encode()).digest()
+
+
+def chain(root: bytes, tokens: Sequence[int], block_tokens: int) -> list[bytes]:
+    """The keys of the whole blocks of ``tokens``: each block's key hashes its parent's key
+    (``root`` for the first) and its tokens."""
+    keys, parent = [], root
+    for start in range(0, len(tokens) // block_tokens * block_tokens, block_tokens):
+        block = array("q", tokens[start : start + block_tokens]).tobytes()
+        parent = hashlib.sha256(parent + block).digest()
+        keys.append(parent)
+    return keys
+
+
+def name_of(key: bytes) -> str:
+    return key.hex() + SUFFIX
+
+
+def tail_name(parent: bytes, length: int) -> str:
+    """The file of a tail of ``length`` tokens below the block (or root) keyed ``parent``."""
+    return name_of(hashlib.sha256(parent + b"tail" + length.to_bytes(4, "little")).digest())
+
+
+class DiskTier:
+    """Blocks in files of ``directory`` (made if missing), at most ``budget_bytes`` of them
+    (see the module doc). Thread-safe; writes happen in a thread of their own
+    (:meth:`flush` waits for them)."""
+
+    def __init__(self, directory: str | os.PathLike, budget_bytes: int) -> None:
+        self.directory, self.budget_bytes = Path(directory), budget_bytes
+        if not self.directory.is_dir():
+            self.directory.mkdir(mode=0o700, parents=True)
+            self.directory.chmod(0o700)  # whatever the umask
+        #: Files of blocks by name, with their size, least recently used first.
+        self._files: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._writer: threading.Thread | None = None
+        #: Files found unusable and removed (the first one warned about).
+        self.skipped = 0
+        found = []
+        for entry in os.scandir(self.directory):
+            if NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
+                stat = entry.stat(follow_symlinks=False)
+                found.append((stat.st_mtime_ns, entry.name, stat.st_size))
+        for _, name, size in sorted(found):
+            self._files[name] = size
+        self._bytes = sum(self._files.values())  # the files' sizes together
+        self._warned = False  # whether the one warning was said
+        with self._lock:
+            self._evict(0)  # a budget smaller than last time's
+
+    @property
+    def used_bytes(self) -> int:
+        return self._bytes
+
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._files
+
+    def touch(self, names: Sequence[str]) -> None:
+        """Mark the files ``names`` (a sequence's blocks, root to leaf) used, the deepest
+        first, once the writes asked for before are done: here, and in their modification
+        times (for the next process)."""
+        if names:
+            self._queue_job(("touch", list(names)))
+
+    def load(self, name: str) -> tuple[torch.Tensor, list[int]] | None:
+        """The block in file ``name`` and its tokens; None when missing or unusable (then
+        removed)."""
+        import safetensors.torch  # here: the cache imports no torch until it holds blocks
+
+        if not self.has(name):
+            return None
+        try:
+            data = (self.directory / name).read_bytes()
+        except FileNotFoundError:  # evicted meanwhile
+            with self._lock:
+                self._bytes -= self._files.pop(name, 0)
+            return None
+        try:
+            header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+            meta = header["__metadata__"]
+            block = safetensors.torch.load(data)["block"]
+            if meta["name"] != name or meta["version"] != VERSION:
+                raise ValueError("written for another block")
+            if meta["sha256"] != _digest(block):
+                raise ValueError("checksum mismatch")
+            tokens = [int(token) for token in meta["tokens"].split()]
+        except Exception as error:  # truncated, corrupt or foreign: never used
+            self._skip(name, error)
+            return None
+        return block, tokens
+
+    def save(self, name: str, block: torch.Tensor, tokens: Sequence[int]) -> None:
+        """Write ``block`` (of ``tokens``) as file ``name``, in the background."""
+        if not self.has(name):
+            self._queue_job(("save", name, block, [int(token) for token in tokens]))
+
+    def flush(self) -> None:
+        """Wait until every write asked for so far is done."""
+        self._queue.join()
+
+    def _queue_job(self, job: tuple) -> None:
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_jobs, name="prefix-cache-disk", daemon=True
+                )
+                self._writer.start()
+        self._queue.put(job)
+
+    def _write_jobs(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job[0] == "save":
+                    self._write(*job[1:])
+                else:
+                    self._touch(job[1])
+            except Exception as error:  # a full disk, a file gone: the cache is only a cache
+                self._warn(f"prefix cache folder {self.directory}: {type(error).__name__}: {error}")
+            finally:
+                self._queue.task_done()
+
+    def _touch(self, names: list[str]) -> None:
+        with self._lock:
+            held = [name for name in reversed(names) if name in self._files]
+            for name in held:  # deepest first: each more recent than its child
+                self._files.move_to_end(name)
+        for name in held:
+            with contextlib.suppress(FileNotFoundError):  # removed as unusable meanwhile
+                os.utime(self.directory / name)
+
+    def _write(self, name: str, block: torch.Tensor, tokens: list[int]) -> None:
+        import safetensors.torch
+
+        meta = {
+            "version": VERSION,
+            "name": name,
+            "tokens": " ".join(map(str, tokens)),
+            "sha256": _digest(block),
+        }
+        data = safetensors.torch.save({"block": block.contiguous()}, metadata=meta)
+        with self._lock:
+            if name in self._files or len(data) > self.budget_bytes:
+                return
+            self._evict(len(data))
+        temporary = self.directory / f".{name}.{os.getpid()}.tmp"
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(descriptor, 0o600)  # whatever the umask
+                with os.fdopen(descriptor, "wb", closefd=False) as file:
+                    file.write(data)
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, self.directory / name)  # whole, or not there
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._files[name] = len(data)
+            self._bytes += len(data)
+
+    def _evict(self, room: int) -> None:
+        """Remove the least recently used files until ``room`` more bytes fit (lock held)."""
+        while self._files and self._bytes + room > self.budget_bytes:
+            old, size = self._files.popitem(last=False)
+            self._bytes -= size
+            (self.directory / old).unlink(missing_ok=True)
+
+    def _skip(self, name: str, error: Exception) -> None:
+        with self._lock:
+            self._bytes -= self._files.pop(name, 0)
+            self.skipped += 1
+        with contextlib.suppress(OSError):  # not ours to remove: forgotten all the same
+            (self.directory / name).unlink(missing_ok=True)
+        self._warn(
+            f"prefix cache: skipped and removed {self.directory / name}, a truncated, corrupt "
+            f"or foreign file ({type(error).__name__}: {error}); further ones are not reported"
+        )
+
+    def _warn(self, message: str) -> None:
+        with self._lock:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _digest(block: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes."""
+    import torch
+
+    return hashlib.sha256(block.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()

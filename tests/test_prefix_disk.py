@@ -1,0 +1,235 @@
+"""The prefix cache's disk tier never changes a token either: a conversation's next turn after a
+restart (a new cache over the same folder, a new model object) finds its prompt on disk and
+answers token for token as without any cache; a truncated, corrupt or foreign file is skipped
+with one warning; another tenant, another model or another dtype finds nothing; the folder and
+its files are the server user's only; the folder stays within its budget."""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+import warnings
+
+import pytest
+import torch
+from _fixtures import one_thread  # noqa: F401 (fixture)
+from conftest import TinyTokenizer, tiny_llama
+from test_prefix_cache import SAMPLING, tiny
+
+import promptlookup
+from promptlookup.errors import InvalidParameterError
+from promptlookup.prefix_cache import PrefixCache
+from promptlookup.prefix_disk import NAME
+
+
+def turns(lm, cache, count: int, seed: int = 7, tenant=None, options=None) -> tuple[list, list]:
+    """``count`` turns of a conversation (each prompt the last one, its answer and new tokens):
+    the results, and the next turn's prompt."""
+    rng = random.Random(seed)
+    vocab = lm.tokenizer.vocab_size
+    prompt, results = [rng.randrange(1, vocab) for _ in range(90)], []
+    for _ in range(count):
+        result = lm.generate(
+            prompt, max_new_tokens=20, prefix_cache=cache, tenant=tenant, **(options or {})
+        )
+        results.append(result)
+        prompt = [*prompt, *result.token_ids, *(rng.randrange(1, vocab) for _ in range(5))]
+    return results, prompt
+
+
+def files(folder) -> list:
+    return sorted(path for path in folder.iterdir() if NAME.match(path.name))
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "quantized"])
+@pytest.mark.parametrize("options", [{}, SAMPLING], ids=["greedy", "sampled"])
+def test_a_conversation_goes_on_after_a_restart_as_without_a_cache(tmp_path, kind, options):
+    options = {**options, "logprobs": 2}
+    before = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    _, prompt = turns(tiny(kind), before, 2, options=options)
+    before.flush()
+    assert files(tmp_path)
+    # A new process: a new model object, a new cache over the same folder.
+    lm, after = tiny(kind), PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    resumed = lm.generate(prompt, max_new_tokens=20, prefix_cache=after, **options)
+    plain = lm.generate(prompt, max_new_tokens=20, prefix_cache=False, **options)
+    assert resumed.token_ids == plain.token_ids
+    assert resumed.stats.logprobs == plain.stats.logprobs
+    assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
+
+
+def test_blocks_read_back_from_disk_are_bit_for_bit_at_every_length(tmp_path):
+    target, prompt = tiny("float32").target, list(range(1, 31)) * 3  # 11 blocks and 2 tokens
+    sequence = target.new_sequence()
+    target.forward_batch([sequence], [prompt], [0])
+    cache = PrefixCache(mib=8, block_tokens=8, directory=tmp_path)
+    cache.store(target, sequence, prompt)
+    cache.flush()
+    for length in range(1, len(prompt) + 1):
+        restored = target.new_sequence()
+        fresh = PrefixCache(mib=8, block_tokens=8, directory=tmp_path)  # nothing in memory
+        # Another token after ``length`` (none of the prompt's): to the block, or to the token
+        # within the stored sequence's tail.
+        found = fresh.restore(target, restored, [*prompt[:length], 0])
+        assert found == (length if length >= 88 else length // 8 * 8)
+        for before, after in zip(sequence.layers, restored.layers if found else ()):
+            assert torch.equal(after.keys, before.keys[:, :, :found])
+            assert torch.equal(after.values, before.values[:, :, :found])
+
+
+def test_blocks_evicted_from_memory_are_read_back_from_disk(tmp_path):
+    lm = tiny("float32")
+    per_block = lm.target.kv_bytes_per_token * 16
+    cache = PrefixCache(mib=3 * per_block / 2**20, block_tokens=16, directory=tmp_path)
+    _, first = turns(lm, cache, 2, seed=1)
+    turns(lm, cache, 2, seed=2)  # pushes the first conversation out of memory
+    cache.flush()
+    resumed = lm.generate(first, max_new_tokens=20, prefix_cache=cache)
+    assert resumed.token_ids == lm.generate(first, max_new_tokens=20, prefix_cache=False).token_ids
+    assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
+    assert cache.used_bytes <= cache.budget_bytes
+
+
+def test_truncated_corrupt_and_foreign_files_are_skipped_with_one_warning(tmp_path):
+    lm = tiny("float32")
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    conversations = [turns(lm, cache, 1, seed=seed)[1] for seed in (1, 2, 3)]
+    cache.flush()
+    found = files(tmp_path)
+    written = [path.read_bytes() for path in found]
+    # Spoil every file: a third truncated, a third with a changed byte, a third another's.
+    for index, (path, data) in enumerate(zip(found, written)):
+        if index % 3 == 0:
+            path.write_bytes(data[: len(data) // 2])
+        elif index % 3 == 1:
+            path.write_bytes(data[:-5] + bytes([data[-5] ^ 1]) + data[-4:])
+        else:
+            path.write_bytes(written[index - 1])
+    after = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [lm.generate(p, max_new_tokens=20, prefix_cache=after) for p in conversations]
+    said = [w for w in caught if "truncated, corrupt or foreign" in str(w.message)]
+    assert len(said) == 1 and after.disk.skipped >= 3
+    for prompt, result in zip(conversations, results):
+        assert result.token_ids == lm.generate(prompt, max_new_tokens=20).token_ids
+        assert result.stats.cached_tokens == 0
+
+
+def test_another_tenant_finds_nothing_on_disk(tmp_path):
+    lm = tiny("float32")
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    _, prompt = turns(lm, cache, 1, tenant="a")
+    cache.flush()
+    after = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    other = lm.generate(prompt, max_new_tokens=4, prefix_cache=after, tenant="b")
+    assert other.stats.cached_tokens == 0
+    again = lm.generate(prompt, max_new_tokens=4, prefix_cache=after, tenant="a")
+    assert again.stats.cached_tokens > 0
+
+
+@pytest.mark.parametrize("other", ["another model", "another dtype"])
+def test_another_model_or_dtype_finds_nothing_on_disk(tmp_path, other):
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    _, prompt = turns(tiny("float32"), cache, 1)
+    cache.flush()
+    model = tiny_llama(seed=2) if other == "another model" else tiny_llama(seed=1)
+    if other == "another dtype":
+        model = model.to(torch.bfloat16)
+    lm = promptlookup.from_transformers(model, TinyTokenizer(32), name="other")
+    after = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    assert lm.generate(prompt, max_new_tokens=4, prefix_cache=after).stats.cached_tokens == 0
+
+
+def test_the_folder_and_files_are_the_users_only(tmp_path):
+    old = os.umask(0o022)
+    try:
+        folder = tmp_path / "made" / "here"
+        cache = PrefixCache(mib=64, block_tokens=16, directory=folder)
+        turns(tiny("float32"), cache, 1)
+        cache.flush()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert files(folder)
+    assert {stat.S_IMODE(path.stat().st_mode) for path in folder.iterdir()} == {0o600}
+
+
+def test_file_names_reveal_no_tenant_and_no_prompt(tmp_path):
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    turns(tiny("float32"), cache, 1, tenant="tenant-secret")
+    cache.flush()
+    names = [path.name for path in tmp_path.iterdir()]
+    assert names and all(NAME.match(name) for name in names)
+
+
+def test_the_folder_stays_within_its_budget_and_forgets_the_least_recently_used(tmp_path):
+    lm = tiny("float32")
+    per_block = lm.target.kv_bytes_per_token * 16
+    budget = 20 * per_block / 2**20  # about one and a half conversations' blocks
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path, disk_mib=budget)
+    prompts = []
+    for seed in range(4):
+        prompts.append(turns(lm, cache, 2, seed=seed)[1])
+        cache.flush()
+        assert sum(path.stat().st_size for path in files(tmp_path)) <= budget * 2**20
+    after = PrefixCache(mib=64, block_tokens=16, directory=tmp_path, disk_mib=budget)
+    latest = lm.generate(prompts[-1], max_new_tokens=4, prefix_cache=after)
+    assert latest.stats.cached_tokens >= 0.9 * latest.stats.prompt_tokens
+    assert lm.generate(prompts[0], max_new_tokens=4, prefix_cache=after).stats.cached_tokens == 0
+
+
+def test_a_disk_tier_needs_a_budget_and_a_folder(tmp_path):
+    with pytest.raises(InvalidParameterError, match="budget"):
+        PrefixCache(mib=8, directory=tmp_path, disk_mib=0)
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(InvalidParameterError, match="folder"):
+        PrefixCache(mib=8, directory=tmp_path / "a-file" / "below")
+
+
+@pytest.mark.slow
+def test_the_default_model_resumes_a_conversation_after_a_restart(default_lm, tmp_path):
+    messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    cache = PrefixCache(mib=256, directory=tmp_path)
+    first = default_lm.generate(messages, max_new_tokens=48, prefix_cache=cache)
+    cache.flush()
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "Now make it add three."},
+    ]
+    restarted = PrefixCache(mib=256, directory=tmp_path)
+    default_lm.target._kv_identity = None  # computed again, as a new process would
+    resumed = default_lm.generate(messages, max_new_tokens=48, prefix_cache=restarted)
+    plain = default_lm.generate(messages, max_new_tokens=48, prefix_cache=False)
+    assert resumed.token_ids == plain.token_ids
+    assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
+
+
+def test_a_restarted_server_finds_a_conversation_in_its_prefix_cache_folder(tmp_path):
+    from _server import FIXED, MODEL, RunningServer, tiny_lm
+    from test_tenants import cached, chat, text
+
+    from promptlookup.server import ServerSettings, create_app
+
+    settings = ServerSettings(
+        prefix_cache_dir=str(tmp_path), model_id=MODEL, generation_options=FIXED
+    )
+    answers = []
+    for _ in range(2):  # a server, then another over the same folder (a new model object)
+        with RunningServer(create_app(tiny_lm(), settings)) as running:
+            answers.append(chat(running, "Bearer none"))
+            running.state.prefix_cache.flush()
+    assert cached(answers[0]) == 0
+    assert cached(answers[1]) >= 0.9 * answers[1]["usage"]["prompt_tokens"]
+    assert text(answers[0]) == text(answers[1])
+    assert files(tmp_path)
+
+
+def test_the_disk_flags_are_documented():
+    from click.testing import CliRunner
+
+    from promptlookup.cli import main
+
+    help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "--prefix-cache-dir DIR" in help_text and "--prefix-cache-disk-mib" in help_text
