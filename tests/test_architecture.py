@@ -26,6 +26,7 @@ LAYERS = [
         "drafters.base",
         "drafters.suffix_index",
         "drafters.prompt_lookup",
+        "json_schemas",
         "grammar",
     ],
     # The target backends (forward passes over a KV cache), one folder per engine:
