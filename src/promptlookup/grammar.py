@@ -36,7 +36,7 @@ import numpy as np
 
 from .drafters.base import Draft, Drafter, NoDrafter
 from .errors import GrammarError, GrammarFailed, InvalidParameterError
-from .json_schemas import check_satisfiable, closed
+from .json_schemas import closed, satisfiable
 
 if TYPE_CHECKING:  # torch loads on first use (`promptlookup --help` does not need it)
     import torch
@@ -88,7 +88,7 @@ class Grammar:
         schema = {"type": "object"} if schema is None else schema
         if not isinstance(schema, (Mapping, bool)):
             raise GrammarError(f"invalid JSON schema: an object expected, got {schema!r:.60}")
-        return cls(_json_grammar(checked_schema(schema)), "JSON schema")
+        return cls(_json_grammar(_prepared(schema)), "JSON schema")
 
     @classmethod
     def regex(cls, pattern: str) -> Grammar:
@@ -136,17 +136,20 @@ class Grammar:
 
 
 def checked_schema(schema: Mapping | bool) -> Mapping | bool:
-    """``schema`` as the grammar reads it (its objects closed,
-    :func:`~promptlookup.json_schemas.closed`), checked: a
+    """``schema`` as the grammar reads it (its objects closed and its parts of no finite value
+    left out, :mod:`~promptlookup.json_schemas`), checked: a
     :class:`~promptlookup.errors.GrammarError` where it cannot compile or no finite value
     matches it. For a schema embedded in a Lark grammar (``%json``)."""
-    try:
-        schema = closed(schema)
-        check_satisfiable(schema)
-    except RecursionError:
-        raise GrammarError("invalid JSON schema: nested too deep") from None
+    schema = _prepared(schema)
     Grammar(_json_grammar(schema), "JSON schema")  # compiled and probed
     return schema
+
+
+def _prepared(schema: Mapping | bool) -> Mapping | bool:
+    try:
+        return satisfiable(closed(schema))
+    except RecursionError:
+        raise GrammarError("invalid JSON schema: nested too deep") from None
 
 
 def _json_grammar(schema: Mapping | bool) -> str:

@@ -5,9 +5,10 @@
   llama.cpp's grammars read such schemas; ``additionalProperties`` (true or a schema) or
   ``patternProperties`` keeps it open. Closing only narrows a schema, so what matches the
   closed schema matches the one the client sent.
-- :func:`check_satisfiable`: a schema no finite JSON value can match (a ``$ref`` to itself,
-  an object that requires a property of its own kind) is a :class:`GrammarError` before
-  anything is generated, not a grammar that fails at its first token.
+- :func:`satisfiable`: a schema no finite JSON value can match (a ``$ref`` to itself, an
+  object that requires a property of its own kind) is a :class:`GrammarError` before anything
+  is generated, not a grammar that fails at its first token; the parts of a schema that no
+  finite value can take (a union's branch that recurses without end) are left out.
 - :func:`embedded`: schemas placed inside another (a tool's parameters inside a call object)
   keep their references: each goes to the outer schema's ``$defs``, its local references
   rebased there.
@@ -111,13 +112,15 @@ def _rebased(schema, pointer: str, depth: int):
 # -- satisfiability ---------------------------------------------------------------------------
 
 
-def check_satisfiable(schema) -> None:
-    """A :class:`GrammarError` where no finite JSON value matches ``schema`` because of its
-    references: a ``$ref`` that comes back to itself before any value is written, or an
-    object (array) that requires a property (item) with no finite value. The least fixed
-    point of "this reference has a finite value" over the local references; whatever it
-    cannot judge (a reference it cannot resolve, keywords beside) counts as satisfiable, and
-    the grammar engine judges the rest."""
+def satisfiable(schema):
+    """``schema`` without the parts no finite JSON value can take (a union's branch, an
+    optional property, array items), so that no sequence can walk into them; a
+    :class:`GrammarError` where no finite value matches the schema at all: a ``$ref`` that
+    comes back to itself before any value is written, an object (array) that requires a
+    property (item) with no finite value. Found as the least fixed point of "this reference
+    has a finite value" over the local references; what it cannot judge (a reference it
+    cannot resolve, other keywords) counts as finite, and the grammar engine judges the rest.
+    The finite values matched are the same: the parts left out match none."""
     targets = {ref: _resolve(schema, ref) for ref in _local_refs(schema, 0)}
     finite = {ref: target is _MISSING for ref, target in targets.items()}
     changed = True
@@ -133,6 +136,37 @@ def check_satisfiable(schema) -> None:
             + ", ".join(stuck[:3])
             + " comes back to itself with no way to end)"
         )
+    return _pruned(schema, finite, 0) if not all(finite.values()) else schema
+
+
+def _pruned(schema, finite: Mapping[str, bool], depth: int):
+    """``schema`` with the parts of no finite value left out (see :func:`satisfiable`)."""
+    if depth > MAX_DEPTH or not isinstance(schema, Mapping):
+        return schema
+    required = set(_list(schema, "required"))
+    out = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, Mapping):
+            out[key] = {
+                name: _pruned(sub, finite, depth + 1)
+                if name in required or _finite(sub, finite, depth + 1)
+                else False  # the key may not appear
+                for name, sub in value.items()
+            }
+        elif key in _VALUE_MAPS and isinstance(value, Mapping):
+            out[key] = {name: _pruned(sub, finite, depth + 1) for name, sub in value.items()}
+        elif key in ("additionalProperties", "items") and isinstance(value, Mapping):
+            out[key] = (
+                _pruned(value, finite, depth + 1) if _finite(value, finite, depth + 1) else False
+            )
+        elif key in _UNIONS and isinstance(value, list):
+            kept = [sub for sub in value if _finite(sub, finite, depth + 1)] or value
+            out[key] = [_pruned(sub, finite, depth + 1) for sub in kept]
+        elif key in ("allOf", "prefixItems") and isinstance(value, list):
+            out[key] = [_pruned(sub, finite, depth + 1) for sub in value]
+        else:
+            out[key] = value
+    return out
 
 
 _MISSING = object()

@@ -28,7 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..grammar import JSON_LAYOUT, Grammar
+from ..errors import GrammarError
+from ..grammar import JSON_LAYOUT, Grammar, checked_schema
 from ..json_schemas import embedded
 
 CALLS_START = '{"tool_calls": ['
@@ -98,9 +99,7 @@ class ToolPlan:
         references rebased there (:func:`~promptlookup.json_schemas.embedded`)."""
         names = [self.choice] if self.choice not in ("auto", "required") else None
         tools = [tool for tool in self.tools if names is None or tool["name"] in names]
-        refs, defs = embedded(
-            {f"tool-{tool['name']}": tool.get("parameters") or NO_PARAMETERS for tool in tools}
-        )
+        refs, defs = embedded({f"tool-{tool['name']}": _parameters(tool) for tool in tools})
         calls = [
             _object(name={"const": tool["name"]}, arguments=refs[f"tool-{tool['name']}"])
             for tool in tools
@@ -115,7 +114,7 @@ class ToolPlan:
             array["maxItems"] = 1
         answer = _object(tool_calls=array)
         if self.choice == "auto" and self.answer is not None:
-            refs, answer_defs = embedded({"answer": self.answer})
+            refs, answer_defs = embedded({"answer": checked_schema(self.answer)})
             schema = {"anyOf": [answer, _object(answer=refs["answer"])]}
             defs.update(answer_defs)
         elif self.choice == "auto":
@@ -128,6 +127,22 @@ class ToolPlan:
         if self.template is not None:
             return self.template.grammar(self)
         return Grammar.json_schema(self.schema())
+
+
+def _parameters(tool: dict):
+    """A tool's parameters as its calls' grammar takes them (:func:`checked_schema`): a
+    schema no finite value matches is an error naming the tool, even where the model could
+    avoid it by calling another."""
+    try:
+        return checked_schema(tool.get("parameters") or NO_PARAMETERS)
+    except GrammarError as exc:
+        raise GrammarError(f"tool {tool['name']!r}: {exc}") from None
+
+
+def tool_texts(tools: list[dict]) -> list[str]:
+    """Each tool's text as the prompt lists it (name, description and parameters, JSON): what
+    a request's tools add to its prompt, bounded before anything is tokenized."""
+    return [dumps(tool) for tool in tools]
 
 
 def _object(**properties) -> dict:
