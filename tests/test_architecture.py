@@ -27,6 +27,7 @@ LAYERS = [
         "drafters.base",
         "drafters.suffix_index",
         "drafters.prompt_lookup",
+        "json_schemas",
         "grammar",
         # The prefix cache knows no backend: the target says whether it reuses prefixes, the
         # sequence's cache reads and writes the blocks.

@@ -48,6 +48,8 @@ TOOLS = [
 ]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
 GREEDY = {"model": "tiny", "temperature": 0, "max_tokens": 120}
+#: An object that requires a property of its own kind: no finite value.
+SELF_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
 
 
 def ascii_lm() -> LanguageModel:
@@ -282,18 +284,76 @@ def test_the_generic_format_in_the_prompt():
             "response_format",
             "schema goes with type json_object",
         ),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+                ]
+            },
+            "tools",
+            "tool 'f': invalid JSON schema: no finite value matches it",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SELF_REQUIRED},
+                }
+            },
+            "response_format",
+            "invalid JSON schema: no finite value matches it",
+        ),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences, got 5"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages", "needs tool_call_id"),
         ({"functions": [{"name": "f"}]}, "functions", "use tools"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_with_one_readable_line(server, extra, param, says):
+    """(The schemas no finite value matches used to be ``stop`` with empty content, or a
+    grammar that failed at the first token and took every other stream of the batch.)"""
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, **extra}
     response = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and says in error["message"], error
     assert "\n" not in error["message"] and "Input should be 'none'" not in error["message"]
+
+
+def test_tools_text_more_than_the_context_can_hold_is_a_400_before_tokenizing(server, monkeypatch):
+    """A tool description of megabytes used to be tokenized whole (10-13 s in which every
+    other request waited for the tokenizer); now its characters are counted first."""
+    limit, context = server.state.max_text_chars, server.state.lm.target.max_context
+    tokenized = []
+    real = AsciiTokenizer.__call__
+
+    def spy(self, text, add_special_tokens=True):
+        tokenized.append(len(text))
+        return real(self, text, add_special_tokens)
+
+    monkeypatch.setattr(AsciiTokenizer, "__call__", spy)
+    big = {"type": "function", "function": {"name": "big", "description": "x" * limit}}
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "tools": [big]}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools" and error["code"] == "context_length_exceeded"
+    assert (
+        f"{context} tokens" in error["message"]
+        and f"at most {limit} characters" in error["message"]
+    )
+    assert tokenized == []  # refused before any of it was tokenized
+
+
+def test_a_tool_without_parameters_is_called_with_an_empty_object(server):
+    answer = server.client().chat.completions.create(
+        messages=MESSAGES,
+        tools=[{"type": "function", "function": {"name": "now"}}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        **GREEDY,
+    )
+    calls = answer.choices[0].message.tool_calls
+    assert [(call.function.name, call.function.arguments) for call in calls] == [("now", "{}")]
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])

@@ -20,6 +20,7 @@ _LAZY = {
     ".errors": (
         "EmptyPromptError",
         "GrammarError",
+        "GrammarFailed",
         "InvalidParameterError",
         "ModelLoadError",
         "ModelNotFoundError",

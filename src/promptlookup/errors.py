@@ -35,3 +35,10 @@ class UnsupportedModelError(PromptLookupError):
 class GrammarError(InvalidParameterError):
     """A JSON schema, regular expression or Lark grammar that the grammar engine cannot
     compile (or a ``response_format`` of an unknown shape)."""
+
+
+class GrammarFailed(GrammarError):
+    """A grammar that compiled but allows no token at some point of one sequence's generation
+    (the grammar engine's error, or a token it refused), raised by the sequence's
+    :class:`~promptlookup.grammar.GrammarState`: that sequence ends, and only that one. Its
+    message is one line, without the engine's internal state."""

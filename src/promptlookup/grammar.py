@@ -24,6 +24,7 @@ token, greedy or seeded sampling.
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -34,13 +35,17 @@ import llguidance
 import numpy as np
 
 from .drafters.base import Draft, Drafter, NoDrafter
-from .errors import GrammarError, InvalidParameterError
+from .errors import GrammarError, GrammarFailed, InvalidParameterError
+from .json_schemas import closed, satisfiable
 
 if TYPE_CHECKING:  # torch loads on first use (`promptlookup --help` does not need it)
     import torch
 
 #: The policy's source of drafts that start with tokens the grammar forces.
 GRAMMAR = "grammar"
+
+#: The most characters of the grammar engine's own words in an error message.
+MESSAGE_CHARS = 160
 
 #: How JSON is laid out under a schema: one space after ``:`` and ``,`` and no other
 #: whitespace (as Python's ``json.dumps`` writes it), so every separator is forced. And
@@ -72,21 +77,18 @@ class Grammar:
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.text)
         if error:
             raise GrammarError(f"invalid {self.what}: {_first_line(messages[0])}")
+        _probe(self)
 
     @classmethod
     def json_schema(cls, schema: Mapping | bool | None = None) -> Grammar:
         """JSON valid against ``schema`` (None: any JSON object), laid out as
-        :data:`JSON_LAYOUT`."""
+        :data:`JSON_LAYOUT`; an object that lists ``properties`` takes only those keys unless
+        the schema opens it (:func:`~promptlookup.json_schemas.closed`), and a schema that no
+        finite value matches is a :class:`~promptlookup.errors.GrammarError`."""
         schema = {"type": "object"} if schema is None else schema
         if not isinstance(schema, (Mapping, bool)):
             raise GrammarError(f"invalid JSON schema: an object expected, got {schema!r:.60}")
-        try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), defaults=JSON_LAYOUT
-            )
-        except (ValueError, TypeError) as exc:
-            raise GrammarError(f"invalid JSON schema: {_first_line(str(exc))}") from None
-        return cls(text, "JSON schema")
+        return cls(_json_grammar(_prepared(schema)), "JSON schema")
 
     @classmethod
     def regex(cls, pattern: str) -> Grammar:
@@ -128,8 +130,68 @@ class Grammar:
         :func:`engine_tokenizer`)."""
         matcher = llguidance.LLMatcher(tokenizer, self.text, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"invalid {self.what}: {_first_line(matcher.get_error())}")
+            reason = _first_line(matcher.get_error())[:MESSAGE_CHARS]
+            raise GrammarError(f"invalid {self.what}: {reason}")
         return GrammarState(matcher, tokenizer.eos_token)
+
+
+def checked_schema(schema: Mapping | bool) -> Mapping | bool:
+    """``schema`` as the grammar reads it (its objects closed and its parts of no finite value
+    left out, :mod:`~promptlookup.json_schemas`), checked: a
+    :class:`~promptlookup.errors.GrammarError` where it cannot compile or no finite value
+    matches it. For a schema embedded in a Lark grammar (``%json``)."""
+    schema = _prepared(schema)
+    Grammar(_json_grammar(schema), "JSON schema")  # compiled and probed
+    return schema
+
+
+def _prepared(schema: Mapping | bool) -> Mapping | bool:
+    try:
+        return satisfiable(closed(schema))
+    except RecursionError:
+        raise GrammarError("invalid JSON schema: nested too deep") from None
+
+
+def _json_grammar(schema: Mapping | bool) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults=JSON_LAYOUT
+        )
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise GrammarError(f"invalid JSON schema: {_first_line(str(exc))}") from None
+
+
+def _probe(grammar: Grammar) -> None:
+    """A :class:`~promptlookup.errors.GrammarError` where the grammar fails before its first
+    free choice (a ``$ref`` to itself: no text can match it), found on a tokenizer of single
+    bytes; a grammar that names a tokenizer's tokens (``<[id]>``) is left to its first
+    sequence."""
+    if "<[" in grammar.text:
+        return
+    matcher = llguidance.LLMatcher(_probe_tokenizer(), grammar.text, log_level=0)
+    if not matcher.is_error():
+        matcher.consume_tokens(matcher.compute_ff_tokens())
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        reason = _first_line(matcher.get_error())[:MESSAGE_CHARS]
+        raise GrammarError(f"invalid {grammar.what}: no text can match it ({reason})")
+
+
+@functools.cache
+def _probe_tokenizer() -> llguidance.LLTokenizer:
+    """A tokenizer whose tokens are the 256 bytes, and an end of sequence (token 256)."""
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTable()))
+
+
+class _ByteTable:
+    """Single bytes, as llguidance's ``TokenizerWrapper`` reads a tokenizer."""
+
+    tokens = [bytes([b]) for b in range(256)] + [b""]
+    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
 
 
 def grammar_state(
@@ -189,11 +251,14 @@ class _TokenTable:
 
 class GrammarState:
     """One sequence's position in its grammar: the matcher over its accepted tokens (see the
-    module doc for how the loop uses it)."""
+    module doc for how the loop uses it). Where the grammar engine fails (an error, a token
+    refused, nothing allowed), each method raises
+    :class:`~promptlookup.errors.GrammarFailed`: the sequence cannot go on, and only it ends."""
 
     def __init__(self, matcher: llguidance.LLMatcher, eos_token: int) -> None:
         self.matcher = matcher
         self.eos_token = eos_token
+        self.taken = 0  # tokens consumed, as the error message counts them
 
     def mask_(self, row: torch.Tensor) -> torch.Tensor:
         """Set ``row`` (the target's logits, (vocab,)) to -inf, in place, wherever the grammar
@@ -201,6 +266,9 @@ class GrammarState:
         import torch
 
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        self._check("allows no next token")
+        if not bits.any():
+            raise GrammarFailed(f"the grammar allows no token after {self.taken} tokens")
         forbidden = torch.from_numpy(np.unpackbits(~bits, bitorder="little").view(np.bool_))
         width = min(row.shape[-1], forbidden.shape[0])
         with torch.inference_mode():  # a target's logits may be inference tensors
@@ -211,19 +279,32 @@ class GrammarState:
     def advance(self, token: int) -> None:
         """The sequence took ``token`` (chosen over a masked row, so the grammar allows it)."""
         if not self.matcher.consume_token(token):
-            raise GrammarError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+            self._check(f"refused token {token}")
+            raise GrammarFailed(f"the grammar refused token {token} after {self.taken} tokens")
+        self.taken += 1
 
     def rollback(self, count: int) -> None:
         """Forget the last ``count`` tokens taken."""
         if count > 0:
-            self.matcher.rollback(count)
+            if not self.matcher.rollback(count):
+                self._check(f"cannot forget {count} tokens")
+            self.taken -= count
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next: llguidance's fast-forward tokens, or the end of
         sequence once the grammar is complete and allows nothing else."""
         if self.matcher.is_stopped():
             return [self.eos_token]
-        return list(self.matcher.compute_ff_tokens())
+        forced = list(self.matcher.compute_ff_tokens())
+        self._check("failed while finding the forced tokens")
+        return forced
+
+    def _check(self, what: str) -> None:
+        """:class:`GrammarFailed` (one line: the engine's first, no parser state) where the
+        engine is in error."""
+        if self.matcher.is_error():
+            reason = _first_line(self.matcher.get_error())[:MESSAGE_CHARS]
+            raise GrammarFailed(f"the grammar {what} after {self.taken} tokens: {reason}")
 
     def draft(self, drafter: Drafter, tokens: list[int], room: int, forced_only=False) -> Draft:
         """This step's draft, at most ``room`` tokens after ``tokens``: the forced tokens, then
@@ -241,6 +322,7 @@ class GrammarState:
             proposed = Draft.of(drafter.propose(ahead, room - len(forced)))
         candidate = [*forced, *proposed[: room - len(forced)]]
         valid = self.matcher.validate_tokens(candidate)
+        self._check("failed while checking a draft")
         if forced:
             return Draft(candidate[:valid], match_length=len(forced), source=GRAMMAR)
         return Draft(candidate[:valid], None, proposed.match_length, proposed.source)

@@ -19,7 +19,7 @@ from .schemas import APIError, ChatCompletionRequest, content_text, parse_reques
 from .state import ServerState
 from .texts import CHUNK, bounded_ids
 from .tool_template import encode
-from .tools import stream_pieces
+from .tools import stream_pieces, tool_texts
 from .worker import GenerationJob, QueueFull
 
 
@@ -87,8 +87,18 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
     """A 400 for a prompt (or prediction) with more characters than the context's tokens can
     hold (:attr:`ServerState.max_text_chars`), found without tokenizing it."""
     limit, context = state.max_text_chars, state.lm.target.max_context
-    if chat:
-        param, chars = "messages", sum(len(content_text(m.content)) for m in req.messages)
+    if chat:  # the tools' text (names, descriptions, schemas) is prompt text too
+        tools = sum(map(len, _tool_texts(req)))
+        if tools > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {context} tokens; the tools ({tools} "
+                f"characters of names, descriptions and schemas) cannot fit in it (at most "
+                f"{limit} characters)",
+                param="tools",
+                code="context_length_exceeded",
+            )
+        param, chars = "messages", tools + sum(len(content_text(m.content)) for m in req.messages)
     else:
         param, chars = "prompt", len(req.prompt) if isinstance(req.prompt, str) else 0
     if chars > limit:
@@ -107,6 +117,10 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
         )
 
 
+def _tool_texts(req) -> list[str]:
+    return tool_texts([tool.plain() for tool in req.tools or ()])
+
+
 def _encode(state: ServerState, req, chat: bool) -> list[int]:
     """A request's prompt as token ids (tools through the chat template where it takes
     them, :mod:`.tool_template`), or a 400."""
@@ -114,7 +128,7 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     param = "messages" if chat else "prompt"
     # Long texts a chunk at a time, others' requests between chunks, only up to the context.
     texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
-    texts = [text for text in texts if isinstance(text, str)]
+    texts = [text for text in texts if isinstance(text, str)] + (_tool_texts(req) if chat else [])
     lock = state.tokenizer_lock
     if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
         raise APIError(

@@ -9,6 +9,7 @@ from typing import Any, Literal, Union
 from pydantic import Field
 
 from .request_base import Forbid
+from .tools import NO_PARAMETERS
 
 #: A function's name, as OpenAI allows it.
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -29,7 +30,7 @@ class Tool(Forbid):
     def plain(self) -> dict:
         """The tool as :mod:`.tools` takes it."""
         tool = {"name": self.function.name, "description": self.function.description or ""}
-        return {**tool, "parameters": self.function.parameters or {"type": "object"}}
+        return {**tool, "parameters": self.function.parameters or NO_PARAMETERS}
 
 
 class CalledFunction(Forbid):

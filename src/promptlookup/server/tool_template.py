@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..grammar import JSON_LAYOUT, Grammar, engine_tokenizer
+from ..grammar import JSON_LAYOUT, Grammar, checked_schema, engine_tokenizer
 from ..prompts import apply_chat_template
 from .tools import Scan, loads_arguments, read_calls
 
@@ -115,7 +115,8 @@ class TemplateFormat:
 
     def grammar(self, plan: ToolPlan) -> Grammar:
         """The answer's grammar (see the module doc)."""
-        call_json = f"%json {json.dumps({'x-guidance': JSON_LAYOUT, 'anyOf': plan.call_schemas()})}"
+        calls, defs = plan.call_schemas()
+        call_json = _json({"anyOf": calls, "$defs": defs})
         closing = _tagged(self.closing, CLOSE_TAG, self.closing_token)
         more = f" ({_literal(self.separator)} call)*" if plan.parallel else ""
         opening = _tagged(self.opening, OPEN_TAG, self.opening_token)
@@ -123,8 +124,7 @@ class TemplateFormat:
         if plan.choice != "auto":
             return _lark(["start: calls", *rules])
         if plan.answer is not None:  # a response format: its JSON, or calls
-            answer = json.dumps({**plan.answer, "x-guidance": JSON_LAYOUT})
-            return _lark(["start: answer | calls", f"answer: %json {answer}", *rules])
+            return _lark(["start: answer | calls", f"answer: {_json(plan.answer)}", *rules])
         # Text without the tag that does not end in a beginning of it (a reader holds those
         # back), alone or before the calls.
         beginnings = "|".join(_regex(OPEN_TAG[:n]) for n in range(1, len(OPEN_TAG)))
@@ -170,6 +170,12 @@ class TemplateFormat:
             and all(done for _, _, done in found.calls)
             and text.endswith(f"}}{self.closing}")
         )
+
+
+def _json(schema: dict) -> str:
+    """``schema`` as a Lark rule's body: closed and checked as any JSON schema
+    (:func:`~promptlookup.grammar.checked_schema`), laid out as :data:`JSON_LAYOUT`."""
+    return f"%json {json.dumps({**checked_schema(schema), 'x-guidance': JSON_LAYOUT})}"
 
 
 def _lark(rules: list[str]) -> Grammar:

@@ -28,7 +28,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..grammar import JSON_LAYOUT, Grammar
+from ..errors import GrammarError
+from ..grammar import JSON_LAYOUT, Grammar, checked_schema
+from ..json_schemas import embedded
 
 CALLS_START = '{"tool_calls": ['
 RESPONSE_START = '{"response": "'
@@ -36,6 +38,9 @@ ANSWER_START = '{"answer": '
 CALL_START = '{"name": "'
 ARGUMENTS_START = ', "arguments": '
 NEXT_CALL = "}, "
+#: The parameters of a tool that has none: an empty object only (OpenAI: "omitting
+#: parameters defines a function with an empty parameter list").
+NO_PARAMETERS = {"type": "object", "properties": {}}
 
 
 def dumps(value) -> str:
@@ -88,39 +93,56 @@ class ToolPlan:
         listed = "\n".join(dumps(tool) for tool in self.tools)
         return f"{text}\nThe tools:\n{listed}"
 
-    def call_schemas(self) -> list[dict]:
-        """The JSON schemas of one call, ``{"name", "arguments"}``, per tool it may call."""
+    def call_schemas(self) -> tuple[list[dict], dict]:
+        """The JSON schemas of one call, ``{"name", "arguments"}``, per tool it may call, and
+        the ``$defs`` they refer to: each tool's ``parameters`` under ``tool-NAME``, its own
+        references rebased there (:func:`~promptlookup.json_schemas.embedded`)."""
         names = [self.choice] if self.choice not in ("auto", "required") else None
-        return [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": tool["name"]},
-                    "arguments": tool.get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for tool in self.tools
-            if names is None or tool["name"] in names
+        tools = [tool for tool in self.tools if names is None or tool["name"] in names]
+        refs, defs = embedded({f"tool-{tool['name']}": _parameters(tool) for tool in tools})
+        calls = [
+            _object(name={"const": tool["name"]}, arguments=refs[f"tool-{tool['name']}"])
+            for tool in tools
         ]
+        return calls, defs
 
     def schema(self) -> dict:
         """The JSON schema of the answer in the generic format (see the module doc)."""
-        array = {"type": "array", "items": {"anyOf": self.call_schemas()}, "minItems": 1}
+        calls, defs = self.call_schemas()
+        array = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
         if not self.parallel:
             array["maxItems"] = 1
         answer = _object(tool_calls=array)
         if self.choice == "auto" and self.answer is not None:
-            return {"anyOf": [answer, _object(answer=self.answer)]}
-        if self.choice == "auto":
-            return {"anyOf": [answer, _object(response={"type": "string"})]}
-        return answer
+            refs, answer_defs = embedded({"answer": checked_schema(self.answer)})
+            schema = {"anyOf": [answer, _object(answer=refs["answer"])]}
+            defs.update(answer_defs)
+        elif self.choice == "auto":
+            schema = {"anyOf": [answer, _object(response={"type": "string"})]}
+        else:
+            schema = answer
+        return {**schema, "$defs": defs}
 
     def grammar(self) -> Grammar:
         if self.template is not None:
             return self.template.grammar(self)
         return Grammar.json_schema(self.schema())
+
+
+def _parameters(tool: dict):
+    """A tool's parameters as its calls' grammar takes them (:func:`checked_schema`): a
+    schema no finite value matches is an error naming the tool, even where the model could
+    avoid it by calling another."""
+    try:
+        return checked_schema(tool.get("parameters") or NO_PARAMETERS)
+    except GrammarError as exc:
+        raise GrammarError(f"tool {tool['name']!r}: {exc}") from None
+
+
+def tool_texts(tools: list[dict]) -> list[str]:
+    """Each tool's text as the prompt lists it (name, description and parameters, JSON): what
+    a request's tools add to its prompt, bounded before anything is tokenized."""
+    return [dumps(tool) for tool in tools]
 
 
 def _object(**properties) -> dict:
