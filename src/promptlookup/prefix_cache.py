@@ -106,6 +106,11 @@ class PrefixCache:
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
 
+    def bytes_by_tenant(self) -> dict[str | None, int]:
+        """The bytes each tenant's entries take (one entry, None, when the cache is shared)."""
+        with self._lock:  # not while a request adds or evicts blocks
+            return {} if self._tree is None else self._tree.bytes_by_namespace()
+
     def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
         """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
         longest cached prefix of ``token_ids`` (of ``tenant``); returns its length in tokens
