@@ -234,7 +234,7 @@ def test_the_official_clients_read_streams_with_keep_alives(server, lm):
     done = [e for e in events if e.type in ("response.completed", "response.incomplete")]
     assert len(done) == 1 and done[0].response.output_text == whole.output_text
 
-    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
     request = dict(model=MODEL, max_tokens=8, messages=MESSAGES, extra_body={"temperature": 0})
     whole = messages.messages.create(**request)
     with held(server, lm):

@@ -36,7 +36,7 @@ def server(lm, tmp_path_factory):
 
 def scrape(running, headers=ALICE) -> dict:
     """Every sample of ``/metrics``: ``{(name, frozenset(labels)): value}``."""
-    answer = httpx.get(running.url + "/metrics", headers=headers)
+    answer = httpx.get(running.url + "/metrics", headers=headers, timeout=60)
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
     assert "a-key" not in answer.text and "b-key" not in answer.text  # tenants, never keys
     return {
@@ -58,7 +58,9 @@ def moved(before: dict, after: dict, name: str, **labels) -> float:
 
 def chat(running, headers, **body):
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0, **body}
-    answer = httpx.post(running.url + "/v1/chat/completions", json=body, headers=headers)
+    answer = httpx.post(
+        running.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
     assert answer.status_code == 200, answer.text
     if not body.get("stream"):
         return answer.json()["usage"]
@@ -72,9 +74,11 @@ def test_metrics_count_each_request_tokens_and_tenant(server):
         "alice": [chat(server, ALICE), chat(server, ALICE)],  # the second finds the first cached
         "bob": [chat(server, BOB, stream=True, stream_options={"include_usage": True})],
     }
-    refused = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL}, headers=BOB)
+    refused = httpx.post(
+        server.url + "/v1/chat/completions", json={"model": MODEL}, headers=BOB, timeout=60
+    )
     assert refused.status_code == 400
-    messages = anthropic.Anthropic(base_url=server.url, api_key="a-key", max_retries=0)
+    messages = anthropic.Anthropic(base_url=server.url, api_key="a-key", max_retries=0, timeout=60)
     message = messages.messages.create(model=MODEL, max_tokens=6, messages=MESSAGES)
     after = scrape(server)
 
@@ -136,10 +140,10 @@ def test_metrics_count_each_request_tokens_and_tenant(server):
 
 def test_the_operators_endpoints_need_a_key_and_health_shows_no_traffic(server):
     for method, path in (("GET", "/metrics"), ("POST", "/tokenize"), ("POST", "/detokenize")):
-        answer = httpx.request(method, server.url + path, json={})
+        answer = httpx.request(method, server.url + path, json={}, timeout=60)
         assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
     chat(server, ALICE)
-    health = httpx.get(server.url + "/health").json()
+    health = httpx.get(server.url + "/health", timeout=60).json()
     assert health == {
         "status": "ok",
         "model": MODEL,
@@ -149,7 +153,7 @@ def test_the_operators_endpoints_need_a_key_and_health_shows_no_traffic(server):
 
 
 def tokenize(running, **body):
-    return httpx.post(running.url + "/tokenize", json=body, headers=ALICE)
+    return httpx.post(running.url + "/tokenize", json=body, headers=ALICE, timeout=60)
 
 
 def test_tokenize_takes_llama_servers_and_vllms_shapes(server, lm):
@@ -165,7 +169,9 @@ def test_tokenize_takes_llama_servers_and_vllms_shapes(server, lm):
     usage = chat(server, ALICE, max_tokens=1)
     counted = tokenize(server, model=MODEL, messages=MESSAGES).json()
     assert counted["count"] == usage["prompt_tokens"] == len(counted["tokens"])
-    text = httpx.post(server.url + "/detokenize", json={"tokens": ids}, headers=ALICE).json()
+    text = httpx.post(
+        server.url + "/detokenize", json={"tokens": ids}, headers=ALICE, timeout=60
+    ).json()
     decoded = lm.tokenizer.decode(ids, skip_special_tokens=False)
     assert text == {"content": decoded, "prompt": decoded}
 
@@ -186,7 +192,19 @@ def test_tokenize_takes_llama_servers_and_vllms_shapes(server, lm):
     ],
 )
 def test_tokenize_and_detokenize_refuse_bad_input_with_a_400(server, path, body, param):
-    answer = httpx.post(server.url + path, json=body, headers=ALICE)
+    answer = httpx.post(server.url + path, json=body, headers=ALICE, timeout=60)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and "\n" not in error["message"]
+
+
+def test_openapi_describes_the_operators_endpoints(server):
+    doc = httpx.get(server.url + "/openapi.json", timeout=60).json()
+    for path, model in (("/tokenize", "TokenizeRequest"), ("/detokenize", "DetokenizeRequest")):
+        operation = doc["paths"][path]["post"]
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["$ref"].endswith(model) and operation["security"] == [{"bearer": []}]
+    assert {"content", "prompt", "messages", "add_special", "add_special_tokens"} <= set(
+        doc["components"]["schemas"]["TokenizeRequest"]["properties"]
+    )
+    assert "401" in doc["paths"]["/metrics"]["get"]["responses"]

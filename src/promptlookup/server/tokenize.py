@@ -148,7 +148,6 @@ async def detokenize(state: ServerState, request: Request) -> JSONResponse:
     if len(body.tokens) > context:
         raise _too_long(context, "tokens", "token ids")
     vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
-    vocab = vocab or getattr(lm.tokenizer, "vocab_size", None)
     if vocab and any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"tokens: token ids must be in [0, {vocab})", param="tokens")
 
@@ -156,5 +155,9 @@ async def detokenize(state: ServerState, request: Request) -> JSONResponse:
         with state.tokenizer_lock:
             return lm.tokenizer.decode(body.tokens, skip_special_tokens=False)
 
-    text = await run_in_threadpool(decode)
+    try:
+        text = await run_in_threadpool(decode)
+    except (IndexError, KeyError, OverflowError, TypeError, ValueError) as exc:
+        # An id the tokenizer does not have (a model's vocabulary may be padded beyond it).
+        raise APIError(400, f"tokens: cannot decode them: {exc}", param="tokens") from None
     return JSONResponse({"content": text, "prompt": text})
