@@ -17,7 +17,8 @@ and ``global``. Reports the median seconds of each.
 ``soak``: ``--clients`` clients hold conversations, each of a tenant drawn among
 ``--tenants`` (each turn the last one's messages, its answer and a new question) for
 ``--minutes``, with a small ``--prefix-cache-mib``; the server's RSS and the cache's use
-(``GET /health``) are sampled every few seconds. Reports their maxima against the budget.
+(``GET /metrics``, the sum of ``promptlookup:prefix_cache_bytes`` over tenants) are sampled
+every few seconds. Reports their maxima against the budget.
 
 ``shared``: 8 requests that share a long prefix (a module's source, then each its own
 question), against servers already running (``--against NAME=URL``, each with its own
@@ -108,6 +109,20 @@ def isolation(args, keys: Path) -> dict:
     return results
 
 
+def cache_used_mib(url: str, key: str) -> float:
+    """The MiB the server's prefix cache holds, all tenants together (its ``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    held = sum(
+        sample.value
+        for family in text_string_to_metric_families(text.text)
+        if family.name == "promptlookup:prefix_cache_bytes"
+        for sample in family.samples
+    )
+    return round(held / 2**20, 3)
+
+
 def soak(args, keys: Path) -> dict:
     process, url = start(keys, args.threads, "--prefix-cache-mib", str(args.prefix_cache_mib))
     server = psutil.Process(process.pid)
@@ -141,12 +156,11 @@ def soak(args, keys: Path) -> dict:
         thread.start()
     try:
         while any(thread.is_alive() for thread in threads):
-            health = httpx.get(url + "/health", timeout=30).json()
             samples.append(
                 {
                     "seconds": round(time.monotonic() - stop_at + 60 * args.minutes, 1),
                     "rss_mib": round(server.memory_info().rss / 2**20, 1),
-                    "cache_used_mib": health["prefix_cache"]["used_mib"],
+                    "cache_used_mib": cache_used_mib(url, "key-a"),
                 }
             )
             print(json.dumps(samples[-1]), file=sys.stderr, flush=True)

@@ -115,8 +115,8 @@ def test_each_tenant_reuses_only_its_own_prefixes(lm, keys_file):
         streamed = chat(running, "Bearer a-key-1", stream=True)
         assert cached(streamed) >= 32
         assert text(first) == text(bob) == text(again) == text(streamed)
-        health = httpx.get(running.url + "/health").json()["prefix_cache"]
-        assert 0 < health["used_mib"] <= health["budget_mib"] == 1024
+        # /health shows the budget, not what anyone's requests left in the cache.
+        assert httpx.get(running.url + "/health").json()["prefix_cache"] == {"budget_mib": 1024}
         assert httpx.post(
             running.url + "/v1/chat/completions", json={}, headers={"Authorization": "Bearer x"}
         ).status_code == 401  # fmt: skip

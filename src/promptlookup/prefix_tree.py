@@ -70,6 +70,11 @@ class BlockTree:
     def used_bytes(self) -> int:
         return self.blocks * self.block_bytes
 
+    def bytes_by_namespace(self) -> dict[Hashable, int]:
+        """The bytes each namespace's blocks take."""
+        counts = collections.Counter(self._recency.values())
+        return {namespace: n * self.block_bytes for namespace, n in counts.items()}
+
     def match(self, namespace: Hashable, tokens: Sequence[int]) -> tuple[list[Any], int]:
         """The payloads of the blocks ``tokens`` starts with and how many of its tokens they
         hold: whole blocks, then possibly the first tokens of one more (its payload last).

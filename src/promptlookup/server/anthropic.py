@@ -55,7 +55,7 @@ async def serve_messages(state, request: Request) -> Response:
     tools = req.tool_plan(state.tool_template)
     if req.stream:
         writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
-        return event_stream(writer.events(job))
+        return event_stream(writer.events(job), state, PING)
     result = choices[0].result
     content, calls = read_answer(result.text, tools)
     blocks = [{"type": "text", "text": content}] if content or not calls else []
@@ -108,6 +108,11 @@ async def count_message_tokens(state, request: Request) -> Response:
 
 def _event(kind: str, data: dict) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+
+
+#: Anthropic's keep-alive event, which may come anywhere after ``message_start`` (the first
+#: event, sent when the stream opens): see ``--stream-keepalive``.
+PING = _event("ping", {})
 
 
 class EventWriter(APIEvents):

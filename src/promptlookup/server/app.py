@@ -4,14 +4,17 @@ Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or 
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API,
 :mod:`.anthropic`), ``POST /v1/responses`` (OpenAI's Responses API, :mod:`.responses_api`),
-``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``.
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``, and the
+operators' ``GET /metrics`` (:mod:`.metrics`), ``POST /tokenize`` and ``POST /detokenize``
+(:mod:`.tokenize`).
 The complete list of what is supported and refused is ``docs/server.md``.
 
 Policies:
 
 - *Loading*: given a loader, the app answers at once and loads the model on a background thread;
   ``GET /health`` is 503 ``{"status": "loading"}`` until the model is ready, then 200 (503
-  ``"failed"`` if loading failed). ``/v1/*`` answer 503 until then.
+  ``"failed"`` if loading failed). ``/v1/*`` answer 503 until then. ``/health`` shows the
+  configuration only, nothing that moves with anyone's requests.
 - *Context*: a generation ends at ``max_tokens`` (or ``max_completion_tokens``, which wins
   when both are given; absent: ``default_max_tokens``) or where the model's context is full,
   whichever comes first (``finish_reason`` ``"length"``); a prompt that leaves no room at all
@@ -30,8 +33,13 @@ Policies:
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
   as are 503s while loading or shutting down; with API keys, every ``/v1`` path needs
   ``Authorization: Bearer <key>``, unknown ones included, else 401 (see :mod:`.edge`); the
-  key names the request's tenant (:mod:`.tenants`).
-  ``/health`` is always open.
+  key names the request's tenant (:mod:`.tenants`); so do ``/metrics``, ``/tokenize`` and
+  ``/detokenize``. ``/health`` is always open.
+- *Keep-alive*: a stream sends a keep-alive (an SSE comment, or Anthropic's ``ping`` event)
+  whenever nothing has gone out for ``--stream-keepalive`` seconds, and begins (200) after
+  that long in the queue, so that no client's idle timer fires on a request that waits or
+  prefills (:func:`.serving.keep_alive`). A whole (non-streamed) answer sends nothing
+  until it is done, as llama-server and vLLM do.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
 - *Disconnects* cancel the generation before its next forward pass, streaming or not; a
@@ -57,6 +65,7 @@ from ..drafters import check_drafter_spec
 from .anthropic import count_message_tokens, serve_messages
 from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
+from .metrics import CONTENT_TYPE_LATEST, RequestCounter
 from .openapi import install_openapi
 from .responses import ChunkWriter, completion_body, sse, sse_error
 from .responses_api import serve_responses
@@ -67,9 +76,10 @@ from .schemas import (
     parse_request,
     read_json,
 )
-from .serving import event_stream, start_job, unless_disconnected
+from .serving import event_stream, start_job, started_soon, unless_disconnected
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
+from .tokenize import detokenize, tokenize
 from .tools import ToolPlan, ToolStream
 from .worker import GenerationJob
 
@@ -102,30 +112,37 @@ def create_app(
     app.state.server = state
     install_error_handlers(app)
     app.add_middleware(APIKeyGate, tenants=state.tenants)
+    app.add_middleware(RequestCounter, metrics=state.metrics)  # outside the gate: 401s too
 
     v1 = APIRouter(prefix="/v1")
 
     @app.get("/health")
     async def health():
+        # Open to anyone: the status and the configuration, nothing that moves with
+        # requests (a tenant could watch another's traffic); that is /metrics, behind the key.
         status = "ok" if state.status == "ready" else state.status
         status = "shutting_down" if state.shutting_down else status
         body = Health(status=status, model=state.model_id)
         if state.worker is not None:
-            body.queue = HealthQueue(
-                running=state.worker.running,
-                waiting=state.worker.waiting,
-                capacity=state.settings.max_queue,
-                max_batch=state.max_batch,
-            )
+            body.queue = HealthQueue(capacity=state.settings.max_queue, max_batch=state.max_batch)
         if (cache := state.prefix_cache) is not None:
-            body.prefix_cache = HealthPrefixCache(
-                budget_mib=round(cache.budget_bytes / 2**20, 3),
-                used_mib=round(cache.used_bytes / 2**20, 3),
-            )
+            body.prefix_cache = HealthPrefixCache(budget_mib=round(cache.budget_bytes / 2**20, 3))
         if state.load_error:
             body.error = state.load_error
         ok = state.status == "ready" and not state.shutting_down
         return JSONResponse(dump(body), status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize_text(request: Request):
+        return await tokenize(state, request)
+
+    @app.post("/detokenize")
+    async def detokenize_tokens(request: Request):
+        return await detokenize(state, request)
 
     @v1.get("/models")
     async def models():
@@ -190,12 +207,12 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     if req.stream:
         # The response (200) begins when the job starts: one still queued when the server
         # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
-        started, _ = await unless_disconnected(job.started(), job, request)
+        started, _ = await unless_disconnected(started_soon(job, state), job, request)
         if not started:
             return Response(status_code=499)
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
         events = _sse_events(job, writer, req.choices, req.include_usage, prediction_tokens, tools)
-        return event_stream(events)
+        return event_stream(events, state)
     finished, choices = await unless_disconnected(job.outcome(), job, request)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
@@ -221,6 +238,8 @@ async def _sse_events(
                 yield sse(writer.role(index))
         while True:
             kind, value = await job.events.get()
+            if kind == "started":  # a stream begun while its job was queued
+                continue
             if kind == "delta":
                 index, text, infos = value
                 calls = []

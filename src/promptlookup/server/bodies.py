@@ -49,15 +49,16 @@ class ModelList(_Open):
 
 
 class HealthQueue(_Open):
-    running: int
-    waiting: int
+    """The queue's configuration (how many run and wait now: ``GET /metrics``)."""
+
     capacity: int
     max_batch: int | None
 
 
 class HealthPrefixCache(_Open):
+    """The prefix cache's budget (what it holds now, per tenant: ``GET /metrics``)."""
+
     budget_mib: float
-    used_mib: float  # keys and values held now
 
 
 class Health(_Open):

@@ -32,6 +32,8 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
       GET  /v1/models            the served model's id (send it as "model")
       GET  /v1/models/{id}       that model (404 for any other id)
       GET  /health               503 while the model loads, 200 when ready
+      GET  /metrics              Prometheus metrics (behind the key, as /v1 is)
+      POST /tokenize, /detokenize  token ids and back (llama-server's and vLLM's shapes)
       GET  /openapi.json         the request and response bodies (OpenAPI 3)
 
     The server listens at once and loads the model in the background. Requests take OpenAI's

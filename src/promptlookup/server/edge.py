@@ -1,6 +1,7 @@
 """What every request meets outside its route: the API key gate, and the error responses.
 
-- *API keys*: with keys, every path under ``/v1`` needs ``Authorization: Bearer <key>``
+- *API keys*: with keys, every path under ``/v1`` (and the operators' ``/metrics``,
+  ``/tokenize``, ``/detokenize``) needs ``Authorization: Bearer <key>``
   (or Anthropic's ``x-api-key: <key>``) with one of them (compared in constant time),
   checked before routing, so that an unknown ``/v1/*`` path or method is a 401 too and
   reveals nothing without a key; the key's tenant (:mod:`.tenants`) goes to the route as
@@ -34,7 +35,7 @@ class APIKeyGate:
         self.app, self.tenants = app, tenants
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.tenants.required and scope["type"] == "http" and _under_v1(scope["path"]):
+        if self.tenants.required and scope["type"] == "http" and _keyed(scope["path"]):
             headers = dict(scope["headers"])
             if b"x-api-key" in headers:  # Anthropic's clients
                 authorization = b"Bearer " + headers[b"x-api-key"]
@@ -53,8 +54,12 @@ class APIKeyGate:
         await self.app(scope, receive, send)
 
 
-def _under_v1(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
+#: The paths outside ``/v1`` that need a key.
+KEYED = {"/metrics", "/tokenize", "/detokenize"}
+
+
+def _keyed(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/") or path.rstrip("/") in KEYED
 
 
 def install_error_handlers(app: FastAPI) -> None:

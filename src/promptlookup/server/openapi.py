@@ -14,14 +14,18 @@ from fastapi.openapi.utils import get_openapi
 from ..limits import MIN_TEMPERATURE
 from .anthropic_schemas import MessagesRequest
 from .bodies import RESPONSE_MODELS
+from .edge import KEYED
 from .responses_api_schemas import ResponsesRequest
 from .schemas import ChatCompletionRequest, CompletionRequest
+from .tokenize import DetokenizeRequest, TokenizeRequest
 
 _MODELS = (
     ChatCompletionRequest,
     CompletionRequest,
     MessagesRequest,
     ResponsesRequest,
+    TokenizeRequest,
+    DetokenizeRequest,
     *RESPONSE_MODELS,
 )
 _ERRORS = {
@@ -115,6 +119,25 @@ def build_openapi(app: FastAPI) -> dict:
         "200": _json("ModelCard"),
         **_errors("404", *v1_errors),
     }
+    # The operators' endpoints (behind the key when keys are set, as /v1 is).
+    keyed = ("401",) if secured else ()
+    for path, request, answer in (
+        ("/tokenize", "TokenizeRequest", '{"tokens", "count", "max_model_len"} (docs/server.md)'),
+        ("/detokenize", "DetokenizeRequest", '{"content": text, "prompt": text}'),
+    ):
+        operation = paths[path]["post"]
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(request)}},
+        }
+        operation["responses"] = {"200": {"description": answer}, **_errors("400", *keyed)}
+    paths["/metrics"]["get"]["responses"] = {
+        "200": {
+            "description": "Prometheus' text format (docs/server.md lists the metrics)",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        },
+        **_errors(*keyed),
+    }
     paths["/health"]["get"]["responses"] = {
         "200": _json("Health"),
         "503": _json("Health", "loading or failed"),
@@ -122,7 +145,7 @@ def build_openapi(app: FastAPI) -> dict:
     for path, item in paths.items():
         for operation in item.values():
             operation.get("responses", {}).pop("422", None)
-            if secured and path.startswith("/v1/"):
+            if secured and (path.startswith("/v1/") or path in KEYED):
                 operation["security"] = [{"bearer": []}]
     return doc
 

@@ -18,6 +18,9 @@ from .schemas import APIError
 from .tools import ToolPlan, read_answer
 from .worker import Choice, TokenInfo
 
+#: What an idle stream sends (an SSE comment, which clients skip): see ``--stream-keepalive``.
+KEEP_ALIVE = ": keep-alive\n\n"
+
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -41,7 +41,7 @@ async def serve_responses(state, request: Request) -> Response:
     tools = req.tool_plan(state.tool_template)
     shell = _shell(state.model_id, asked)
     if req.stream:
-        return event_stream(ResponseEvents(shell, tools).events(job))
+        return event_stream(ResponseEvents(shell, tools).events(job), state)
     result = choices[0].result
     content, calls = read_answer(result.text, tools)
     output = [_message(content)] if content or not calls else []

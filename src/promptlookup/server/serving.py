@@ -6,6 +6,7 @@ drafter, the grammar and the tenant; then waiting for the job unless the client 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -15,6 +16,7 @@ from ..drafters import parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
+from .responses import KEEP_ALIVE
 from .schemas import APIError, ChatCompletionRequest, content_text, parse_request, read_json
 from .state import ServerState
 from .texts import CHUNK, bounded_ids
@@ -39,8 +41,14 @@ def _check_model(state: ServerState, req, chat: bool) -> None:
 async def count_tokens(state: ServerState, req) -> int:
     """The prompt tokens of a chat request, tools included, as a job would have them (on a
     thread); its 400s are a job's."""
-    _check_model(state, req, chat=True)
-    return len(await run_in_threadpool(_encode, state, req, True))
+    return len(await prompt_ids(state, req, chat=True))
+
+
+async def prompt_ids(state: ServerState, req, chat: bool) -> list[int]:
+    """The prompt of a chat (or completions) request as token ids, tools included, as a job
+    would have them (on a thread); its 400s are a job's."""
+    _check_model(state, req, chat)
+    return await run_in_threadpool(_encode, state, req, chat)
 
 
 async def serve_as_chat(state: ServerState, request: Request, shape):
@@ -53,9 +61,21 @@ async def serve_as_chat(state: ServerState, request: Request, shape):
     asked = parse_request(shape, body)
     req = parse_request(ChatCompletionRequest, asked.as_chat())
     job, _ = await start_job(state, request, req, chat=True)
-    waited = job.started() if req.stream else job.outcome()
+    waited = started_soon(job, state) if req.stream else job.outcome()
     finished, choices = await unless_disconnected(waited, job, request)
     return asked, req, job, finished, choices
+
+
+async def started_soon(job: GenerationJob, state: ServerState) -> None:
+    """Wait until a worker starts a streamed ``job``, or raise the :class:`APIError` that ended
+    it first (answered as JSON, with its status); but no longer than ``--stream-keepalive``
+    seconds: a job still queued then has its stream begin (200) with keep-alives, its
+    ``"started"`` event left for the stream, and an error after that is an error event."""
+    seconds = state.settings.stream_keepalive
+    try:
+        await asyncio.wait_for(job.started(), seconds or None)
+    except TimeoutError:
+        pass
 
 
 async def start_job(state: ServerState, request: Request, req, chat: bool):
@@ -70,6 +90,7 @@ async def start_job(state: ServerState, request: Request, req, chat: bool):
     job = GenerationJob(
         **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
     )
+    state.metrics.track(job, tenant)  # its tokens and latencies, when it ends
     try:
         state.worker.submit(job)
     except QueueFull:
@@ -262,13 +283,55 @@ async def unless_disconnected(waited, job: GenerationJob, request: Request):
         gone.cancel()
 
 
-def event_stream(events) -> StreamingResponse:
-    """Server-sent ``events`` as the response."""
+def event_stream(events, state: ServerState, ping: str = KEEP_ALIVE) -> StreamingResponse:
+    """Server-sent ``events`` as the response, with ``ping`` (an SSE comment by default;
+    Anthropic's ping event for its API) whenever no event has gone out for
+    ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
+    seconds = state.settings.stream_keepalive
+    if seconds:
+        metrics = state.metrics
+        events = keep_alive(events, ping, lambda: asyncio.sleep(seconds), metrics.kept_alive)
     return StreamingResponse(
         events,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+async def keep_alive(
+    events: AsyncIterator[str],
+    ping: str,
+    idle: Callable[[], Awaitable],
+    sent_ping: Callable[[], None] = lambda: None,
+) -> AsyncIterator[str]:
+    """``events``, and ``ping`` each time ``idle()`` (a new one after every event or ping:
+    a timer, or in tests anything awaitable) ends before the next event comes. The next
+    event is awaited across pings (never cancelled for one); when the stream is closed (the
+    client left), ``events`` is closed too, so that its ``finally`` runs."""
+    waiting = None  # the task getting the next event
+    try:
+        while True:
+            waiting = waiting or asyncio.ensure_future(anext(events))
+            timer = asyncio.ensure_future(idle())
+            try:
+                await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+            if not waiting.done():
+                sent_ping()
+                yield ping
+                continue
+            try:
+                event = waiting.result()
+            except StopAsyncIteration:
+                return
+            waiting = None
+            yield event
+    finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()  # raises CancelledError inside events, which ends it
+            await asyncio.wait({waiting})
+        await events.aclose()
 
 
 class APIEvents:
@@ -297,6 +360,8 @@ class APIEvents:
             yield self.start()
             while True:
                 kind, value = await job.events.get()
+                if kind == "started":  # a stream begun while its job was queued
+                    continue
                 if kind == "delta":
                     if events := self.feed(value[1]):
                         yield events

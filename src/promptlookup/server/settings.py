@@ -138,6 +138,16 @@ class ServerSettings:
         "one, or the next after some bytes of it); then it is closed.",
         click.FloatRange(min=0, min_open=True),
     )
+    stream_keepalive: float = setting(
+        5.0,
+        "--stream-keepalive",
+        "Seconds a stream may go without an event before the server sends a keep-alive (an "
+        "SSE comment; Anthropic's ping event on /v1/messages), so that clients' idle timers "
+        "do not fire while a request waits in the queue or its long prompt is prefilled; a "
+        "stream's response also begins after this long in the queue. 0: never.",
+        click.FloatRange(min=0),
+        metavar="SECONDS",
+    )
     cross_request: str = setting(
         "per-tenant",
         "--cross-request",

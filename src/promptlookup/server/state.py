@@ -18,6 +18,7 @@ from ..generation import LanguageModel
 from ..prefix_cache import PrefixCache
 from .batch_worker import BatchWorker
 from .bodies import ModelCard
+from .metrics import Metrics
 from .protocol import http_protocol
 from .schemas import APIError
 from .settings import ServerSettings
@@ -67,6 +68,8 @@ class ServerState:
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
         self.shutting_down = False
+        #: The Prometheus metrics of ``GET /metrics``, this server's own.
+        self.metrics = Metrics(self)
 
     def start(self) -> None:
         if self.lm is not None:
