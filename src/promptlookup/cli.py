@@ -108,6 +108,18 @@ backend_option = click.option(
 )
 
 
+#: --kv-dtype, shared by generate and serve (load_model's kv_dtype).
+kv_dtype_option = click.option(
+    "--kv-dtype",
+    type=click.Choice(["auto", "float16", "bfloat16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="How keys and values are cached. auto: float16 for a GGUF in its own quantization "
+    "(half of float32's memory), else the activations' dtype. Drafting, batching and the "
+    "prefix cache never change a token against plain decoding with the same --kv-dtype.",
+)
+
+
 def drafter_options(func):
     """--drafter, --speculation and one flag per flagged drafter option of the table
     (:data:`promptlookup.drafters.options.DRAFTER_OPTIONS`): the command receives the flags
@@ -180,6 +192,7 @@ def read_prompt(prompt: str | None, prompt_file) -> str:
 )
 @model_options
 @backend_option
+@kv_dtype_option
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option(
     "--temperature",
@@ -210,6 +223,7 @@ def generate(
     dtype,
     device,
     backend,
+    kv_dtype,
     max_new_tokens,
     temperature,
     top_k,
@@ -243,7 +257,9 @@ def generate(
     check_drafter_spec(drafter, **drafter_options)
     import promptlookup
 
-    lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
+    lm = promptlookup.load_model(
+        model, dtype=dtype, device=device, backend=backend, kv_dtype=kv_dtype
+    )
     stream = lm.stream(
         text,
         chat=chat,

@@ -34,6 +34,7 @@ def load_model(
     dtype: str = "auto",
     device: str = "cpu",
     backend: str = "transformers",
+    kv_dtype: str = "auto",
 ) -> LanguageModel:
     """Load a model for generation.
 
@@ -44,7 +45,14 @@ def load_model(
     float32; ``"float32"`` or ``"bfloat16"`` dequantize a GGUF. ``device``: cpu or cuda.
     ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
     the CPU in its own quantization; ``dtype`` is then ignored).
+    ``kv_dtype``: how keys and values are cached: ``"auto"`` (float16 for a GGUF in its own
+    quantization, else the activations' dtype), ``"float16"``, ``"bfloat16"`` or ``"float32"``
+    (:func:`~promptlookup.backends.gguf.decoder_pass.kv_dtype_for`; drafting, batching and the
+    prefix cache give plain decoding's tokens with the same ``kv_dtype``; llama.cpp ignores it).
     """
+    from .backends.gguf.decoder_pass import check_kv_dtype
+
+    check_kv_dtype(kv_dtype)  # before the (slow) load
     if backend == "llama.cpp":
         if not device.startswith("cpu"):
             raise InvalidParameterError(
@@ -67,7 +75,7 @@ def load_model(
         if unsupported is None:
             raise
         raise unsupported from error.__cause__
-    lm = from_transformers(model_obj, tokenizer, name=name)
+    lm = from_transformers(model_obj, tokenizer, name=name, kv_dtype=kv_dtype)
     lm.policy.cost_file = transformers_cost_file(model_obj)
     # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
     lm.target.use_choice_files(lm.policy.cost_file)
@@ -122,15 +130,20 @@ def _unknown_architecture(error: ModelLoadError, model) -> UnsupportedModelError
 
 
 def from_transformers(
-    model, tokenizer, name: str | None = None, *, row_invariant: bool = True
+    model,
+    tokenizer,
+    name: str | None = None,
+    *,
+    row_invariant: bool = True,
+    kv_dtype: str = "auto",
 ) -> LanguageModel:
     """Wrap an already loaded ``transformers`` causal LM and its tokenizer.
-    ``row_invariant=False``: the fastest kernels whatever their rounding (see
-    :class:`~promptlookup.backends.hf.target.TransformersTarget`)."""
+    ``row_invariant=False``: the fastest kernels whatever their rounding; ``kv_dtype``: as
+    :func:`load_model`'s (see :class:`~promptlookup.backends.hf.target.TransformersTarget`)."""
     from .backends.hf.target import TransformersTarget
 
     return LanguageModel(
-        TransformersTarget(model, row_invariant=row_invariant),
+        TransformersTarget(model, row_invariant=row_invariant, kv_dtype=kv_dtype),
         tokenizer,
         name=name or getattr(model.config, "_name_or_path", "model"),
         model=model,

@@ -7,7 +7,13 @@ import logging
 
 import click
 
-from ..cli import backend_option, drafter_options, friendly_errors, model_options
+from ..cli import (
+    backend_option,
+    drafter_options,
+    friendly_errors,
+    kv_dtype_option,
+    model_options,
+)
 from .settings import ServerSettings, settings_options
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -16,10 +22,11 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 @click.command()
 @model_options
 @backend_option
+@kv_dtype_option
 @settings_options
 @drafter_options
 @friendly_errors
-def serve(model, dtype, device, backend, drafter, speculation, drafter_options, **fields):
+def serve(model, dtype, device, backend, kv_dtype, drafter, speculation, drafter_options, **fields):
     """Run an OpenAI-compatible HTTP server over one model.
 
     \b
@@ -100,7 +107,9 @@ def serve(model, dtype, device, backend, drafter, speculation, drafter_options, 
     server: Server | None = None
 
     def load():
-        lm = promptlookup.load_model(model, dtype=dtype, device=device, backend=backend)
+        lm = promptlookup.load_model(
+            model, dtype=dtype, device=device, backend=backend, kv_dtype=kv_dtype
+        )
         logger.info("measuring forward-pass costs (kept on disk: the first start only)")
         lm.warm_up()  # so that no request pays for it
         logger.info("model %s ready", app.state.server.model_id)

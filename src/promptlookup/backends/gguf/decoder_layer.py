@@ -138,6 +138,7 @@ class LayerModules:
             attended = attended[0] if len(attended) == 1 else torch.cat(attended, dim=1)
         else:
             keys, values = cache_layers[0].update(key, value)  # (1, kv_heads, start + n, d)
+            keys, values = keys.to(query.dtype), values.to(query.dtype)  # a 16-bit cache's
             attended, _ = inexact_attention(
                 self.attention, query, keys, values, mask, scaling=self.scaling
             )  # (1, n, heads, head_dim)

@@ -35,9 +35,11 @@ from collections.abc import Callable
 
 import torch
 
+from ...errors import InvalidParameterError
 from .decoder_layer import LayerModules, causal_mask
 from .modules import FAMILY_TYPES
 from .native_attention import PassRows, kernel_takes
+from .quantized import QuantizedLinear
 from .quantized_layers import QuantizedLayers
 
 #: Architectures :class:`DecoderPass` reproduces: the class name of the whole model, and its
@@ -154,6 +156,8 @@ class DecoderPass:
             self.rotary_embs.append(base.rotary_emb_local)
         self.norm, self.lm_head = base.norm, model.lm_head
         self.layers = [LayerModules(layer) for layer in base.layers]
+        #: Whether the weights are quantized (the quantized engine: float32 activations).
+        self.quantized = type(self.layers[0].o_proj) is QuantizedLinear
         #: Every layer in one C call per pass, for a quantized model that it takes (see
         #: :mod:`~promptlookup.backends.gguf.quantized_layers`), else None: layer by layer here.
         self.quantized_layers = (
@@ -234,3 +238,37 @@ class DecoderPass:
     def windows(self) -> set[int]:
         """The layers' sliding windows (0: none)."""
         return {layer.window for layer in self.layers}
+
+
+#: ``kv_dtype``'s names (:func:`kv_dtype_for`, ``load_model``, ``--kv-dtype``), "auto" aside.
+KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def kv_dtype_for(
+    asked: str, decoder_pass: DecoderPass | None, dtype: torch.dtype, row_invariant: bool
+) -> torch.dtype:
+    """The dtype that a model's sequences cache their keys and values in, for ``kv_dtype`` =
+    ``asked``: "auto" is float16 where the native kernel runs a quantized model's passes (the
+    quantized engine; half of float32's memory, and attention reads half the bytes), else the
+    activations' ``dtype``; "float16", "bfloat16" or "float32" as named, wherever our
+    row-invariant passes run (``decoder_pass``, ``row_invariant``): each key and value is
+    rounded once, as it is stored, so passes stay row-invariant. Elsewhere only the
+    activations' dtype (the model's own forward reads the cache as it is)."""
+    native = decoder_pass is not None and decoder_pass.native_attention
+    if check_kv_dtype(asked) == "auto":
+        quantized = native and decoder_pass.quantized and dtype == torch.float32
+        return torch.float16 if quantized else dtype
+    chosen = KV_DTYPES[asked]
+    if chosen != dtype and (decoder_pass is None or not row_invariant):
+        raise InvalidParameterError(
+            f"kv_dtype={asked} needs promptlookup's own row-invariant passes, which this model "
+            f"does not run ({str(dtype).removeprefix('torch.')} keys and values only)"
+        )
+    return chosen
+
+
+def check_kv_dtype(asked: str) -> str:
+    """``asked`` if it names a ``kv_dtype`` (:func:`kv_dtype_for`), else a named error."""
+    if asked != "auto" and asked not in KV_DTYPES:
+        raise InvalidParameterError(f"kv_dtype must be auto, {', '.join(KV_DTYPES)}; got {asked!r}")
+    return asked

@@ -14,6 +14,10 @@ Where no compiler works (or ``PROMPTLOOKUP_NATIVE_ATTENTION=0``), :func:`kernel`
 passes use the BLAS path: exact too, slower. The choice is made once per process, never by
 timing, so every pass of a process computes a row the same way.
 
+Keys and values are cached in float32, bfloat16 or float16 (the cache's ``kv_dtype``, see
+:class:`~promptlookup.backends.hf.cache.GrowingLayer`), whatever the queries' dtype: the kernel
+reads each as float32 (exactly) and computes in float32.
+
 Keys go into the cache transposed (``[kv_heads][head_dim][capacity]``, see
 :class:`~promptlookup.backends.hf.cache.GrowingLayer`), so that the kernel reads a block of keys as
 one vector per dimension.
@@ -48,6 +52,7 @@ def kernel() -> ctypes.CDLL | None:
     function.restype = ctypes.c_int
     function.argtypes = [
         ctypes.c_int,
+        ctypes.c_int,
         _POINTER,
         _POINTER,
         ctypes.c_int64,
@@ -63,15 +68,32 @@ def kernel() -> ctypes.CDLL | None:
         ctypes.c_int64,
         ctypes.c_int,
     ]
+    for name in ("half_round", "half_widen"):  # for the tests
+        getattr(library, name).restype = None
+        getattr(library, name).argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            _POINTER,
+            _POINTER,
+            ctypes.c_int64,
+        ]
     return library
 
+
+#: The kernels' element types (``native/bounds.h``), of queries and of cached keys and values.
+ELEMENT_TYPES = {
+    torch.float32: bounds()["ELEMENT_FLOAT32"],
+    torch.bfloat16: bounds()["ELEMENT_BFLOAT16"],
+    torch.float16: bounds()["ELEMENT_FLOAT16"],
+}
 
 #: The kernel's static bounds (``native/bounds.h``): query heads per key/value head, head size.
 MAX_GROUP, MAX_DIM = bounds()["MAX_GROUP"], bounds()["MAX_DIM"]
 
 
 def kernel_takes(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether passes of this attention shape and dtype can run in the kernel (built here)."""
+    """Whether passes of this attention shape and activation dtype can run in the kernel (built
+    here), over keys and values of any dtype of :data:`ELEMENT_TYPES`."""
     return (
         dtype in (torch.float32, torch.bfloat16)
         and kv_heads >= 1
@@ -115,7 +137,8 @@ def native_attention(
     capacities = torch.tensor([v.shape[-2] for v in values], dtype=torch.int64)
     kv_heads = values[0].shape[1]
     status = library.row_attention(
-        int(query.dtype == torch.bfloat16),
+        ELEMENT_TYPES[query.dtype],
+        ELEMENT_TYPES[values[0].dtype],
         queries.data_ptr(),
         out.data_ptr(),
         total,

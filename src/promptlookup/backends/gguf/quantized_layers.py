@@ -20,7 +20,7 @@ import functools
 import torch
 
 from . import quantized
-from .native_attention import kernel_takes
+from .native_attention import ELEMENT_TYPES, kernel_takes
 from .native_build import compiled
 
 #: The library's sources: the layers, linked with the two kernels they call.
@@ -85,7 +85,8 @@ def kernel() -> ctypes.CDLL | None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.quantized_layers.restype = ctypes.c_int
-    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, ctypes.c_int]
+    int_ = ctypes.c_int
+    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, int_, int_]
     return library
 
 
@@ -173,10 +174,11 @@ class QuantizedLayers:
     def __call__(self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows) -> None:
         """``hidden`` (1, total, hidden) through every layer, in place: sequence i's
         ``lengths[i]`` rows appended to ``caches[i]`` (their layers' buffers grown here, their
-        lengths moved after the call). ``ropes``: each rotary embedding's (cos, sin),
+        lengths moved after the call; keys and values stored in the buffers' dtype, one for
+        all). ``ropes``: each rotary embedding's (cos, sin),
         (1, total, rotated dims) each."""
         like = torch.empty(1, self._model.kv_heads, 0, self._model.head_dim)
-        keys, values, capacities = [], [], []
+        keys, values, capacities, dtypes = [], [], [], set()
         for index in range(self._model.layers):
             for cache, length in zip(caches, lengths):
                 layer = cache.layers[index]
@@ -184,6 +186,11 @@ class QuantizedLayers:
                 keys.append(layer.key_storage.data_ptr())
                 values.append(layer.value_buffer.data_ptr())
                 capacities.append(layer.value_buffer.shape[-2])
+                dtypes.add(layer.value_buffer.dtype)
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"quantized decoder layers: caches of several dtypes in one pass {dtypes}"
+            )
         cos = torch.cat([cos for cos, _ in ropes]).contiguous()  # (ropes, total, dims)
         sin = torch.cat([sin for _, sin in ropes]).contiguous()
         pointers = torch.tensor([keys, values, capacities], dtype=torch.int64)
@@ -199,6 +206,7 @@ class QuantizedLayers:
             pointers[1].data_ptr(),
             pointers[2].data_ptr(),
             len(caches),
+            ELEMENT_TYPES[dtypes.pop()],
             torch.get_num_threads(),
         )
         if status == -2:

@@ -59,7 +59,8 @@ def row_invariant_attention(
 ) -> torch.Tensor:
     """Causal attention of ``query`` (1, heads, n, head_dim), the tokens at positions
     ``start .. start + n - 1``, over ``key_buffer``/``value_buffer`` (1, kv_heads, capacity,
-    head_dim) with capacity >= ``key_length(start + n - 1)``. Returns (1, n, heads, head_dim).
+    head_dim; of any dtype, read as ``query``'s) with capacity >= ``key_length(start + n - 1)``.
+    Returns (1, n, heads, head_dim).
 
     ``rows_alone``: compute each row in a product of its own (None: only if this machine's
     batched products were found to depend on the rows beside them). ``window``: a sliding
@@ -84,7 +85,8 @@ def row_invariant_attention(
             folded = torch.cat(
                 [folded, folded.new_zeros(kv_heads, padded - groups * rows, head_dim)], dim=1
             )
-        keys = key_buffer[0, :, :length]  # (kv_heads, length, head_dim)
+        keys = key_buffer[0, :, :length].to(dtype)  # (kv_heads, length, head_dim); a 16-bit
+        # cache (see GrowingLayer) read exactly in the queries' dtype
         scores = torch.bmm(folded, keys.transpose(1, 2))  # (kv_heads, padded, length)
         positions = torch.arange(start + first, start + stop, device=query.device)
         keys_at = torch.arange(length, device=query.device)[None, :]
@@ -93,7 +95,7 @@ def row_invariant_attention(
             hidden |= keys_at <= positions[:, None] - window
         scores[:, : groups * rows].masked_fill_(hidden.repeat(groups, 1), float("-inf"))
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-        values = value_buffer[0, :, :length]  # (kv_heads, length, head_dim)
+        values = value_buffer[0, :, :length].to(dtype)  # (kv_heads, length, head_dim)
         attended = torch.bmm(weights, values)[:, : groups * rows]  # (kv_heads, g * rows, d)
         output[first:stop] = attended.view(kv_heads, groups, rows, head_dim).permute(2, 0, 1, 3)
         first = stop

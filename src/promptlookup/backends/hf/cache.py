@@ -12,6 +12,11 @@ past the positions being written: row-invariant attention reads whole key blocks
 sequence's end (masked), so the slots there must hold finite values (zeros, or a rejected
 draft's keys and values).
 
+The buffers hold ``kv_dtype`` (None: the states' own dtype): float16 or bfloat16 halve a
+float32 model's cache. Each key and value is rounded (to nearest even) as it is stored, by
+itself, so what a token's keys and values hold never depends on the pass that computed them;
+whoever reads them converts them back exactly (the native kernel does, as it reads them).
+
 With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capacity)``
 (``key_storage``), the layout :mod:`~promptlookup.backends.gguf.native_attention` reads;
 ``key_buffer`` is then a transposed view of it, so everything else sees the usual shape.
@@ -41,11 +46,11 @@ COPY_BLOCKS = 16
 class GrowingLayer(DynamicLayer):
     """A :class:`~transformers.cache_utils.DynamicLayer` over buffers of shape
     ``(batch, kv_heads, capacity, head_dim)``; ``keys``/``values`` are views of the first
-    ``length`` positions."""
+    ``length`` positions, in ``kv_dtype`` (None: the states' dtype)."""
 
-    def __init__(self, transposed_keys: bool = False) -> None:
+    def __init__(self, transposed_keys: bool = False, kv_dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.transposed_keys = transposed_keys
+        self.transposed_keys, self.kv_dtype = transposed_keys, kv_dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -62,7 +67,7 @@ class GrowingLayer(DynamicLayer):
         for old, new in ((self.key_buffer, key_states), (self.value_buffer, value_states)):
             transposed = self.transposed_keys and new is key_states
             shape = (capacity, new.shape[-1]) if not transposed else (new.shape[-1], capacity)
-            storage = new.new_empty(*new.shape[:-2], *shape)
+            storage = new.new_empty(*new.shape[:-2], *shape, dtype=self.kv_dtype or new.dtype)
             buffer = storage.transpose(-1, -2) if transposed else storage
             if old is not None:
                 buffer[..., : self.length, :] = old[..., : self.length, :]
@@ -190,14 +195,16 @@ class GrowingCache(DynamicCache):
             layer.advance(length)
 
 
-def growing_cache(config, transposed_keys: bool = False) -> GrowingCache:
+def growing_cache(
+    config, transposed_keys: bool = False, kv_dtype: torch.dtype | None = None
+) -> GrowingCache:
     """``DynamicCache(config=config)`` with each plain ``DynamicLayer`` made a :class:`GrowingLayer`
     (sliding-window and other special layers stay as transformers makes them)."""
     cache = GrowingCache(config=config)
     cache.layers = [
-        GrowingLayer(transposed_keys) if type(layer) is DynamicLayer else layer
+        GrowingLayer(transposed_keys, kv_dtype) if type(layer) is DynamicLayer else layer
         for layer in cache.layers
     ]
     if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
-        cache.layer_class_to_replicate = functools.partial(GrowingLayer, transposed_keys)
+        cache.layer_class_to_replicate = functools.partial(GrowingLayer, transposed_keys, kv_dtype)
     return cache

@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from ...errors import UnsupportedModelError
 from ..base import PREFILL_CHUNK
-from ..gguf.decoder_pass import DecoderPass, supports
+from ..gguf.decoder_pass import DecoderPass, kv_dtype_for, supports
 from ..gguf.linear import TIMED_ROWS, LinearKernels
 from ..inexact.attention import (
     SDPA_MAX_ROWS,
@@ -44,8 +44,13 @@ class WindowLayer(GrowingLayer):
 
     is_sliding = True
 
-    def __init__(self, sliding_window: int, transposed_keys: bool = False) -> None:
-        super().__init__(transposed_keys)
+    def __init__(
+        self,
+        sliding_window: int,
+        transposed_keys: bool = False,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(transposed_keys, kv_dtype)
         self.sliding_window = sliding_window
 
 
@@ -63,13 +68,15 @@ class TransformersTarget:
         attention: PromptAttention | None = None,
         row_invariant: bool = True,
         layers_in_one_call: bool = True,
+        kv_dtype: str = "auto",
     ) -> None:
         """``kernels`` and ``attention``: choices already measured for this model (another
         target's), or None to measure them on first use. ``row_invariant=False`` gives up
         exactness for the fastest kernels by timing (to measure what exactness costs).
         ``layers_in_one_call=False`` runs a quantized model's layers one by one in Python
         (:mod:`~promptlookup.backends.gguf.quantized_layers`: the same products, torch's rounding
-        of the norms and SiLU)."""
+        of the norms and SiLU). ``kv_dtype``: how keys and values are cached
+        (:func:`~promptlookup.backends.gguf.decoder_pass.kv_dtype_for`)."""
         self.model = model.eval()
         config = model.config.get_text_config(decoder=True)
         self.config = config
@@ -95,6 +102,8 @@ class TransformersTarget:
             else None
         )
         self._row_invariant = row_invariant  # as asked; see the row_invariant property
+        #: The dtype of every sequence's cached keys and values.
+        self.kv_dtype = kv_dtype_for(kv_dtype, self.decoder_pass, self.dtype, row_invariant)
         #: Whether the model has a forward of its own: our GGUF modules have none, so our pass
         #: runs all of theirs (and transformers' attention registry is never needed).
         self.model_forward = type(model).forward is not torch.nn.Module.forward
@@ -191,7 +200,7 @@ class TransformersTarget:
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache per token of one sequence: keys and values of every layer."""
         _, kv_heads, head_dim = self.attention.shape  # read from the config once, there
-        size = torch.empty((), dtype=self.dtype).element_size()
+        size = torch.empty((), dtype=self.kv_dtype).element_size()
         return 2 * self.config.num_hidden_layers * kv_heads * head_dim * size
 
     @property
@@ -225,9 +234,9 @@ class TransformersTarget:
         """An empty cache for one more sequence of :meth:`forward_batch` (keys transposed
         where row-invariant passes take the native attention kernel)."""
         native = self.decoder_pass is not None and self.decoder_pass.native_attention
-        cache = growing_cache(self.model.config, transposed_keys=native)
+        cache = growing_cache(self.model.config, native, self.kv_dtype)
         cache.layers = [
-            WindowLayer(layer.sliding_window, native)
+            WindowLayer(layer.sliding_window, native, self.kv_dtype)
             if type(layer) is DynamicSlidingWindowLayer
             else layer
             for layer in cache.layers

@@ -12,7 +12,9 @@
  *   q, k  = x * cos + rotate_half(x) * sin        per head, as transformers rounds it, over
  *                                                 the first rot_dim dims (partial RoPE), with
  *                                                 the layer's table (none: no RoPE, SmolLM3)
- *   k, v  -> the row's sequence's cache at the row's position (keys transposed)
+ *   k, v  -> the row's sequence's cache at the row's position (keys transposed), in the
+ *                                                 cache's element type (a 16-bit one rounded
+ *                                                 to nearest even, each value by itself)
  *   att   = row_attention(q, cache)               row_attention.c, over the cache up to the row
  *                                                 (its last `window` keys, a sliding layer)
  *   hidden += att @ Wo                            (Gemma 3: rms_norm(att @ Wo, attn_post_norm))
@@ -35,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"              /* 16-bit keys and values */
 #include "quantized_matmul.h"  /* struct weights, packed_matmul */
 #include "row_attention.h"     /* row_attention, exp_approx; bounds.h: MAX_DIM */
 
@@ -144,7 +147,7 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
                           const float *sin, int64_t table_rows, const int64_t *row_sequence,
                           const int64_t *row_position, const int64_t *key_pointers,
                           const int64_t *value_pointers, const int64_t *capacities,
-                          int64_t sequences, int threads) {
+                          int64_t sequences, int kv_type, int threads) {
     const int64_t h = m->hidden, dim = m->head_dim, inter = m->intermediate;
     const int64_t q_width = (int64_t)m->heads * dim, kv_width = (int64_t)m->kv_heads * dim;
     const int64_t qkv_width = q_width + 2 * kv_width;
@@ -176,21 +179,23 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
                 head_in(row + head * dim, L->q_norm, m->eps, c, s, (int)dim, m->rot_dim,
                         query + r * q_width + head * dim);
             const int64_t sequence = row_sequence[r], position = row_position[r];
-            float *keys = (float *)keys_at[sequence], *values = (float *)values_at[sequence];
+            void *keys = (void *)(intptr_t)keys_at[sequence];
+            void *values = (void *)(intptr_t)values_at[sequence];
             const int64_t capacity = capacity_at[sequence];
             float rotated[MAX_DIM];
             for (int g = 0; g < m->kv_heads; g++) {
                 head_in(row + q_width + g * dim, L->k_norm, m->eps, c, s, (int)dim, m->rot_dim,
                         rotated);
-                for (int64_t d = 0; d < dim; d++)
-                    keys[(g * dim + d) * capacity + position] = rotated[d];
-                memcpy(values + (g * capacity + position) * dim, row + q_width + kv_width + g * dim,
-                       sizeof(float) * (size_t)dim);
+                const float *value = row + q_width + kv_width + g * dim;
+                for (int64_t d = 0; d < dim; d++) {
+                    store_element(keys, kv_type, (g * dim + d) * capacity + position, rotated[d]);
+                    store_element(values, kv_type, (g * capacity + position) * dim + d, value[d]);
+                }
             }
         }
-        if (row_attention(0, query, attended, rows, row_sequence, row_position, keys_at,
-                          values_at, capacity_at, m->heads, m->kv_heads, (int)dim, m->scale,
-                          L->window, threads)) {
+        if (row_attention(ELEMENT_FLOAT32, kv_type, query, attended, rows, row_sequence,
+                          row_position, keys_at, values_at, capacity_at, m->heads, m->kv_heads,
+                          (int)dim, m->scale, L->window, threads)) {
             status = -1;
             break;
         }
@@ -229,18 +234,19 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
 /* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
  * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
  * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
- * float32, room up to the pass's last position). cos, sin: (ropes x rows x rot_dim). Returns
- * 0, -1 for a shape the kernels do not take, -2 out of memory. */
+ * element type kv_type, bounds.h's ELEMENT_*; room up to the pass's last position). cos, sin:
+ * (ropes x rows x rot_dim). Returns 0, -1 for a shape the kernels do not take, -2 out of
+ * memory. */
 int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
                      const float *sin, const int64_t *row_sequence, const int64_t *row_position,
                      const int64_t *key_pointers, const int64_t *value_pointers,
-                     const int64_t *capacities, int64_t sequences, int threads) {
+                     const int64_t *capacities, int64_t sequences, int kv_type, int threads) {
     for (int64_t first = 0; first < rows; first += SLICE_ROWS) {
         const int64_t count = rows - first < SLICE_ROWS ? rows - first : SLICE_ROWS;
         const int status = layers_of_rows(
             m, hidden + first * m->hidden, count, cos + first * m->rot_dim,
             sin + first * m->rot_dim, rows, row_sequence + first, row_position + first,
-            key_pointers, value_pointers, capacities, sequences, threads);
+            key_pointers, value_pointers, capacities, sequences, kv_type, threads);
         if (status) return status;
     }
     return 0;

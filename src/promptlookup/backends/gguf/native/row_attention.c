@@ -29,14 +29,18 @@
  *
  * Layouts (one sequence's cache): keys  [kv_heads][D][capacity] (transposed, so a block of
  * keys is a contiguous vector per dimension), values [kv_heads][capacity][D]. Queries and
- * outputs: [rows][heads][D]. Element type float32 or bfloat16 (computed in float32, the output
- * rounded to nearest even).
+ * outputs: [rows][heads][D]. Element types (half.h): queries and outputs float32 or bfloat16,
+ * keys and values float32, bfloat16 or float16, each its own; all computed in float32 (a
+ * 16-bit key or value converted exactly as it is read, a bfloat16 output rounded to nearest
+ * even). A 16-bit key or value was rounded once when it was stored, by itself: its bits
+ * depend on its own token alone, as a float32 one's do.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "half.h"           /* 16-bit conversions; bounds.h: ELEMENT_* */
 #include "row_attention.h"  /* exp_approx; bounds.h: KEY_BLOCK, MAX_GROUP, MAX_DIM */
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
@@ -45,21 +49,6 @@
 #define NV 2       /* query vectors a micro-kernel carries through the same keys or values */
 #define KEYS 64    /* keys scored per micro-kernel call */
 #define CHUNK 64   /* output elements summed per micro-kernel call */
-
-static inline float bf16_to_float(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);  /* round to nearest even */
-    return (uint16_t)(bits >> 16);
-}
 
 /* max_j scores[j] * scale over j < n, in LANES lanes then across them (the same maximum in
  * any order). Vector extensions, as the compiler does not vectorise a maximum without fast-math. */
@@ -188,6 +177,7 @@ static void block_values(const float *block, int64_t rows, int64_t j0, const int
 }
 
 typedef struct {
+    int query_type, kv_type;  /* element types: of queries and outputs, of keys and values */
     const void *query;
     void *out;
     const int64_t *row_sequence;  /* the sequence of each row */
@@ -198,31 +188,26 @@ typedef struct {
     int64_t window;  /* keys a row sees, itself included (0: all of them) */
 } call_t;
 
-/* One key block (BLOCK keys from `keys`, row stride `capacity`) as contiguous floats. */
-static const float *float_key_block(const float *keys, int64_t capacity, int dim, float *block) {
+/* One key block (BLOCK keys from `keys`, of element type `type`, row stride `capacity`) as
+ * contiguous floats. */
+static inline const float *keys_as_floats(const void *keys, int type, int64_t capacity, int dim,
+                                     float *block) {
+    const size_t stride = (size_t)capacity * (size_t)element_size(type);
     for (int d = 0; d < dim; d++)
-        memcpy(block + d * BLOCK, keys + d * capacity, sizeof(float) * BLOCK);
+        run_to_float((const char *)keys + d * stride, type, BLOCK, block + d * BLOCK);
     return block;
 }
-static const float *bf16_key_block(const uint16_t *keys, int64_t capacity, int dim, float *block) {
-    for (int d = 0; d < dim; d++)
-        for (int l = 0; l < BLOCK; l++)
-            block[d * BLOCK + l] = bf16_to_float(keys[d * capacity + l]);
-    return block;
-}
-static const float *float_rows(const float *values, int64_t count, float *block) {
-    (void)count;
-    (void)block;
-    return values;
-}
-static const float *bf16_rows(const uint16_t *values, int64_t count, float *block) {
-    for (int64_t i = 0; i < count; i++) block[i] = bf16_to_float(values[i]);
+/* `count` values from `values` (of element type `type`) as floats: float32 ones in place. */
+static inline const float *values_as_floats(const void *values, int type, int64_t count,
+                                      float *block) {
+    if (type == ELEMENT_FLOAT32) return (const float *)values;
+    run_to_float(values, type, count, block);
     return block;
 }
 
-/* Rows first..first+count-1 (one sequence), key/value head h. ELEMENT is float or uint16_t
- * (bfloat16): each gets its own function, read through KEY_BLOCK / VALUE_ROWS. */
-#define DEFINE_ATTEND_TILE(NAME, ELEMENT, TO_FLOAT, STORE, KEY_BLOCK, VALUE_ROWS)              \
+/* Rows first..first+count-1 (one sequence), key/value head h, over keys and values of
+ * element type KV (ELEMENT in C): each type gets its own function. */
+#define DEFINE_ATTEND_TILE(NAME, ELEMENT, KV)                                                  \
 static void NAME(const call_t *c, int64_t first, int count, int h) {                           \
     const int group = c->heads / c->kv_heads, dim = c->head_dim;                               \
     const int64_t sequence = c->row_sequence[first], capacity = c->capacities[sequence];       \
@@ -230,7 +215,6 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
                           + (int64_t)h * dim * capacity;                                       \
     const ELEMENT *values = (const ELEMENT *)(intptr_t)c->value_pointers[sequence]             \
                             + (int64_t)h * dim * capacity;                                     \
-    const ELEMENT *query = (const ELEMENT *)c->query;                                          \
     int64_t seen[MAX_VECTORS], from[MAX_VECTORS], longest = 0, lowest = INT64_MAX;             \
     const int vectors = count * group;  /* query vectors of the tile: row-major, then head */  \
     for (int v = 0; v < vectors; v++) {                                                        \
@@ -245,18 +229,18 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
     if (scores == NULL) abort();  /* out of memory: as loud as Python's own failure */         \
     float queries[MAX_VECTORS][MAX_DIM];                                                       \
     for (int v = 0; v < vectors; v++) {                                                        \
-        const ELEMENT *from = query + ((first + v / group) * c->heads                          \
-                                       + (int64_t)h * group + v % group) * dim;                \
-        for (int d = 0; d < dim; d++) queries[v][d] = TO_FLOAT(from[d]);                       \
+        const int64_t at = ((first + v / group) * c->heads + (int64_t)h * group + v % group) * dim; \
+        run_to_float((const char *)c->query + at * element_size(c->query_type), c->query_type, \
+                     dim, queries[v]);                                                         \
     }                                                                                          \
     float block[MAX_DIM * BLOCK];  /* keys or values of one block, as contiguous floats */     \
     for (int64_t j0 = first_block; j0 < padded; j0 += BLOCK) {                                 \
-        const float *key_block = KEY_BLOCK(keys + j0, capacity, dim, block);                   \
+        const float *key_block = keys_as_floats(keys + j0, KV, capacity, dim, block);          \
         if (dim == 64) scores_64(key_block, queries, vectors, dim, scores + j0, padded);       \
         else if (dim == 128) scores_128(key_block, queries, vectors, dim, scores + j0, padded); \
         else scores_any(key_block, queries, vectors, dim, scores + j0, padded);                \
     }                                                                                          \
-    /* Softmax weights per vector, over its own row's keys only (0 before its window). */     \
+    /* Softmax weights per vector, over its own row's keys only (0 before its window). */      \
     float totals[MAX_VECTORS];                                                                 \
     for (int v = 0; v < vectors; v++) {                                                        \
         float *row = scores + (size_t)v * padded;                                              \
@@ -272,7 +256,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
                 lanes[l] = lanes[l] + weight;                                                  \
             }                                                                                  \
         for (int l = 0; j0 + l < n; l++) {                                                     \
-            const float weight = j0 + l < start                                               \
+            const float weight = j0 + l < start                                                \
                 ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                             \
             row[j0 + l] = weight;                                                              \
             lanes[l] = lanes[l] + weight;                                                      \
@@ -287,36 +271,41 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
         for (int d = 0; d < dim; d++) sums[v][d] = 0.0f;                                       \
     for (int64_t j0 = first_block; j0 < longest; j0 += BLOCK) {                                \
         const int64_t rows = longest - j0 < BLOCK ? longest - j0 : BLOCK;                      \
-        const float *value_block = VALUE_ROWS(values + j0 * dim, rows * dim, block);           \
+        const float *value_block = values_as_floats(values + j0 * dim, KV, rows * dim, block); \
         block_values(value_block, rows, j0, seen, vectors, dim, scores, padded, sums);         \
     }                                                                                          \
-    ELEMENT *out = (ELEMENT *)c->out;                                                          \
     for (int v = 0; v < vectors; v++) {                                                        \
-        ELEMENT *to = out + ((first + v / group) * c->heads + (int64_t)h * group + v % group) * dim; \
-        for (int d = 0; d < dim; d++) to[d] = STORE(sums[v][d] / totals[v]);                   \
+        const int64_t at = ((first + v / group) * c->heads + (int64_t)h * group + v % group) * dim; \
+        for (int d = 0; d < dim; d++)                                                          \
+            store_element(c->out, c->query_type, at + d, sums[v][d] / totals[v]);              \
     }                                                                                          \
     free(scores);                                                                              \
 }
 
-#define SAME(x) (x)
-DEFINE_ATTEND_TILE(float_tile, float, SAME, SAME, float_key_block, float_rows)
-DEFINE_ATTEND_TILE(bf16_tile, uint16_t, bf16_to_float, float_to_bf16, bf16_key_block, bf16_rows)
+DEFINE_ATTEND_TILE(float_tile, float, ELEMENT_FLOAT32)
+DEFINE_ATTEND_TILE(bf16_tile, uint16_t, ELEMENT_BFLOAT16)
+DEFINE_ATTEND_TILE(f16_tile, uint16_t, ELEMENT_FLOAT16)
 
 typedef void (*tile_function)(const call_t *, int64_t, int, int);
 
 /* Entry point (row_attention.h): every row of the call, each against its own sequence's cache
  * (each within its last `window` keys, 0: all). Returns 0, or -1 when a shape is beyond
  * bounds.h (the caller then uses another path). */
-int row_attention(int bf16, const void *query, void *out, int64_t rows,
+int row_attention(int query_type, int kv_type, const void *query, void *out, int64_t rows,
                   const int64_t *row_sequence, const int64_t *row_position,
                   const int64_t *key_pointers, const int64_t *value_pointers,
                   const int64_t *capacities, int heads, int kv_heads, int head_dim,
                   float scale, int64_t window, int threads) {
     if (kv_heads < 1 || heads % kv_heads || heads / kv_heads > MAX_GROUP || head_dim > MAX_DIM)
         return -1;
-    call_t c = {query, out, row_sequence, row_position, key_pointers, value_pointers,
+    if ((query_type != ELEMENT_FLOAT32 && query_type != ELEMENT_BFLOAT16)
+        || kv_type < ELEMENT_FLOAT32 || kv_type > ELEMENT_FLOAT16)
+        return -1;
+    call_t c = {query_type, kv_type, query, out, row_sequence, row_position, key_pointers, value_pointers,
                 capacities, heads, kv_heads, head_dim, scale, window};
-    const tile_function attend = bf16 ? bf16_tile : float_tile;
+    const tile_function attend = kv_type == ELEMENT_FLOAT32    ? float_tile
+                                 : kv_type == ELEMENT_BFLOAT16 ? bf16_tile
+                                                               : f16_tile;
     /* Tiles: runs of rows of one sequence, as many as MAX_VECTORS query vectors allow. */
     const int tile_rows = MAX_VECTORS / (heads / kv_heads);
     int64_t *tile_first = malloc(sizeof(int64_t) * (size_t)(rows + 1));
@@ -345,4 +334,23 @@ int row_attention(int bf16, const void *query, void *out, int64_t rows,
     free(tile_first);
     free(tile_count);
     return 0;
+}
+
+/* For the tests (tests/test_kv_dtype.py): n floats rounded to the 16-bit element type `type`,
+ * and n 16-bit values of that type widened to floats; `portable`: by half.h's portable C (what
+ * a CPU without F16C runs) instead of the CPU's instructions. */
+void half_round(int type, int portable, const float *from, uint16_t *to, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        to[i] = type == ELEMENT_BFLOAT16 ? float_to_bf16(from[i])
+                : portable               ? float_to_f16_portable(from[i])
+                                         : float_to_f16(from[i]);
+}
+
+void half_widen(int type, int portable, const uint16_t *from, float *to, int64_t n) {
+    if (!portable) {
+        run_to_float(from, type, n, to);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        to[i] = type == ELEMENT_BFLOAT16 ? bf16_to_float(from[i]) : f16_to_float_portable(from[i]);
 }

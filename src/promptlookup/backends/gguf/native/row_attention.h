@@ -31,9 +31,10 @@ static inline float exp_approx(float x) {
 }
 
 /* Every row of the call, each against its own sequence's cache (each within its last
- * `window` keys, 0: all); see row_attention.c. Returns 0, or -1 when a shape is beyond
- * bounds.h (the caller then uses another path). */
-int row_attention(int bf16, const void *query, void *out, int64_t rows,
+ * `window` keys, 0: all); see row_attention.c. query_type: the element type (bounds.h) of
+ * queries and outputs, kv_type: of the cached keys and values. Returns 0, or -1 when a shape or
+ * type is beyond bounds.h (the caller then uses another path). */
+int row_attention(int query_type, int kv_type, const void *query, void *out, int64_t rows,
                   const int64_t *row_sequence, const int64_t *row_position,
                   const int64_t *key_pointers, const int64_t *value_pointers,
                   const int64_t *capacities, int heads, int kv_heads, int head_dim,
