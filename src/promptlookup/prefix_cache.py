@@ -139,10 +139,19 @@ class PrefixCache:
         """Wait until every block given to the disk tier so far is written (no-op without)."""
         if self.disk is not None:
             self.disk.flush()
+
     def bytes_by_tenant(self) -> dict[str | None, int]:
         """The bytes each tenant's entries take (one entry, None, when the cache is shared)."""
         with self._lock:  # not while a request adds or evicts blocks
             return {} if self._tree is None else self._tree.bytes_by_namespace()
+
+    def held(self, token_ids: Sequence[int], tenant: str | None = None) -> int:
+        """How many of ``token_ids``' first tokens the cache holds now (of ``tenant``), as
+        :meth:`restore` would find them: a streamed answer's usage before its prefill."""
+        with self._lock:
+            if self._tree is None:
+                return 0
+            return self._tree.match(None if self.shared else tenant, token_ids)[1]
 
     def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
         """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
