@@ -211,7 +211,8 @@ def test_the_proxy_forwards_unchanged_and_records_no_text(proxied):
     assert first["answer"]["cached_tokens"] == 950 and first["request"]["messages"] == 1
     assert second["answer"]["error"] == "bad tools" and second["api"] == "responses"
     assert SECRET not in path.read_text() and "calc.py" not in path.read_text()
-    assert recorder.turns("promptlookup/codex") == 1
+    assert recorder.turns("promptlookup/qwen-code") == 1  # a refused request is no turn
+    assert recorder.turns("promptlookup/codex") == 0
 
 
 def turn(status, calls=None, results=(), prompt=None, cached=None, seconds=1.0, error=None):
