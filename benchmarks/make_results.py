@@ -232,7 +232,7 @@ STUDIES = [
         "interleaved over 3 rounds; 8 in flight: sent together, awaited together. tokens/s: "
         "completion tokens over time, summed over the rounds; *promptlookup*: the proposer with "
         "its bottleneck rule for batches sent at once; *promptlookup-throughput*: the policy's "
-        "own rule instead (as in the previous run, `benchmarks/runs/vllm-0.32.0/`); *spec-off*: "
+        "own rule instead (as in the previous run, `benchmarks/runs/vllm-0.32.0/`, in git at 4980f63); *spec-off*: "
         "vLLM's speculative path with a proposer that never drafts; *predicted*: promptlookup's "
         "proposer with OpenAI's `prediction` set to the plain answer. Reading, goals and "
         "bounds: [vllm.md](vllm.md#benchmark).",

@@ -74,6 +74,27 @@ def invoke(*args: str):
 # -- files, keys and numbers -----------------------------------------------------------------
 
 
+def test_cli_samples_only_with_sampling_and_checks_its_settings(tiny_backend, tmp_path):
+    data = str(write_jsonl(tmp_path / "edit.jsonl", n=1))
+    common = ["--data", data, "-n", "6", "--methods", "promptlookup", "--threads", "1"]
+    for flags, problem in [
+        (["--sampling", "--temperature", "0"], "--sampling needs --temperature > 0"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    ]:
+        result = invoke(*common, *flags, "--out", str(tmp_path / "bad"))
+        assert result.exit_code == 2 and problem in result.output
+    for flags, expected in [
+        (["--temperature", "0.5", "--seed", "3"], (0.0, None)),  # ignored without --sampling
+        (["--sampling", "--temperature", "0.5", "--seed", "3"], (0.5, 3)),
+    ]:
+        out = tmp_path / f"run-{len(flags)}"
+        assert invoke(*common, *flags, "--out", str(out)).exit_code == 0
+        settings = json.loads((out / "meta.json").read_text())["settings"]
+        assert (settings["temperature"], settings["seed"]) == expected
+        identical = {r["identical_to_plain"] for r in read_results(out / "results.jsonl")}
+        assert identical == ({None} if expected[1] is not None else {True})
+
+
 def test_cli_writes_results_summary_report_and_figures(tiny_backend, tmp_path):
     data = write_jsonl(tmp_path / "edit.jsonl")
     chat = write_jsonl(tmp_path / "chat.jsonl", task="chat", n=1)

@@ -4,6 +4,7 @@ report alone (``--report-only``, :mod:`.report`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -17,6 +18,50 @@ from .suite import DEFAULT_PER_TASK
 #: New tokens per generation unless --max-new-tokens says otherwise (and with --quick).
 DEFAULT_TOKENS = 128
 QUICK_TOKENS = 64
+
+
+def sampling_options(func):
+    """--sampling, --temperature, --top-k, --top-p and --seed, checked, as one dict for the
+    command: ``sampling``, the sampling fields of :class:`~promptlookup.bench.methods.Settings`
+    (greedy's without --sampling)."""
+
+    @functools.wraps(func)
+    def command(*args, sampling, temperature, top_k, top_p, seed, **values):
+        if sampling and temperature <= 0:
+            raise click.UsageError("--sampling needs --temperature > 0")
+        if not 0 < top_p <= 1:
+            raise click.UsageError("--top-p must be in (0, 1]")
+        if not sampling:
+            temperature, top_k, top_p, seed = 0.0, 0, 1.0, None
+        chosen = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        return func(*args, sampling=chosen, **values)
+
+    options = [
+        click.option("--sampling", is_flag=True, help="Sample instead of greedy decoding."),
+        click.option(
+            "--temperature", type=float, default=0.7, show_default=True, help="With --sampling."
+        ),
+        click.option(
+            "--top-k",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            help="With --sampling; 0 = off.",
+        ),
+        click.option(
+            "--top-p", type=float, default=1.0, show_default=True, help="With --sampling."
+        ),
+        click.option(
+            "--seed",
+            type=int,
+            default=0,
+            show_default=True,
+            help="With --sampling: prompt i uses seed + i, for every method.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @click.command()
@@ -113,23 +158,7 @@ QUICK_TOKENS = 64
     help="Run every method N times per prompt and keep its fastest run (a slow "
     "spell of a shared machine must then hit all N to count).",
 )
-@click.option("--sampling", is_flag=True, help="Sample instead of greedy decoding.")
-@click.option("--temperature", type=float, default=0.7, show_default=True, help="With --sampling.")
-@click.option(
-    "--top-k",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="With --sampling; 0 = off.",
-)
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="With --sampling.")
-@click.option(
-    "--seed",
-    type=int,
-    default=0,
-    show_default=True,
-    help="With --sampling: prompt i uses seed + i, for every method.",
-)
+@sampling_options
 @model_options
 @click.option(
     "--backend",
@@ -176,10 +205,6 @@ def bench(
     sweep,
     repeat,
     sampling,
-    temperature,
-    top_k,
-    top_p,
-    seed,
     model,
     dtype,
     device,
@@ -238,10 +263,6 @@ def bench(
         path = os.path.join(out_dir, "results.jsonl")
         show(read_results(path, tolerate_partial_last_line=True), summary, out_dir)
         return
-    if sampling and temperature <= 0:
-        raise click.UsageError("--sampling needs --temperature > 0")
-    if not 0 < top_p <= 1:
-        raise click.UsageError("--top-p must be in (0, 1]")
     if quick:
         limit = limit or 1
         max_new_tokens = max_new_tokens or QUICK_TOKENS
@@ -263,13 +284,7 @@ def bench(
         rows=rows,
         data=data,
         methods=methods,
-        settings=Settings(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature if sampling else 0.0,
-            top_k=top_k if sampling else 0,
-            top_p=top_p if sampling else 1.0,
-            seed=seed if sampling else None,
-        ),
+        settings=Settings(max_new_tokens=max_new_tokens, **sampling),
         model=model,
         dtype=dtype,
         device=device,

@@ -82,15 +82,14 @@ def method_specs(
     ``constrained``."""
     from .methods import get_backend, parse_method_spec, split_methods, sweep_specs
 
-    methods = methods or (CONSTRAINED_METHODS if constrained else DEFAULT_METHODS)
-    unconstrained = [m for m in split_names(methods) if m.split(":")[0] in UNCONSTRAINED_ONLY]
+    specs = split_methods(methods or (CONSTRAINED_METHODS if constrained else DEFAULT_METHODS))
+    unconstrained = [s for s in specs if parse_method_spec(s)[0] in UNCONSTRAINED_ONLY]
     if constrained and unconstrained:
         raise click.UsageError(
             f"--methods: {', '.join(unconstrained)} cannot keep to a grammar (transformers' "
             f"drafts bypass its logits processor); on the structured task use {CONSTRAINED_METHODS}"
             " and servers"
         )
-    specs = split_methods(methods)
     if sweep:
         specs += [s for s in sweep_specs() if s not in specs]
     if not specs:

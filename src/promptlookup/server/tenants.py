@@ -10,7 +10,10 @@ tenant None.
 
 Tenants keep what could reveal one client's prompts or answers to another apart: each has
 its own cross-request index and its own entries in the prefix cache (unless the server is
-started to share them). Several keys may name one tenant (key rotation).
+started to share them: ``--cross-request global``, ``--prefix-cache-scope global``), and
+its own acceptance history in the speculation policy; the index and the history are kept for
+the :data:`~promptlookup.limits.MAX_TENANTS` most recent tenants. Several keys may name one
+tenant (key rotation).
 
 The keys file has one ``TENANT KEY`` pair a line; blank lines and lines starting with ``#``
 are skipped.
