@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import stat
 import warnings
 
@@ -190,46 +191,21 @@ def test_a_disk_tier_needs_a_budget_and_a_folder(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_model_resumes_a_conversation_after_a_restart(default_lm, tmp_path):
-    messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-    cache = PrefixCache(mib=256, directory=tmp_path)
+    code = "\n".join(f"def add_{i}(x):\n    return x + {i}" for i in range(40))
+    messages = [{"role": "user", "content": f"{code}\n\nWhat do these functions do?"}]
+    cache = PrefixCache(mib=256, directory=tmp_path / "run")
     first = default_lm.generate(messages, max_new_tokens=48, prefix_cache=cache)
     cache.flush()
+    shutil.copytree(tmp_path / "run", tmp_path / "restart")  # the folder after the first turn
     messages += [
         {"role": "assistant", "content": first.text},
-        {"role": "user", "content": "Now make it add three."},
+        {"role": "user", "content": "Make them subtract."},
     ]
-    restarted = PrefixCache(mib=256, directory=tmp_path)
+    in_memory = default_lm.generate(messages, max_new_tokens=48, prefix_cache=cache)
+    restarted = PrefixCache(mib=256, directory=tmp_path / "restart")
     default_lm.target._kv_identity = None  # computed again, as a new process would
     resumed = default_lm.generate(messages, max_new_tokens=48, prefix_cache=restarted)
     plain = default_lm.generate(messages, max_new_tokens=48, prefix_cache=False)
-    assert resumed.token_ids == plain.token_ids
+    assert resumed.token_ids == in_memory.token_ids == plain.token_ids
+    assert resumed.stats.cached_tokens == in_memory.stats.cached_tokens
     assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
-
-
-def test_a_restarted_server_finds_a_conversation_in_its_prefix_cache_folder(tmp_path):
-    from _server import FIXED, MODEL, RunningServer, tiny_lm
-    from test_tenants import cached, chat, text
-
-    from promptlookup.server import ServerSettings, create_app
-
-    settings = ServerSettings(
-        prefix_cache_dir=str(tmp_path), model_id=MODEL, generation_options=FIXED
-    )
-    answers = []
-    for _ in range(2):  # a server, then another over the same folder (a new model object)
-        with RunningServer(create_app(tiny_lm(), settings)) as running:
-            answers.append(chat(running, "Bearer none"))
-            running.state.prefix_cache.flush()
-    assert cached(answers[0]) == 0
-    assert cached(answers[1]) >= 0.9 * answers[1]["usage"]["prompt_tokens"]
-    assert text(answers[0]) == text(answers[1])
-    assert files(tmp_path)
-
-
-def test_the_disk_flags_are_documented():
-    from click.testing import CliRunner
-
-    from promptlookup.cli import main
-
-    help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
-    assert "--prefix-cache-dir DIR" in help_text and "--prefix-cache-disk-mib" in help_text
