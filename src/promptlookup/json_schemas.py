@@ -131,10 +131,10 @@ def satisfiable(schema):
                 finite[ref] = changed = True
     if not _finite(schema, finite, 0):
         stuck = sorted(ref for ref, ok in finite.items() if not ok)
+        why = f"{', '.join(stuck[:3])} comes back to itself with no way to end" if stuck else ""
         raise GrammarError(
-            "invalid JSON schema: no finite value matches it ("
-            + ", ".join(stuck[:3])
-            + " comes back to itself with no way to end)"
+            "invalid JSON schema: no finite value matches it"
+            + (f" ({why})" if why else " (it requires a part that nothing matches)")
         )
     return _pruned(schema, finite, 0) if not all(finite.values()) else schema
 
