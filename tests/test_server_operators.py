@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -208,3 +209,12 @@ def test_openapi_describes_the_operators_endpoints(server):
         doc["components"]["schemas"]["TokenizeRequest"]["properties"]
     )
     assert "401" in doc["paths"]["/metrics"]["get"]["responses"]
+
+
+def test_the_docs_list_every_metric(server):
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    families = list(server.state.metrics.registry.collect())
+    assert len(families) >= 19
+    for family in families:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` |" in docs, name
