@@ -13,11 +13,28 @@ import anthropic
 import httpx
 import pytest
 from _server import CONTEXT, FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from test_server_fuzz import JSON
 
 from promptlookup.server import ServerSettings, create_app
 
 ALICE, BOB = {"Authorization": "Bearer a-key"}, {"Authorization": "Bearer b-key"}
+JSON_TYPE = {"Content-Type": "application/json"}
+#: Every field /tokenize and /detokenize read.
+TOKENIZE_FIELDS = [
+    "model",
+    "content",
+    "prompt",
+    "messages",
+    "tools",
+    "add_special",
+    "add_special_tokens",
+    "with_pieces",
+    "return_token_strs",
+    "tokens",
+]
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +235,19 @@ def test_the_docs_list_every_metric(server):
     for family in families:
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"| `{name}` |" in docs, name
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    path=st.sampled_from(["/tokenize", "/detokenize"]),
+    body=st.dictionaries(st.sampled_from(TOKENIZE_FIELDS), JSON, max_size=4) | JSON,
+)
+def test_tokenize_never_answers_a_5xx(server, path, body):
+    answer = httpx.post(
+        server.url + path, content=json.dumps(body), headers=ALICE | JSON_TYPE, timeout=60
+    )
+    assert answer.status_code in (200, 400), answer.text
+    if answer.status_code == 400:
+        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
