@@ -269,3 +269,46 @@ def test_no_keep_alives_when_turned_off(lm):
         assert running.state.metrics.registry.get_sample_value(
             "promptlookup:stream_keepalives_total", {"model_name": MODEL}
         ) in (None, 0.0)
+
+
+def test_a_queued_stream_that_began_ends_with_an_error_event_at_shutdown():
+    """A stream that began while queued has sent its 200: the server's shutdown reaches it as
+    an error event (code ``server_shutting_down``) and ``[DONE]``, not as a 503."""
+    import signal
+
+    lm = tiny_lm(gated=True)
+    settings = ServerSettings(generation_options=FIXED, stream_keepalive=INTERVAL, max_batch=1)
+    with RunningServer(create_app(lm, settings)) as running:
+        lm.target.gate.clear()
+        body = {**BODIES["/v1/chat/completions"], "temperature": 0}
+        first = threading.Thread(
+            target=httpx.post,
+            args=(running.url + "/v1/chat/completions",),
+            kwargs={"json": body, "timeout": 60},
+        )
+        first.start()
+        try:
+            wait_until(lm.target.blocked.is_set, what="the first generation at the gate")
+            lines = []
+            with httpx.stream(
+                "POST",
+                running.url + "/v1/chat/completions",
+                json={**body, "stream": True},
+                timeout=60,
+            ) as response:
+                assert response.status_code == 200 and running.worker.waiting == 1
+                read = response.iter_lines()
+                for line in read:
+                    lines.append(line)
+                    if line == COMMENT:
+                        running.server.handle_exit(signal.SIGTERM, None)  # uvicorn's SIGTERM
+                        break
+                lines += list(read)
+        finally:
+            lm.target.gate.set()
+            first.join(60)
+    events = [line for line in lines if line and line != COMMENT]
+    assert events[-1] == "data: [DONE]" and "event: error" in events
+    assert json.loads(events[events.index("event: error") + 1][6:])["error"]["code"] == (
+        "server_shutting_down"
+    )
