@@ -169,41 +169,55 @@ def test_an_idle_stream_gets_keep_alives_after_its_first_event(server, lm, path)
         assert [line for line in lines if line][-1] == "data: [DONE]"
 
 
-def test_a_stream_waiting_in_the_queue_begins_with_keep_alives(server, lm):
+#: Each API's text of a stream's events.
+TEXTS = {
+    "/v1/chat/completions": lambda events: "".join(
+        e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]
+    ),
+    "/v1/completions": lambda events: "".join(e["choices"][0]["text"] for e in events),
+    "/v1/messages": lambda events: "".join(
+        e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+    ),
+    "/v1/responses": lambda events: "".join(
+        e["delta"] for e in events if e["type"] == "response.output_text.delta"
+    ),
+}
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_stream_waiting_in_the_queue_begins_with_keep_alives(server, lm, path):
     """With one generation at a time, a second stream waits in the queue: after the interval
-    its response begins (200) and keep-alives flow until it leaves the queue; its answer is
-    the one it gets alone."""
-    body = {**BODIES["/v1/chat/completions"], "temperature": 0}
-    alone = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    its response begins (200) and keep-alives flow until it leaves the queue (its job's
+    "started" event then passes unseen); its text is the one it streams alone."""
+    body = {**BODIES[path], "temperature": 0, "stream": True}
+    alone = httpx.post(server.url + path, json=body, timeout=60)
     lm.target.gate.clear()
     first = threading.Thread(
         target=httpx.post,
-        args=(server.url + "/v1/chat/completions",),
-        kwargs={"json": body, "timeout": 60},
+        args=(server.url + "/v1/completions",),
+        kwargs={"json": BODIES["/v1/completions"], "timeout": 60},
     )
     first.start()
     try:
         wait_until(lm.target.blocked.is_set, what="the first generation at the gate")
         lines = []
-        with httpx.stream(
-            "POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60
-        ) as response:
+        with httpx.stream("POST", server.url + path, json=body, timeout=60) as response:
             assert response.status_code == 200
             assert server.worker.waiting == 1  # it began while still queued
             read = response.iter_lines()
             for line in read:
                 lines.append(line)
-                if line == COMMENT:
+                if line == PINGS.get(path, COMMENT):
                     lm.target.gate.set()
                     break
             lines += list(read)
     finally:
         lm.target.gate.set()
         first.join(60)
-    text = "".join(
-        e["choices"][0]["delta"].get("content") or "" for e in events_of(lines) if e["choices"]
-    )
-    assert text == alone["choices"][0]["message"]["content"]
+    events = events_of(lines)
+    assert not any(e.get("type") == "error" or "error" in e for e in events), events
+    assert TEXTS[path](events) == TEXTS[path](events_of(alone.text.splitlines()))
+    assert TEXTS[path](events)  # an answer, not an empty stream
 
 
 def test_the_official_clients_read_streams_with_keep_alives(server, lm):
@@ -255,3 +269,46 @@ def test_no_keep_alives_when_turned_off(lm):
         assert running.state.metrics.registry.get_sample_value(
             "promptlookup:stream_keepalives_total", {"model_name": MODEL}
         ) in (None, 0.0)
+
+
+def test_a_queued_stream_that_began_ends_with_an_error_event_at_shutdown():
+    """A stream that began while queued has sent its 200: the server's shutdown reaches it as
+    an error event (code ``server_shutting_down``) and ``[DONE]``, not as a 503."""
+    import signal
+
+    lm = tiny_lm(gated=True)
+    settings = ServerSettings(generation_options=FIXED, stream_keepalive=INTERVAL, max_batch=1)
+    with RunningServer(create_app(lm, settings)) as running:
+        lm.target.gate.clear()
+        body = {**BODIES["/v1/chat/completions"], "temperature": 0}
+        first = threading.Thread(
+            target=httpx.post,
+            args=(running.url + "/v1/chat/completions",),
+            kwargs={"json": body, "timeout": 60},
+        )
+        first.start()
+        try:
+            wait_until(lm.target.blocked.is_set, what="the first generation at the gate")
+            lines = []
+            with httpx.stream(
+                "POST",
+                running.url + "/v1/chat/completions",
+                json={**body, "stream": True},
+                timeout=60,
+            ) as response:
+                assert response.status_code == 200 and running.worker.waiting == 1
+                read = response.iter_lines()
+                for line in read:
+                    lines.append(line)
+                    if line == COMMENT:
+                        running.server.handle_exit(signal.SIGTERM, None)  # uvicorn's SIGTERM
+                        break
+                lines += list(read)
+        finally:
+            lm.target.gate.set()
+            first.join(60)
+    events = [line for line in lines if line and line != COMMENT]
+    assert events[-1] == "data: [DONE]" and "event: error" in events
+    assert json.loads(events[events.index("event: error") + 1][6:])["error"]["code"] == (
+        "server_shutting_down"
+    )

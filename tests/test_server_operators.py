@@ -7,16 +7,34 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import anthropic
 import httpx
 import pytest
 from _server import CONTEXT, FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from test_server_fuzz import JSON
 
 from promptlookup.server import ServerSettings, create_app
 
 ALICE, BOB = {"Authorization": "Bearer a-key"}, {"Authorization": "Bearer b-key"}
+JSON_TYPE = {"Content-Type": "application/json"}
+#: Every field /tokenize and /detokenize read.
+TOKENIZE_FIELDS = [
+    "model",
+    "content",
+    "prompt",
+    "messages",
+    "tools",
+    "add_special",
+    "add_special_tokens",
+    "with_pieces",
+    "return_token_strs",
+    "tokens",
+]
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +226,28 @@ def test_openapi_describes_the_operators_endpoints(server):
         doc["components"]["schemas"]["TokenizeRequest"]["properties"]
     )
     assert "401" in doc["paths"]["/metrics"]["get"]["responses"]
+
+
+def test_the_docs_list_every_metric(server):
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    families = list(server.state.metrics.registry.collect())
+    assert len(families) >= 19
+    for family in families:
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` |" in docs, name
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    path=st.sampled_from(["/tokenize", "/detokenize"]),
+    body=st.dictionaries(st.sampled_from(TOKENIZE_FIELDS), JSON, max_size=4) | JSON,
+)
+def test_tokenize_never_answers_a_5xx(server, path, body):
+    answer = httpx.post(
+        server.url + path, content=json.dumps(body), headers=ALICE | JSON_TYPE, timeout=60
+    )
+    assert answer.status_code in (200, 400), answer.text
+    if answer.status_code == 400:
+        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}

@@ -31,10 +31,10 @@ Policies:
   holding up other requests, and no further than the context (see :mod:`.texts`).
 - *Limits*: a body over ``max_body_bytes`` is a 413, a body not received within
   ``body_timeout`` seconds a 408; a full queue a 429 with ``Retry-After`` (see :mod:`.worker`),
-  as are 503s while loading or shutting down; with API keys, every ``/v1`` path needs
-  ``Authorization: Bearer <key>``, unknown ones included, else 401 (see :mod:`.edge`); the
-  key names the request's tenant (:mod:`.tenants`); so do ``/metrics``, ``/tokenize`` and
-  ``/detokenize``. ``/health`` is always open.
+  as are 503s while loading or shutting down; with API keys, every ``/v1`` path (unknown
+  ones included) and ``/metrics``, ``/tokenize``, ``/detokenize`` need
+  ``Authorization: Bearer <key>``, else 401 (see :mod:`.edge`); the key names the
+  request's tenant (:mod:`.tenants`). ``/health`` is always open.
 - *Keep-alive*: a stream sends a keep-alive (an SSE comment, or Anthropic's ``ping`` event)
   whenever nothing has gone out for ``--stream-keepalive`` seconds, and begins (200) after
   that long in the queue, so that no client's idle timer fires on a request that waits or
@@ -46,7 +46,8 @@ Policies:
   request still waiting leaves the queue at once; a client that leaves while sending its body
   is one line in the log.
 - *Shutdown* (:class:`Server`, on SIGTERM/SIGINT): new requests get 503; waiting ones are
-  answered with a 503 error JSON; the running generation ends before its next forward pass, its
+  answered with a 503 error JSON (a stream begun while waiting, with an ``event: error``);
+  the running generation ends before its next forward pass, its
   stream with an ``event: error`` and ``data: [DONE]``.
 """
 

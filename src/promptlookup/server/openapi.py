@@ -101,42 +101,33 @@ def build_openapi(app: FastAPI) -> dict:
         ok["content"]["text/event-stream"] = {"schema": {"type": "string", "description": events}}
         operation["responses"] = {"200": ok, **_errors("400", "408", "413", "429", *v1_errors)}
     # The other APIs' bodies: their requests validated as these models, their answers written
-    # in their own shapes (docs/server.md).
-    for path, request, answer in (
-        ("/v1/messages", "MessagesRequest", "Anthropic's message; with stream, its events"),
-        ("/v1/messages/count_tokens", "MessagesRequest", '{"input_tokens": n}'),
-        ("/v1/responses", "ResponsesRequest", "a response object; with stream, its events"),
+    # in their own shapes (docs/server.md); and the operators' /tokenize and /detokenize.
+    read = ("400", "408", "413", *v1_errors)  # a body read and checked
+    queued = (*read, "429")
+    for path, request, answer, errors in (
+        ("/v1/messages", "MessagesRequest", "Anthropic's message; with stream, its events", queued),
+        ("/v1/messages/count_tokens", "MessagesRequest", '{"input_tokens": n}', queued),
+        ("/v1/responses", "ResponsesRequest", "a response object; with stream, its events", queued),
+        ("/tokenize", "TokenizeRequest", '{"tokens", "count", "max_model_len"}', read),
+        ("/detokenize", "DetokenizeRequest", '{"content": text, "prompt": text}', read),
     ):
         operation = paths[path]["post"]
         operation["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": _ref(request)}},
         }
-        errors = _errors("400", "408", "413", "429", *v1_errors)
-        operation["responses"] = {"200": {"description": answer}, **errors}
+        operation["responses"] = {"200": {"description": answer}, **_errors(*errors)}
     paths["/v1/models"]["get"]["responses"] = {"200": _json("ModelList"), **_errors(*v1_errors)}
     paths["/v1/models/{model_id}"]["get"]["responses"] = {
         "200": _json("ModelCard"),
         **_errors("404", *v1_errors),
     }
-    # The operators' endpoints (behind the key when keys are set, as /v1 is).
-    keyed = ("401",) if secured else ()
-    for path, request, answer in (
-        ("/tokenize", "TokenizeRequest", '{"tokens", "count", "max_model_len"} (docs/server.md)'),
-        ("/detokenize", "DetokenizeRequest", '{"content": text, "prompt": text}'),
-    ):
-        operation = paths[path]["post"]
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(request)}},
-        }
-        operation["responses"] = {"200": {"description": answer}, **_errors("400", *keyed)}
     paths["/metrics"]["get"]["responses"] = {
         "200": {
             "description": "Prometheus' text format (docs/server.md lists the metrics)",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **_errors(*keyed),
+        **_errors(*(("401",) if secured else ())),
     }
     paths["/health"]["get"]["responses"] = {
         "200": _json("Health"),

@@ -125,7 +125,10 @@ def _text_ids(state: ServerState, text: str, special: bool) -> list[int]:
     if len(text) > CHUNK and bounded_ids(lm.tokenizer, lock, [text], context) is None:
         raise _too_long(context, "content", "tokens")
     with lock:
-        ids = list(lm.tokenizer(text, add_special_tokens=special)["input_ids"])
+        try:
+            ids = list(lm.tokenizer(text, add_special_tokens=special)["input_ids"])
+        except (TypeError, ValueError) as exc:  # a lone surrogate, say (UnicodeEncodeError)
+            raise APIError(400, f"content: cannot tokenize it: {exc}", param="content") from None
     if len(ids) > context:
         raise _too_long(context, "content", "tokens")
     return ids
