@@ -143,7 +143,8 @@ def _encodes(text: str) -> bool:
 
 async def read_json(request, limit: int, timeout: float | None = None):
     """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
-    408 when the whole body has not arrived within ``timeout`` seconds (a stalled client)."""
+    408 when the whole body has not arrived within ``timeout`` seconds (a stalled client), 400
+    for invalid JSON or a string that is not valid Unicode (a lone surrogate)."""
     try:
         async with asyncio.timeout(timeout):
             raw = await _read_body(request, limit)
@@ -155,13 +156,21 @@ async def read_json(request, limit: int, timeout: float | None = None):
             headers={"Connection": "close"},
         ) from None
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, RecursionError):
         raise APIError(
             400,
             "We could not parse the JSON body of your request: it is not valid JSON",
             code="invalid_json",
         ) from None
+    # Only a \ud8xx-\udfxx escape spells a surrogate: the body is walked only if it has one.
+    if _SURROGATE_ESCAPE.search(raw) and (where := lone_surrogate(body)) is not None:
+        message = f"{where}: the text is not valid Unicode (a lone surrogate)"
+        raise APIError(400, message, param=where.split(".")[0])
+    return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -183,10 +192,6 @@ async def _read_body(request, limit: int) -> bytes:
 def parse_request(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad
     field; fields it does not declare are noted as ignored, or a typo's 400 (:mod:`.ignored`)."""
-    if (where := lone_surrogate(body)) is not None:
-        param = where.split(".")[0]
-        message = f"{where}: the text is not valid Unicode (a lone surrogate)"
-        raise APIError(400, message, param=param)
     try:
         request = model.model_validate(body)
         check_extras(request)
