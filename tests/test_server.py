@@ -224,7 +224,7 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
     [
         (b"{not json", 400, None, "invalid_json"),
         (b"[1, 2]", 400, None, None),
-        ({**GOOD, "frobnicate": 1}, 400, "frobnicate", None),
+        ({**GOOD, "max_token": 1}, 400, "max_token", None),  # a typo of max_tokens
         ({**GOOD, "model": "gpt-17"}, 400, "model", "model_not_found"),
         ({**GOOD, "max_tokens": 0}, 400, "max_tokens", None),
         ({**GOOD, "max_completion_tokens": -3}, 400, "max_completion_tokens", None),
@@ -246,7 +246,7 @@ GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
     ids=[
         "malformed-json",
         "not-an-object",
-        "unknown-field",
+        "misspelt-field",
         "unknown-model",
         "max-tokens-0",
         "max-completion-tokens-negative",

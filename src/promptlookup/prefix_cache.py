@@ -106,6 +106,14 @@ class PrefixCache:
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
 
+    def held(self, token_ids: Sequence[int], tenant: str | None = None) -> int:
+        """How many of ``token_ids``' first tokens the cache holds now (of ``tenant``), as
+        :meth:`restore` would find them: a streamed answer's usage before its prefill."""
+        with self._lock:
+            if self._tree is None:
+                return 0
+            return self._tree.match(None if self.shared else tenant, token_ids)[1]
+
     def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
         """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
         longest cached prefix of ``token_ids`` (of ``tenant``); returns its length in tokens

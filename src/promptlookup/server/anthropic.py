@@ -54,7 +54,11 @@ async def serve_messages(state, request: Request) -> Response:
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools = req.tool_plan(state.tool_template)
     if req.stream:
-        writer = EventWriter(message_id, state.model_id, len(job.prompt_ids), tools)
+        prompt, cache = job.prompt_ids, state.prefix_cache
+        # The prompt tokens the prefix cache holds as the stream begins (its prefill to come).
+        tenant = getattr(request.state, "tenant", None)
+        cached = cache.held(prompt[:-1], tenant) if cache is not None else 0
+        writer = EventWriter(message_id, state.model_id, (len(prompt), cached), tools)
         return event_stream(writer.events(job))
     result = choices[0].result
     content, calls = read_answer(result.text, tools)
@@ -115,8 +119,10 @@ class EventWriter(APIEvents):
     text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
     def __init__(
-        self, message_id: str, model: str, prompt_tokens: int, tools: ToolPlan | None
+        self, message_id: str, model: str, prompt: tuple[int, int], tools: ToolPlan | None
     ) -> None:
+        """``prompt``: its tokens, and how many of them the prefix cache holds."""
+        tokens, cached = prompt
         self.message = {
             "id": message_id,
             "type": "message",
@@ -125,7 +131,11 @@ class EventWriter(APIEvents):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+            "usage": {
+                "input_tokens": tokens - cached,
+                "cache_read_input_tokens": cached,
+                "output_tokens": 0,
+            },
         }
         self.stream = ToolStream(tools.template) if tools else None
         self.index, self.open = -1, None  # the current block's index and type

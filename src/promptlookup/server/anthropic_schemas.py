@@ -1,22 +1,31 @@
 """Anthropic's Messages API request, in its own shape (:class:`MessagesRequest`), and the same
 request said as a chat completions body (:meth:`MessagesRequest.as_chat`: the system prompt,
-tool results as tool messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any``
-as ``required``, ``output_format`` as ``response_format``), which :mod:`.anthropic` serves."""
+with the ``system`` messages of ``messages`` folded into it in order, tool results as tool
+messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any`` as ``required``,
+``output_format`` as ``response_format``), which :mod:`.anthropic` serves.
+
+Unknown fields follow :mod:`.ignored`'s rule. Tools with a ``type`` (Anthropic's server tools,
+``web_search_20250305``, ``code_execution_*``, ``tool_search_tool_*``, ...; and its
+client tools whose schema only Anthropic's models know, ``bash_*``, ``text_editor_*``,
+``computer_*``, ``memory_*``) are left out of the prompt; earlier server-tool blocks
+(``server_tool_use``, ``*_tool_result``, ...) likewise. ``cache_control`` is accepted wherever
+Anthropic takes it, without effect (the prefix cache is automatic)."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Field
+from pydantic import Discriminator, Field, Tag, field_validator
 
-from .request_base import Forbid
+from .ignored import LeftOut, check_type
+from .request_base import Forbid, RequestModel
 from .schemas import INT32_MAX, MAX_STOP_STRINGS, StopString
 from .tool_schemas import NAME_PATTERN
 
 
 class _Block(Forbid):
-    cache_control: dict[str, Any] | None = None  # accepted, ignored (no prompt caching)
+    cache_control: Any = None  # accepted, no effect: the prefix cache is automatic
 
 
 class TextBlock(_Block):
@@ -40,17 +49,43 @@ class ToolUseBlock(_Block):
     id: str
     name: str
     input: dict[str, Any]
+    caller: Any = None  # programmatic tool calling's, accepted without effect
+
+
+#: Blocks of server tools' earlier turns and tool search's references: left out.
+SERVER_BLOCKS = (
+    "server_tool_use",
+    "web_search_tool_result",
+    "web_fetch_tool_result",
+    "code_execution_tool_result",
+    "bash_code_execution_tool_result",
+    "text_editor_code_execution_tool_result",
+    "tool_search_tool_result",
+    "mcp_tool_use",
+    "mcp_tool_result",
+    "container_upload",
+    "tool_reference",
+)
+
+
+class ServerBlock(RequestModel, LeftOut):
+    """An earlier turn's server-tool block (see :data:`SERVER_BLOCKS`): left out."""
+
+    type: Literal[SERVER_BLOCKS]  # type: ignore[valid-type]
 
 
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] | None = None
+    content: (
+        str | list[Annotated[Union[TextBlock, ServerBlock], Field(discriminator="type")]] | None
+    ) = None
     is_error: bool | None = None
 
 
 Block = Annotated[
-    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock], Field(discriminator="type")
+    Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, ServerBlock],
+    Field(discriminator="type"),
 ]
 
 
@@ -61,7 +96,8 @@ def _text(content) -> str:
 
 
 class Message(Forbid):
-    role: Literal["user", "assistant"]
+    #: ``system``: Claude Code's mid-conversation system text (folded into the system prompt).
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     def as_chat(self) -> list[dict]:
@@ -96,8 +132,38 @@ class AnthropicTool(Forbid):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
-    cache_control: dict[str, Any] | None = None
+    cache_control: Any = None
     strict: bool | None = None  # accepted: the grammar always enforces the input schema
+    # Accepted without effect: every tool is in the prompt (no tool search here), called
+    # by the model (no code execution), its input not streamed early.
+    defer_loading: bool | None = None
+    allowed_callers: Any = None
+    input_examples: Any = None
+    eager_input_streaming: Any = None
+
+
+class TypedTool(RequestModel, LeftOut):
+    """A tool with a ``type`` of Anthropic's (see the module doc): left out of the prompt."""
+
+    kind = "tools"
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_typo(cls, value: str) -> str:
+        check_type(value, ("custom",))
+        return value
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "Custom" if kind in (None, "custom") or not isinstance(kind, str) else "Typed"
+
+
+Tool = Annotated[
+    Union[Annotated[AnthropicTool, Tag("Custom")], Annotated[TypedTool, Tag("Typed")]],
+    Discriminator(_tool_kind),
+]
 
 
 class AnthropicToolChoice(Forbid):
@@ -114,18 +180,14 @@ class OutputFormat(Forbid):
 
 
 class OutputConfig(Forbid):
-    """``output_config``: its ``format`` is served; other settings (``effort``) are ignored."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
+    """``output_config``: its ``format`` is served; ``effort`` accepted without effect."""
 
     format: OutputFormat | None = None
+    effort: Any = None
 
 
 class MessagesRequest(Forbid):
-    """The request; fields it does not list are ignored (Anthropic's clients send many a local
-    model has no use for: ``thinking``, ``service_tier``, ...), its blocks' are a 400."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
+    """The request (see the module doc)."""
 
     model: str
     max_tokens: int = Field(ge=1, le=INT32_MAX)
@@ -136,20 +198,33 @@ class MessagesRequest(Forbid):
     temperature: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=0, le=INT32_MAX)
-    tools: list[AnthropicTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: AnthropicToolChoice | None = None
-    metadata: dict[str, Any] | None = None
     output_format: OutputFormat | None = None  # the beta's name for output_config.format
     output_config: OutputConfig | None = None
+    # Accepted without effect: nothing here thinks apart, edits the context, or has tiers,
+    # containers or MCP servers; the prefix cache is automatic.
+    metadata: Any = None
+    thinking: Any = None
+    context_management: Any = None
+    service_tier: Any = None
+    container: Any = None
+    mcp_servers: Any = None
+    inference_geo: Any = None
+    cache_control: Any = None
 
     def cross_check(self) -> None:
         """Rules between fields: checked on the request's chat form."""
 
     def as_chat(self) -> dict:
         """The same request as a chat completions body."""
-        messages = [{"role": "system", "content": _text(self.system)}] if self.system else []
+        system = [_text(self.system)] if self.system else []
+        # The system messages of ``messages``, in order, after the system prompt.
+        system += [_text(m.content) for m in self.messages if m.role == "system"]
+        messages = [{"role": "system", "content": "\n\n".join(system)}] if system else []
         for message in self.messages:
-            messages.extend(message.as_chat())
+            if message.role != "system":
+                messages.extend(message.as_chat())
         body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
         body["stream"] = bool(self.stream)
         for name in ("temperature", "top_p", "top_k"):
@@ -157,7 +232,8 @@ class MessagesRequest(Forbid):
                 body[name] = getattr(self, name)
         if self.stop_sequences:
             body["stop"] = self.stop_sequences
-        if self.tools:
+        tools = [tool for tool in self.tools or () if isinstance(tool, AnthropicTool)]
+        if tools:
             body["tools"] = [
                 {
                     "type": "function",
@@ -167,7 +243,7 @@ class MessagesRequest(Forbid):
                         "parameters": tool.input_schema,
                     },
                 }
-                for tool in self.tools
+                for tool in tools
             ]
         choice = self.tool_choice
         if choice is not None:

@@ -1,10 +1,15 @@
 """What every request meets outside its route: the API key gate, and the error responses.
 
 - *API keys*: with keys, every path under ``/v1`` needs ``Authorization: Bearer <key>``
-  (or Anthropic's ``x-api-key: <key>``) with one of them (compared in constant time),
+  or Anthropic's ``x-api-key: <key>`` with one of them (compared in constant time),
   checked before routing, so that an unknown ``/v1/*`` path or method is a 401 too and
-  reveals nothing without a key; the key's tenant (:mod:`.tenants`) goes to the route as
-  ``request.state.tenant``. Other paths (``/health``, ``/openapi.json``) are open.
+  reveals nothing without a key. A valid key in either header authenticates (clients send
+  both, one of them sometimes a placeholder); with two valid keys, ``Authorization``'s names
+  the tenant (:mod:`.tenants`), which goes to the route as ``request.state.tenant``. The 401
+  is in the API's own error shape (Anthropic's under ``/v1/messages``). Other paths
+  (``/health``, ``/openapi.json``) are open.
+- *Ignored fields*: a ``/v1`` request's parsing notes what it ignored (:mod:`.ignored`); the
+  response's headers say it (``x-promptlookup-ignored-fields``, ``-tools``).
 - *Errors* are OpenAI's JSON (:class:`~.schemas.APIError`), Starlette's own (404, 405) too;
   an unexpected exception is a 500 with its traceback logged once; a client that leaves
   while sending its body is one line in the log.
@@ -20,6 +25,8 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from .anthropic import error_body
+from .ignored import collecting
 from .schemas import APIError
 from .tenants import Tenants
 
@@ -28,33 +35,58 @@ log = logging.getLogger("promptlookup.server")
 
 class APIKeyGate:
     """ASGI middleware: a 401 for any ``/v1`` request without one of the keys (no keys: all
-    pass, as the tenant None)."""
+    pass, as the tenant None); then the request's ignored fields in its response headers."""
 
     def __init__(self, app, tenants: Tenants) -> None:
         self.app, self.tenants = app, tenants
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.tenants.required and scope["type"] == "http" and _under_v1(scope["path"]):
-            headers = dict(scope["headers"])
-            if b"x-api-key" in headers:  # Anthropic's clients
-                authorization = b"Bearer " + headers[b"x-api-key"]
-            else:
-                authorization = headers.get(b"authorization")
-            tenant = self.tenants.tenant(authorization)
+        if scope["type"] != "http" or not _under_v1(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self.tenants.required:
+            tenant = self._tenant(dict(scope["headers"]))
             if tenant is None:
                 error = APIError(
                     401,
-                    "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                    "Incorrect or missing API key: send 'Authorization: Bearer <key>' "
+                    "or 'x-api-key: <key>'",
                     code="invalid_api_key",
                 )
-                await error_response(error)(scope, receive, send)
+                respond = _anthropic_error if _anthropic(scope["path"]) else error_response
+                await respond(error)(scope, receive, send)
                 return
             scope.setdefault("state", {})["tenant"] = tenant
-        await self.app(scope, receive, send)
+
+        with collecting() as ignored:
+
+            async def send_saying(message) -> None:
+                if message["type"] == "http.response.start" and (said := ignored.headers()):
+                    message = {**message, "headers": [*message.get("headers", []), *said]}
+                await send(message)
+
+            await self.app(scope, receive, send_saying)
+
+    def _tenant(self, headers: dict[bytes, bytes]) -> str | None:
+        """The tenant of the first valid key: ``Authorization``'s, else ``x-api-key``'s."""
+        tenant = self.tenants.tenant(headers.get(b"authorization"))
+        if tenant is None and b"x-api-key" in headers:  # Anthropic's clients
+            tenant = self.tenants.tenant(b"Bearer " + headers[b"x-api-key"])
+        return tenant
 
 
 def _under_v1(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
+
+
+def _anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def _anthropic_error(error: APIError) -> Response:
+    """An error in Anthropic's JSON (:func:`.anthropic.error_body`)."""
+    body = json.dumps(error_body(error))
+    return Response(body, status_code=error.status, media_type="application/json")
 
 
 def install_error_handlers(app: FastAPI) -> None:

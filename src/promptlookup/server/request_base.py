@@ -1,22 +1,61 @@
-"""The building blocks of the request bodies (:mod:`.schemas`, :mod:`.tool_schemas`)."""
+"""The building blocks of the request bodies (:mod:`.schemas`, :mod:`.tool_schemas`,
+:mod:`.anthropic_schemas`, :mod:`.responses_api_schemas`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-
-class Forbid(BaseModel):
-    """A request model: unknown fields are a 400, types are strict (see :mod:`.schemas`)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+from .bodies import ErrorDetail, ErrorResponse, dump
+from .ignored import Typo, check_extras, close_name
 
 
-class TextPart(Forbid):
+class APIError(Exception):
+    """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``,
+    with optional extra response ``headers`` (``Retry-After``)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return dump(ErrorResponse(error=detail))
+
+
+class RequestModel(BaseModel):
+    """A request model: types are strict (see :mod:`.schemas`); fields it does not declare are
+    kept aside, then ignored or a typo's 400 (:func:`.ignored.check_extras`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+#: The former name (unknown fields were a 400 before :mod:`.ignored`).
+Forbid = RequestModel
+
+
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
+    cache_control: Any = None  # accepted, no effect: the prefix cache is automatic
 
 
 #: Message or prediction content: text, or a list of text parts.
@@ -49,6 +88,13 @@ def first_error(exc: ValidationError) -> tuple[str, str | None]:
     param = str(loc[0]) if loc else None
     if error["type"] == "extra_forbidden":
         return f"Unrecognized request argument supplied: {where}", param
+    if error["type"] == "missing" and loc and isinstance(error.get("input"), dict):
+        # A required field missing beside a typo of its name: the typo is the error.
+        wanted = str(loc[-1])
+        near = next((key for key in error["input"] if close_name(key, [wanted])), None)
+        if near is not None:
+            where = ".".join(map(str, [*loc[:-1], near]))
+            return f"{where}: unknown field; did you mean {wanted!r}?", param
     message = error["msg"].removeprefix("Value error, ")
     kind = None  # a content part's or block's type that no member takes
     if error["type"] == "union_tag_invalid":
@@ -62,3 +108,97 @@ def first_error(exc: ValidationError) -> tuple[str, str | None]:
 
 #: A union member's name in a validation error's path (``str``, ``list[TextPart]``, ``TextBlock``).
 _TYPE_NAME = re.compile(r"^(str|int|float|bool|dict|list|none|[A-Z]\w*|\w+\[.*\])$")
+
+
+def lone_surrogate(body: Any) -> str | None:
+    """The path of the first string (or key) in a decoded JSON body that is not valid Unicode
+    (a lone surrogate, which JSON's ``\\ud800`` escapes can spell); None: all are.
+
+    >>> lone_surrogate({"messages": [{"content": "ok"}, {"content": "a\\ud800"}]})
+    'messages.1.content'
+    """
+    stack = [((), body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodes(value):
+                return ".".join(map(str, path)) or "body"
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if not key.isascii() and not _encodes(key):
+                    return ".".join(map(str, (*path, "<key>")))
+                stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, index), item) for index, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
+    408 when the whole body has not arrived within ``timeout`` seconds (a stalled client), 400
+    for invalid JSON or a string that is not valid Unicode (a lone surrogate)."""
+    try:
+        async with asyncio.timeout(timeout):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"the request body did not arrive within {timeout:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise APIError(
+            400,
+            "We could not parse the JSON body of your request: it is not valid JSON",
+            code="invalid_json",
+        ) from None
+    # Only a \ud8xx-\udfxx escape spells a surrogate: the body is walked only if it has one.
+    if _SURROGATE_ESCAPE.search(raw) and (where := lone_surrogate(body)) is not None:
+        message = f"{where}: the text is not valid Unicode (a lone surrogate)"
+        raise APIError(400, message, param=where.split(".")[0])
+    return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+async def _read_body(request, limit: int) -> bytes:
+    too_large = APIError(
+        413, f"request body larger than {limit} bytes", param=None, code="request_too_large"
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
+def parse_request(model: type[BaseModel], body: Any) -> Any:
+    """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad
+    field; fields it does not declare are noted as ignored, or a typo's 400 (:mod:`.ignored`)."""
+    try:
+        request = model.model_validate(body)
+        check_extras(request)
+    except ValidationError as exc:
+        message, param = first_error(exc)
+        raise APIError(400, message, param=param) from None
+    except Typo as typo:
+        raise APIError(400, str(typo), param=typo.path.split(".")[0]) from None
+    request.cross_check()
+    return request

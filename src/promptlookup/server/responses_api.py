@@ -39,15 +39,15 @@ async def serve_responses(state, request: Request) -> Response:
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     tools = req.tool_plan(state.tool_template)
-    shell = _shell(state.model_id, asked)
+    shell, spaces = _shell(state.model_id, asked), asked.namespaces()
     if req.stream:
-        return event_stream(ResponseEvents(shell, tools).events(job))
+        return event_stream(ResponseEvents(shell, tools, spaces).events(job))
     result = choices[0].result
     content, calls = read_answer(result.text, tools)
     output = [_message(content)] if content or not calls else []
     for call in calls:
-        function = call["function"]
-        output.append(_call(call["id"], function["name"], function["arguments"]))
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        output.append(_call(call["id"], name, arguments, namespace=spaces.get(name)))
     cut = result.finish_reason == "length" and not calls
     return JSONResponse(_finished(shell, output, result, choices[0].tokens, cut))
 
@@ -94,8 +94,11 @@ def _message(text: str, status: str = "completed") -> dict:
     }
 
 
-def _call(call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {
+def _call(
+    call_id: str, name: str, arguments: str, status: str = "completed", namespace=None
+) -> dict:
+    """A ``function_call`` item; a namespace tool's (Codex's) says its ``namespace``."""
+    call = {
         "type": "function_call",
         "id": _id("fc"),
         "call_id": call_id,
@@ -103,6 +106,7 @@ def _call(call_id: str, name: str, arguments: str, status: str = "completed") ->
         "arguments": arguments,
         "status": status,
     }
+    return call if namespace is None else {**call, "namespace": namespace}
 
 
 def _finished(shell: dict, output: list[dict], result, output_tokens: int, cut: bool) -> dict:
@@ -128,8 +132,8 @@ class ResponseEvents(APIEvents):
     """The events of one streamed response: output items opened and closed as the answer's
     text and calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
-    def __init__(self, shell: dict, tools: ToolPlan | None) -> None:
-        self.shell, self.items = shell, []
+    def __init__(self, shell: dict, tools: ToolPlan | None, spaces: dict[str, str]) -> None:
+        self.shell, self.items, self.spaces = shell, [], spaces
         self.stream = ToolStream(tools.template) if tools else None
         self.number = 0  # the next event's sequence_number
 
@@ -189,7 +193,7 @@ class ResponseEvents(APIEvents):
         )
 
     def call(self, call_id: str, name: str) -> str:
-        return self._open(_call(call_id, name, "", "in_progress"))
+        return self._open(_call(call_id, name, "", "in_progress", self.spaces.get(name)))
 
     def arguments(self, piece: str) -> str:
         self.items[-1]["arguments"] += piece

@@ -4,17 +4,25 @@
 messages, ``function_call`` items as an assistant's tool calls, ``function_call_output`` items
 as tool messages, ``text.format`` as ``response_format``), which :mod:`.responses_api` serves.
 
-Nothing is stored: ``previous_response_id`` is a 400 (send the whole conversation as
-``input``), ``store`` is accepted and ignored.
+Nothing is stored: ``previous_response_id``, ``conversation`` and a stored ``prompt`` are a
+400 (send the whole conversation as ``input``), ``store`` is accepted without effect.
+
+Unknown fields follow :mod:`.ignored`'s rule. Tools: ``function`` tools are served, and so are
+the functions of a ``namespace`` tool (Codex's), under their own names (a call of one is
+answered with its ``namespace``); hosted tools (``web_search``, ``file_search``,
+``code_interpreter``, ``image_generation``, ``computer_use_preview``, ``mcp``,
+``local_shell``, ``shell``, ``apply_patch``, ``custom``, ...) are left out of the prompt.
+Earlier items of hosted tools in ``input`` are left out too.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from .request_base import Forbid
+from .ignored import LeftOut, check_type, note
+from .request_base import APIError, Forbid, RequestModel
 from .schemas import INT32_MAX
 from .tool_schemas import FunctionDef
 
@@ -49,29 +57,72 @@ class FunctionCallItem(Forbid):
     arguments: str
     id: str | None = None
     status: str | None = None
+    namespace: str | None = None  # a namespace tool's function (see the module doc)
 
 
 class FunctionCallOutputItem(Forbid):
-    """What a call returned."""
+    """What a call returned: text, or text parts."""
 
     type: Literal["function_call_output"]
     call_id: str
-    output: str
+    output: str | list[InputText]
     id: str | None = None
     status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
 
 
 class ReasoningItem(Forbid):
     """An earlier answer's reasoning: accepted and left out of the prompt."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
-
     type: Literal["reasoning"]
+    id: str | None = None
+    summary: Any = None
+    content: Any = None
+    encrypted_content: Any = None
+    status: str | None = None
+
+
+#: Input items of hosted tools (and compactions): left out of the prompt. (A stored
+#: ``item_reference`` is a 400, as ``previous_response_id`` is.)
+HOSTED_ITEMS = (
+    "web_search_call",
+    "file_search_call",
+    "computer_call",
+    "computer_call_output",
+    "code_interpreter_call",
+    "image_generation_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "shell_call",
+    "shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "mcp_call",
+    "mcp_list_tools",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "tool_search_call",
+    "tool_search_output",
+    "compaction",
+)
+
+
+class HostedItem(RequestModel, LeftOut):
+    """An earlier item of a hosted tool (see :data:`HOSTED_ITEMS`): left out."""
+
+    type: Literal[HOSTED_ITEMS]  # type: ignore[valid-type]
 
 
 def _kind(item: Any) -> str:
     """An input item's type (a message may leave it out)."""
-    return (item.get("type") or "message") if isinstance(item, dict) else "message"
+    kind = (item.get("type") or "message") if isinstance(item, dict) else "message"
+    return "hosted" if kind in HOSTED_ITEMS else kind
 
 
 InputItem = Annotated[
@@ -80,6 +131,7 @@ InputItem = Annotated[
         Annotated[FunctionCallItem, Tag("function_call")],
         Annotated[FunctionCallOutputItem, Tag("function_call_output")],
         Annotated[ReasoningItem, Tag("reasoning")],
+        Annotated[HostedItem, Tag("hosted")],
     ],
     Discriminator(_kind),
 ]
@@ -89,6 +141,58 @@ class FunctionTool(FunctionDef):
     """A tool, flat (``{"type": "function", "name", "parameters"}``, not under ``function``)."""
 
     type: Literal["function"]
+    defer_loading: bool | None = None  # accepted without effect: every tool is in the prompt
+
+
+class HostedTool(RequestModel, LeftOut):
+    """A tool the server does not run (see the module doc): left out of the prompt."""
+
+    kind = "tools"
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_typo(cls, value: str) -> str:
+        check_type(value, ("function", "namespace"))
+        return value
+
+
+def _tool(value: Any) -> str:
+    """A tool's kind: ``Function``, ``Namespace`` or ``Hosted`` (any other type)."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("function", "namespace"):
+        return kind.title()
+    return "Function" if not isinstance(kind, str) else "Hosted"
+
+
+def _member(value: Any) -> str:
+    """A namespace member's kind: a namespace within is not served either."""
+    kind = _tool(value)
+    return "Hosted" if kind == "Namespace" else kind
+
+
+class NamespaceTool(Forbid):
+    """Tools under one name (Codex's sub-agent tools): its functions are served."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[
+        Annotated[
+            Union[Annotated[FunctionTool, Tag("Function")], Annotated[HostedTool, Tag("Hosted")]],
+            Discriminator(_member),
+        ]
+    ]
+
+
+Tool = Annotated[
+    Union[
+        Annotated[FunctionTool, Tag("Function")],
+        Annotated[NamespaceTool, Tag("Namespace")],
+        Annotated[HostedTool, Tag("Hosted")],
+    ],
+    Discriminator(_tool),
+]
 
 
 class NamedFunction(Forbid):
@@ -105,16 +209,12 @@ class TextFormat(Forbid):
 
 
 class TextOptions(Forbid):
-    model_config = ConfigDict(extra="ignore", strict=True)  # verbosity and the like
-
     format: TextFormat | None = None
+    verbosity: Any = None  # accepted without effect
 
 
 class ResponsesRequest(Forbid):
-    """The request; top-level fields it does not list are ignored (``store``, ``reasoning``,
-    ``metadata``, ``include``, ...), as clients send many."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
+    """The request (see the module doc)."""
 
     model: str
     input: str | list[InputItem]
@@ -123,20 +223,68 @@ class ResponsesRequest(Forbid):
     temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     stream: bool | None = False
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    # Accepted without effect: nothing is stored, reasoning is not apart, the prefix cache is
+    # automatic, there are no tiers, nothing is truncated (a prompt beyond the context: 400).
+    store: Any = None
+    reasoning: Any = None
+    metadata: Any = None
+    include: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    client_metadata: Any = None
+    safety_identifier: Any = None
+    user: Any = None
+    service_tier: Any = None
+    truncation: Any = None
+    stream_options: Any = None
 
     @model_validator(mode="after")
     def _stateless(self):
-        if self.previous_response_id is not None:
-            raise ValueError(
-                "previous_response_id: this server stores no responses; send the whole "
-                "conversation as input"
-            )
+        for name, what in [
+            ("previous_response_id", "responses"),
+            ("conversation", "conversations"),
+            ("prompt", "prompts"),
+        ]:
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{name}: this server stores no {what}; send the whole conversation as input"
+                )
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("input: the list of input items is empty; send at least a message")
         return self
+
+    def functions(self, say: bool = False) -> list[tuple[FunctionTool, str | None]]:
+        """The served tools and their namespaces (None: none), the first of each name (a
+        later one of the same name is left out; ``say``: noted in
+        ``x-promptlookup-ignored-tools``)."""
+        served: list[tuple[FunctionTool, str | None]] = []
+        for tool in self.tools or ():
+            if isinstance(tool, FunctionTool):
+                served.append((tool, None))
+            elif isinstance(tool, NamespaceTool):
+                served += [(t, tool.name) for t in tool.tools if isinstance(t, FunctionTool)]
+        names: set[str] = set()
+        kept = []
+        for tool, namespace in served:
+            if tool.name in names:
+                if say:
+                    where = f"{namespace}.{tool.name}" if namespace else tool.name
+                    note("tools", f"{where} (a second tool of that name)")
+                continue
+            names.add(tool.name)
+            kept.append((tool, namespace))
+        return kept
+
+    def namespaces(self) -> dict[str, str]:
+        """The namespace of each served tool that has one, by the tool's name."""
+        return {tool.name: space for tool, space in self.functions() if space is not None}
 
     def cross_check(self) -> None:
         """Rules between fields: checked on the request's chat form."""
@@ -162,7 +310,7 @@ class ResponsesRequest(Forbid):
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             elif isinstance(item, FunctionCallOutputItem):
                 messages.append(
-                    {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
+                    {"role": "tool", "tool_call_id": item.call_id, "content": item.text()}
                 )
         body: dict = {"model": self.model, "messages": messages, "stream": bool(self.stream)}
         if self.max_output_tokens is not None:
@@ -170,12 +318,14 @@ class ResponsesRequest(Forbid):
         for name in ("temperature", "top_p", "parallel_tool_calls"):
             if getattr(self, name) is not None:
                 body[name] = getattr(self, name)
-        if self.tools:
+        if not any(m["role"] != "system" for m in messages):
+            raise APIError(400, "input: there is no message to answer", param="input")
+        if functions := self.functions(say=True):
             body["tools"] = [
                 {"type": "function", "function": {
                     "name": tool.name, "description": tool.description or "",
                     "parameters": tool.parameters or {"type": "object"}}}
-                for tool in self.tools
+                for tool, _ in functions
             ]  # fmt: skip
         choice = self.tool_choice
         if choice is not None:

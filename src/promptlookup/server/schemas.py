@@ -2,8 +2,14 @@
 
 Policies:
 
-- *Unknown fields* are a 400 (``extra="forbid"``): a misspelt parameter is never silently
-  ignored.
+- *Unknown fields* are ignored and said (``x-promptlookup-ignored-fields``, a log line),
+  unless one is a typo of a field this server implements: a 400 naming the intended field
+  (:mod:`.ignored`, the rule of every API). Tools of a type the server does not run are left
+  out of the prompt and said (``x-promptlookup-ignored-tools``).
+- *Accepted without effect*: ``user``, ``store``, ``metadata``, ``service_tier``,
+  ``prompt_cache_key`` (the prefix cache is automatic), ``safety_identifier``,
+  ``reasoning_effort``, ``verbosity``, and an earlier answer's ``reasoning_content``.
+- *Text* must be valid Unicode: a lone surrogate anywhere is a 400 naming its field.
 - *Strict types*: integers must be JSON integers (not booleans, floats or strings), numbers
   must be finite JSON numbers, booleans must be ``true``/``false``.
 - *Ranges* keep every number where torch's arithmetic stays finite (see :data:`LIMITS`):
@@ -25,24 +31,26 @@ Policies:
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import GrammarError
 from ..grammar import Grammar
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
-from .bodies import ErrorDetail, ErrorResponse, dump
-from .request_base import Content, content_text, first_error
-from .request_base import Forbid as _Forbid
+from .request_base import APIError as APIError
+from .request_base import Content
+from .request_base import RequestModel as _Forbid
+from .request_base import content_text as content_text
+from .request_base import parse_request as parse_request
+from .request_base import read_json as read_json
 from .tool_schemas import (
+    ChatTool,
     ResponseFormat,
-    Tool,
     ToolCall,
     ToolChoice,
     check_tool_choice,
+    function_tools,
     tools_problem,
 )
 from .tool_template import TemplateFormat
@@ -59,33 +67,6 @@ INT64 = (-(2**63), 2**63 - 1)
 INT32_MAX = 2**31 - 1
 
 
-class APIError(Exception):
-    """An error answered with OpenAI's JSON: ``{"error": {"message", "type", "param", "code"}}``,
-    with optional extra response ``headers`` (``Retry-After``)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
-        return dump(ErrorResponse(error=detail))
-
-
 class ChatMessage(_Forbid):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
@@ -93,6 +74,10 @@ class ChatMessage(_Forbid):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # as OpenAI's answers carry it, when a client sends one back
+    # An earlier answer's reasoning (vLLM's and llama-server's name; OpenRouter's), accepted
+    # and left out of the prompt; its annotations, too.
+    reasoning_content: str | None = None
+    annotations: list[Any] | None = None
 
     @model_validator(mode="after")
     def _shape(self):
@@ -167,6 +152,13 @@ class _GenerationRequest(_Forbid):
     frequency_penalty: float | None = _float(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     prediction: Prediction | None = None
+    # Accepted without effect (see the module doc).
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    safety_identifier: Any = None
 
     _presence = field_validator("presence_penalty")(_only(0, "presence_penalty"))
     _frequency = field_validator("frequency_penalty")(_only(0, "frequency_penalty"))
@@ -236,11 +228,13 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
+    reasoning_effort: Any = None  # accepted without effect
+    verbosity: Any = None  # accepted without effect
 
     _tool_choice = field_validator("tool_choice", mode="before")(check_tool_choice)
 
@@ -254,8 +248,8 @@ class ChatCompletionRequest(_GenerationRequest):
     def tool_plan(self, template: TemplateFormat | None = None) -> ToolPlan | None:
         """How this request may call its tools (None: it may not), in the chat template's
         format where it has one (:func:`.tool_template.detect`), else the generic format."""
-        choice = self.tool_choice or "auto"
-        if not self.tools or choice == "none":
+        choice, served = self.tool_choice or "auto", function_tools(self.tools)
+        if not served or choice == "none":
             return None
         named = choice if isinstance(choice, str) else choice.function.name
         parallel = self.parallel_tool_calls is not False
@@ -263,7 +257,7 @@ class ChatCompletionRequest(_GenerationRequest):
         # required, the format has no answer to shape (as OpenAI serves it).
         form = self.response_format
         answer = form.schema() if form is not None and named == "auto" else None
-        tools = [tool.plain() for tool in self.tools]
+        tools = [tool.plain() for tool in served]
         return ToolPlan(tools, named, parallel, template, answer)
 
     def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
@@ -311,7 +305,8 @@ class ChatCompletionRequest(_GenerationRequest):
                 "top_logprobs: logprobs must be true when top_logprobs is given",
                 param="top_logprobs",
             )
-        problem = tools_problem(self.tools, self.tool_choice, self.response_format)
+        tools = function_tools(self.tools)
+        problem = tools_problem(tools, self.tool_choice, self.response_format)
         if problem is not None:
             raise APIError(400, f"{problem[0]}: {problem[1]}", param=problem[0])
 
@@ -343,53 +338,3 @@ class CompletionRequest(_GenerationRequest):
     def cross_check(self) -> None:
         if self.best_of is not None and self.best_of != self.choices:
             raise APIError(400, "best_of: only best_of equal to n is supported", param="best_of")
-
-
-async def read_json(request, limit: int, timeout: float | None = None):
-    """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
-    408 when the whole body has not arrived within ``timeout`` seconds (a stalled client)."""
-    try:
-        async with asyncio.timeout(timeout):
-            raw = await _read_body(request, limit)
-    except TimeoutError:
-        raise APIError(
-            408,
-            f"the request body did not arrive within {timeout:g} s",
-            code="request_timeout",
-            headers={"Connection": "close"},
-        ) from None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise APIError(
-            400,
-            "We could not parse the JSON body of your request: it is not valid JSON",
-            code="invalid_json",
-        ) from None
-
-
-async def _read_body(request, limit: int) -> bytes:
-    too_large = APIError(
-        413, f"request body larger than {limit} bytes", param=None, code="request_too_large"
-    )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise too_large
-        parts.append(part)
-    return b"".join(parts)
-
-
-def parse_request(model: type[BaseModel], body: Any) -> Any:
-    """Validate a decoded JSON body, or raise a 400 :class:`APIError` naming the first bad field."""
-    try:
-        request = model.model_validate(body)
-    except ValidationError as exc:
-        message, param = first_error(exc)
-        raise APIError(400, message, param=param) from None
-    request.cross_check()
-    return request

@@ -94,8 +94,8 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
     if chars > limit:
         raise APIError(
             400,
-            f"This model's maximum context length is {context} tokens; the {param} "
-            f"({chars} characters) cannot fit in it (at most {limit} characters)",
+            f"This model's maximum context length is {context} tokens; the prompt "
+            f"({chars} characters) has more than {context} tokens (at most {limit} characters fit)",
             param=param,
             code="context_length_exceeded",
         )
@@ -117,9 +117,13 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     texts = [text for text in texts if isinstance(text, str)]
     lock = state.tokenizer_lock
     if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
+        # Counted on, up to four contexts' worth, to name the count.
+        counted = bounded_ids(lm.tokenizer, lock, texts, 4 * context)
+        count = f"{len(counted)}" if counted is not None else f"more than {4 * context}"
         raise APIError(
             400,
-            f"This model's maximum context length is {context} tokens; the {param} has more",
+            f"This model's maximum context length is {context} tokens; the prompt has "
+            f"{count} tokens (its text alone)",
             param=param,
             code="context_length_exceeded",
         )

@@ -4,11 +4,12 @@ assistant message's ``tool_calls``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag, field_validator
 
-from .request_base import Forbid
+from .ignored import LeftOut, check_type
+from .request_base import Forbid, RequestModel
 
 #: A function's name, as OpenAI allows it.
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -30,6 +31,37 @@ class Tool(Forbid):
         """The tool as :mod:`.tools` takes it."""
         tool = {"name": self.function.name, "description": self.function.description or ""}
         return {**tool, "parameters": self.function.parameters or {"type": "object"}}
+
+
+class OtherTool(RequestModel, LeftOut):
+    """A tool of a type this server does not run (OpenAI's ``custom`` freeform tools, hosted
+    tools): left out of the prompt, said in ``x-promptlookup-ignored-tools``."""
+
+    kind = "tools"
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_typo(cls, value: str) -> str:
+        check_type(value, ("function",))
+        return value
+
+
+def _tool_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "Function" if kind == "function" or not isinstance(kind, str) else "Other"
+
+
+#: A ``tools`` entry of chat completions: a function, or another type, left out.
+ChatTool = Annotated[
+    Union[Annotated[Tool, Tag("Function")], Annotated[OtherTool, Tag("Other")]],
+    Discriminator(_tool_type),
+]
+
+
+def function_tools(tools) -> list:
+    """The tools of a list that the server serves (those not :class:`LeftOut`)."""
+    return [tool for tool in tools or () if not isinstance(tool, LeftOut)]
 
 
 class CalledFunction(Forbid):
