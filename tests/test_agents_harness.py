@@ -171,6 +171,7 @@ class StandIn(BaseHTTPRequestHandler):
             data, kind, status = CHAT_STREAM, "text/event-stream", 200
         self.send_response(status)
         self.send_header("Content-Type", kind)
+        self.send_header("X-Promptlookup-Ignored-Fields", "metadata")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -210,6 +211,7 @@ def test_the_proxy_forwards_unchanged_and_records_no_text(proxied):
     assert first["agent"] == "promptlookup/qwen-code" and first["status"] == 200
     assert first["answer"]["cached_tokens"] == 950 and first["request"]["messages"] == 1
     assert second["answer"]["error"] == "bad tools" and second["api"] == "responses"
+    assert first["ignored"] == {"x-promptlookup-ignored-fields": "metadata"}
     assert SECRET not in path.read_text() and "calc.py" not in path.read_text()
     assert recorder.turns("promptlookup/qwen-code") == 1  # a refused request is no turn
     assert recorder.turns("promptlookup/codex") == 0

@@ -14,7 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .accounting import AnswerShape, EventReader, answer_shape, api_of, request_shape
+from .accounting import ERROR_CHARS, AnswerShape, EventReader, answer_shape, api_of, request_shape
 
 #: Headers that belong to one connection, not to the request (RFC 9110 7.6.1), and the ones
 #: the proxy sets itself.
@@ -131,6 +131,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
         ended = time.monotonic()
         record.update(
             status=response.status,
+            # What the server says it ignored (field paths and tool types, no text).
+            ignored={
+                k.lower(): v[:ERROR_CHARS]
+                for k, v in response.getheaders()
+                if k.lower().startswith("x-promptlookup-ignored")
+            },
             first_byte_s=None if first is None else round(first - started, 3),
             seconds=round(ended - started, 3),
             client_closed=closed,

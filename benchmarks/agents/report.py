@@ -68,6 +68,9 @@ def summarize(records: list[dict], run: dict) -> dict:
             round(sum(t["seconds"] for t in ok) / len(ok), 2) if ok else None
         ),
         "errors": sorted({t["error"] for t in per_turn if t["error"]}),
+        "ignored": sorted(
+            {f"{k}: {v}" for r in records for k, v in (r.get("ignored") or {}).items()}
+        ),
         "per_turn": per_turn,
     }
 

@@ -112,6 +112,7 @@ def run(
     threads: int | None = None,
 ) -> Path:
     """Run every agent against every server; returns the markdown report's path."""
+    folder, prefix = folder.resolve(), prefix.resolve()  # the agents run in other folders
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     bin_dir = (prefix / "node_modules" / ".bin").resolve()
     recorder = Recorder(folder / "requests.jsonl")
