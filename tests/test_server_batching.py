@@ -11,7 +11,6 @@ from _server import MODEL, RunningServer, tiny_lm, wait_until
 
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.batch_worker import BatchWorker
-from promptlookup.server.worker import GenerationWorker
 
 PROMPTS = [
     "abcd abcd abcd",
@@ -69,7 +68,7 @@ def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dic
 def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
     bodies = [body(p) for p in PROMPTS] + [body(PROMPTS[0], temperature=0.9, seed=7, n=3)]
     with RunningServer(create_app(tiny_lm(), ServerSettings(max_batch=1))) as alone:
-        assert type(alone.worker) is GenerationWorker
+        assert type(alone.worker) is BatchWorker  # one worker for every max_batch
         want = [
             httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
             for b in bodies
@@ -190,7 +189,7 @@ def test_shutdown_ends_every_running_job_of_the_batch_with_server_shutting_down(
     worker = BatchWorker(tiny_lm(), max_batch=3)
 
     async def jobs() -> list[GenerationJob]:  # jobs are made on the event loop they report to
-        return [GenerationJob([1, 2, 3], 8, {}) for _ in range(3)]
+        return [GenerationJob([1, 2, 3], 8) for _ in range(3)]
 
     running = [_Running(job, {}) for job in asyncio.run(jobs())]
     worker.jobs = {object(): entry for entry in running}  # three sequences in the batch

@@ -103,11 +103,8 @@ class ServerState:
             shared = self.settings.prefix_cache_scope == "global"
             self.prefix_cache = PrefixCache(self.settings.prefix_cache_mib, shared=shared)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
-        self.worker = (
-            BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
-            if max_batch > 1
-            else GenerationWorker(lm, queue, tokenizer_lock=self.tokenizer_lock)
-        )
+        # One worker for every max_batch and target (see .batch_worker).
+        self.worker = BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
         self.worker.start()
         self.status = "ready"
         if self.shutting_down:
