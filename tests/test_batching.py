@@ -137,7 +137,8 @@ def test_a_sequence_that_meets_eos_leaves_and_the_others_go_on():
     assert {s.finish_reason for s in sequences} <= {"stop", "length"}
 
 
-def test_a_cancelled_sequence_changes_no_other():
+def four_sequences():
+    """Four prompts, their tokens alone, and a decoder with the four queued (32 tokens each)."""
     target = TransformersTarget(tiny_llama(seed=4))
     prompts = repetitive_prompts(4, 4)
     want = [alone(target, prompt) for prompt in prompts]
@@ -145,6 +146,11 @@ def test_a_cancelled_sequence_changes_no_other():
     sequences = [
         decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup"))) for prompt in prompts
     ]
+    return prompts, want, decoder, sequences
+
+
+def test_a_cancelled_sequence_changes_no_other():
+    prompts, want, decoder, sequences = four_sequences()
     steps = 0
     for sequence, _ in decoder.run():
         steps += sequence is sequences[0]
@@ -173,13 +179,7 @@ class FailingProcessor:
 
 @pytest.mark.parametrize("fails_in", ["propose", "accept"])
 def test_a_sequence_whose_own_step_raises_ends_alone_and_the_others_go_on(fails_in):
-    target = TransformersTarget(tiny_llama(seed=4))
-    prompts = repetitive_prompts(4, 4)
-    want = [alone(target, prompt) for prompt in prompts]
-    decoder = BatchDecoder(target, SpeculationPolicy(), max_batch=4)
-    sequences = [
-        decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup"))) for prompt in prompts
-    ]
+    prompts, want, decoder, sequences = four_sequences()
     bad = sequences[1]
     if fails_in == "accept":  # its logits processing raises at its third verified position
         bad.chooser = TokenChooser(FailingProcessor(at=3), do_sample=False)
