@@ -137,7 +137,8 @@ def test_a_sequence_that_meets_eos_leaves_and_the_others_go_on():
     assert {s.finish_reason for s in sequences} <= {"stop", "length"}
 
 
-def test_a_cancelled_sequence_changes_no_other():
+def four_sequences():
+    """Four prompts, their tokens alone, and a decoder with the four queued (32 tokens each)."""
     target = TransformersTarget(tiny_llama(seed=4))
     prompts = repetitive_prompts(4, 4)
     want = [alone(target, prompt) for prompt in prompts]
@@ -145,6 +146,11 @@ def test_a_cancelled_sequence_changes_no_other():
     sequences = [
         decoder.add(BatchSequence(prompt, 32, make_drafter("prompt-lookup"))) for prompt in prompts
     ]
+    return prompts, want, decoder, sequences
+
+
+def test_a_cancelled_sequence_changes_no_other():
+    prompts, want, decoder, sequences = four_sequences()
     steps = 0
     for sequence, _ in decoder.run():
         steps += sequence is sequences[0]
@@ -156,6 +162,97 @@ def test_a_cancelled_sequence_changes_no_other():
     )
     for index in (0, 2, 3):
         assert sequences[index].tokens[len(prompts[index]) :] == want[index]
+
+
+class FailingProcessor:
+    """A logits processor that raises at its ``at``-th call (a sequence's own failure)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.calls = at, 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("the processor's internal state")
+        return scores
+
+
+@pytest.mark.parametrize("fails_in", ["propose", "accept"])
+def test_a_sequence_whose_own_step_raises_ends_alone_and_the_others_go_on(fails_in):
+    prompts, want, decoder, sequences = four_sequences()
+    bad = sequences[1]
+    if fails_in == "accept":  # its logits processing raises at its third verified position
+        bad.chooser = TokenChooser(FailingProcessor(at=3), do_sample=False)
+    else:  # its drafter raises on its second draft
+
+        class Failing(type(bad.drafter)):
+            drafts = 0
+
+            def propose(self, tokens, max_tokens):
+                type(self).drafts += 1
+                if self.drafts == 2:
+                    raise KeyError("the drafter's internal state")
+                return super().propose(tokens, max_tokens)
+
+        bad.drafter.__class__ = Failing
+    for _ in decoder.run():  # nothing raises: only the bad sequence ends
+        pass
+    assert bad.finish_reason == "error" and bad.error is not None
+    assert bad.stats.new_tokens < 32
+    for index in (0, 2, 3):
+        assert sequences[index].tokens[len(prompts[index]) :] == want[index]
+        assert sequences[index].finish_reason in ("stop", "length")
+
+
+def test_a_failing_forward_pass_ends_the_step():
+    target = TransformersTarget(tiny_llama())
+    decoder = BatchDecoder(target, None, max_batch=2)
+    decoder.add(BatchSequence([3, 4, 5], 16))
+
+    def failing(*_):
+        raise RuntimeError("the pass failed")
+
+    target.forward_batch = failing
+    with pytest.raises(RuntimeError, match="the pass failed"):
+        decoder.step()
+
+
+class PlainTarget:
+    """Only a :class:`~promptlookup.backends.base.Target` (as llama.cpp's): one sequence at a
+    time in its own cache, no ``new_sequence`` or ``forward_batch``."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.max_context, self.can_crop = inner, inner.max_context, inner.can_crop
+
+    def reset(self):
+        self.inner.reset()
+
+    def prefill(self, token_ids):
+        self.inner.prefill(token_ids)
+
+    def forward(self, token_ids):
+        return self.inner.forward(token_ids)
+
+    def crop(self, length):
+        self.inner.crop(length)
+
+    def prepare(self, sizes):
+        self.inner.prepare(sizes)
+
+    @property
+    def cache_length(self):
+        return self.inner.cache_length
+
+
+def test_a_target_of_one_sequence_at_a_time_runs_on_the_batch_decoder_as_the_loop_does():
+    target = PlainTarget(TransformersTarget(tiny_llama(seed=2)))
+    lm = promptlookup.LanguageModel(target, TinyTokenizer(32))
+    for prompt in repetitive_prompts(2, 3):
+        want = alone(target, prompt, drafter="prompt-lookup", eos=lm.eos_token_ids)
+        got = lm.generate(prompt, max_new_tokens=32, speculation="fixed", prefix_cache=False)
+        assert got.token_ids == want and got.stats.accepted_tokens > 0
+    with pytest.raises(UnsupportedModelError):  # one sequence at a time: no batch of several
+        BatchDecoder(target, max_batch=2)
 
 
 def test_should_stop_ends_a_sequence_before_its_next_pass():

@@ -27,8 +27,8 @@ def test_growing_layer_matches_dynamic_layer(ops):
         want_keys, want_values = reference.update(keys, values)
         assert torch.equal(got_keys, want_keys) and torch.equal(got_values, want_values)
         drop = min(drop, reference.get_seq_length())
-        growing.crop(-drop)
-        reference.crop(-drop)
+        growing.crop(growing.get_seq_length() - drop)
+        reference.crop(-drop)  # transformers' own layer: a count to remove
         assert growing.get_seq_length() == reference.get_seq_length()
         if reference.get_seq_length():
             assert torch.equal(growing.keys, reference.keys)
@@ -44,11 +44,15 @@ def test_appending_writes_into_spare_room_without_reallocating():
     assert layer.keys.data_ptr() == buffer.data_ptr()
 
 
-def test_positive_crop_is_refused_and_reset_empties():
+def test_crop_keeps_a_length_refuses_a_negative_one_and_reset_empties():
     layer = GrowingLayer()
     layer.update(torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 4, 2))
     with pytest.raises(ValueError):
-        layer.crop(2)
+        layer.crop(-2)
+    layer.crop(6)  # longer than the layer: nothing to drop
+    assert layer.get_seq_length() == 4
+    layer.crop(2)
+    assert layer.get_seq_length() == 2
     layer.reset()
     assert layer.get_seq_length() == 0
 
@@ -62,7 +66,8 @@ def test_growing_cache_gives_the_model_the_same_logits():
     for cache in (growing_cache(model.config), DynamicCache(config=model.config)):
         with torch.inference_mode():
             model(input_ids=ids[:, :5], cache=cache, use_cache=True)
-            cache.crop(-2)  # keep 3 of the 5 tokens
+            # Keep 3 of the 5 tokens (transformers' own layers take a count to remove).
+            cache.crop(3 if type(cache.layers[0]) is GrowingLayer else -2)
             outputs.append(model(input_ids=ids[:, 3:], cache=cache, use_cache=True).logits)
     assert all(type(layer) is GrowingLayer for layer in growing_cache(model.config).layers)
     assert torch.equal(outputs[0], outputs[1])

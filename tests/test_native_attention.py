@@ -39,7 +39,7 @@ def attend(query, keys, values, layers, starts, lengths):
         first += n
     out = native_attention.native_attention(query, layers, PassRows(starts, lengths), 0.3)
     for layer, n in zip(layers, lengths):
-        layer.crop(-n)
+        layer.crop(layer.get_seq_length() - n)
     return out  # (1, rows, heads, head_dim)
 
 

@@ -11,7 +11,6 @@ from _server import MODEL, RunningServer, tiny_lm, wait_until
 
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.batch_worker import BatchWorker
-from promptlookup.server.worker import GenerationWorker
 
 PROMPTS = [
     "abcd abcd abcd",
@@ -69,7 +68,7 @@ def answers_at_once(url: str, bodies: list[dict], sent=lambda: None) -> list[dic
 def test_concurrent_requests_share_passes_and_get_their_one_by_one_answers():
     bodies = [body(p) for p in PROMPTS] + [body(PROMPTS[0], temperature=0.9, seed=7, n=3)]
     with RunningServer(create_app(tiny_lm(), ServerSettings(max_batch=1))) as alone:
-        assert type(alone.worker) is GenerationWorker
+        assert type(alone.worker) is BatchWorker  # one worker for every max_batch
         want = [
             httpx.post(alone.url + "/v1/chat/completions", json=b, timeout=60).json()
             for b in bodies
@@ -190,7 +189,7 @@ def test_shutdown_ends_every_running_job_of_the_batch_with_server_shutting_down(
     worker = BatchWorker(tiny_lm(), max_batch=3)
 
     async def jobs() -> list[GenerationJob]:  # jobs are made on the event loop they report to
-        return [GenerationJob([1, 2, 3], 8, {}) for _ in range(3)]
+        return [GenerationJob([1, 2, 3], 8) for _ in range(3)]
 
     running = [_Running(job, {}) for job in asyncio.run(jobs())]
     worker.jobs = {object(): entry for entry in running}  # three sequences in the batch
@@ -199,3 +198,27 @@ def test_shutdown_ends_every_running_job_of_the_batch_with_server_shutting_down(
     for entry in running:
         assert entry.job.cancelled.is_set()
         assert entry.job.reason is not None and entry.job.reason.code == "server_shutting_down"
+
+
+def test_a_target_of_one_sequence_at_a_time_is_served_by_the_same_worker():
+    """llama.cpp's kind of target (no forward_batch) runs on the one worker too, a batch of
+    one (batching.SerialTarget): the answers are the batch-capable target's."""
+    from test_batching import PlainTarget
+
+    from promptlookup.generation import LanguageModel
+
+    bodies = [body(p) for p in PROMPTS[:3]] + [body(PROMPTS[0], temperature=0.9, seed=7, n=2)]
+    with RunningServer(create_app(tiny_lm(), ServerSettings(max_batch=1))) as batching:
+        want = [
+            httpx.post(batching.url + "/v1/chat/completions", json=b, timeout=60).json()
+            for b in bodies
+        ]
+    lm = tiny_lm()
+    plain = LanguageModel(PlainTarget(lm.target), lm.tokenizer, name=MODEL, model=lm.model)
+    with RunningServer(create_app(plain, ServerSettings())) as serial:
+        assert isinstance(serial.worker, BatchWorker) and serial.worker.max_batch == 1
+        got = answers_at_once(serial.url, bodies)  # queued, then one at a time
+    for want_answer, got_answer in zip(want, got):
+        assert [c["message"]["content"] for c in got_answer["choices"]] == [
+            c["message"]["content"] for c in want_answer["choices"]
+        ]

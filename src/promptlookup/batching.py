@@ -19,6 +19,10 @@ the loop (numbered as in :mod:`promptlookup.loop` and ``docs/design.md``) for al
 5. *Crop* each cache back to its accepted tokens; finished sequences leave. A sequence's
    keys and values go to its prefix cache after its first pass (its prompt) and when it ends.
 
+Isolation: an exception raised by one sequence's own work (its prefix, draft, verification,
+grammar or logits processors) ends that sequence alone (``finish_reason`` ``"error"``, the
+exception in its ``error``); only a failing forward pass, shared by all, raises from a step.
+
 Exactness: a :class:`~promptlookup.backends.base.BatchTarget` with ``row_invariant`` computes
 each sequence's rows bit for bit as a pass over that sequence alone would, so a sequence's
 tokens (greedy, or sampled with its own seeded generator) do not depend on what else shares
@@ -42,14 +46,17 @@ holds its budget besides (sequences copy their prefix from it: they share no mem
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .backends.base import PREFILL_CHUNK, BatchTarget
+import torch
+
+from .backends.base import PREFILL_CHUNK, BatchTarget, Target
 from .calibration import calibrate_alone
-from .drafters.base import Draft
-from .errors import InvalidParameterError
+from .drafters.base import Draft, NoDrafter
+from .errors import InvalidParameterError, UnsupportedModelError
 from .loop import DecodingSequence
 from .policy import NO_POLICY, NoPolicy, SpeculationPolicy
 from .prefix_cache import PrefixCache
@@ -80,7 +87,8 @@ class BatchSequence(DecodingSequence):
     cancels it when true (as :meth:`cancel` does). ``prefix_cache`` (for a target it
     :meth:`~promptlookup.prefix_cache.PrefixCache.applies` to): its cache starts with the keys
     and values of the longest cached prefix of its prompt (``tenant``'s), and its own go
-    there once its prompt is in and when it ends."""
+    there once its prompt is in and when it ends. ``error``: the exception that ended it
+    alone (``finish_reason`` ``"error"``, see :meth:`BatchDecoder.step`)."""
 
     should_stop: Callable[[], bool] | None = None
     prefix_cache: PrefixCache | None = None
@@ -90,6 +98,7 @@ class BatchSequence(DecodingSequence):
             raise InvalidParameterError("a batch sequence needs a non-empty prompt")
         super().__post_init__()
         self.cache = None  # its KV cache, from the target when it joins
+        self.error: Exception | None = None
 
     @property
     def prefilling(self) -> bool:
@@ -100,16 +109,52 @@ class BatchSequence(DecodingSequence):
         """End the sequence before its next step."""
         self.finish("cancelled")
 
+    def fail(self, error: Exception) -> None:
+        """End the sequence now because its own step raised ``error``."""
+        self.error, self.finish_reason = error, "error"
+
 
 @dataclass(eq=False)
 class _Entry:
     """What a sequence feeds into this step's pass, and how many rows of logits it wants
-    back (``rows``): none for a prompt chunk, its last token's and its draft's otherwise."""
+    back (``logits_to_keep``): none for a prompt chunk, its last token's and its draft's
+    otherwise."""
 
     sequence: BatchSequence
     token_ids: list[int]
     draft: Draft
-    rows: int
+    logits_to_keep: int
+
+
+class SerialTarget:
+    """A plain :class:`~promptlookup.backends.base.Target` (llama.cpp) as a
+    :class:`~promptlookup.backends.base.BatchTarget` of one sequence at a time, so that the
+    batch decoder drives it too: the target's own cache is the one sequence's
+    (:meth:`new_sequence` empties it), and a pass feeds the tokens before the rows it keeps as
+    a prefill, the rest as a forward pass, as :func:`~promptlookup.loop.speculative_generate`
+    does."""
+
+    row_invariant = False
+    kv_bytes_per_token = 0
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.max_context, self.can_crop = target.max_context, target.can_crop
+
+    def new_sequence(self) -> SerialTarget:
+        self.target.reset()
+        return self  # the one sequence's cache: the target's own
+
+    def get_seq_length(self) -> int:
+        return self.target.cache_length
+
+    def forward_batch(self, caches, token_ids, logits_to_keep) -> list[torch.Tensor]:
+        (tokens,), (kept,) = token_ids, logits_to_keep  # one sequence
+        self.target.prefill(tokens[: len(tokens) - kept])
+        return [self.target.forward(tokens[len(tokens) - kept :]) if kept else torch.empty(0)]
+
+    def __getattr__(self, name):  # reset, prefill, forward, crop, prepare, cache_length
+        return getattr(self.target, name)
 
 
 class BatchDecoder:
@@ -132,6 +177,12 @@ class BatchDecoder:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         if prefill_tokens < 1:
             raise InvalidParameterError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+        if not isinstance(target, BatchTarget):  # one sequence at a time (see SerialTarget)
+            if max_batch > 1:
+                raise UnsupportedModelError(
+                    f"{type(target).__name__} cannot run several sequences in one forward pass"
+                )
+            target = SerialTarget(target)
         self.target, self.policy = target, policy
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self.waiting: collections.deque[BatchSequence] = collections.deque()
@@ -139,6 +190,11 @@ class BatchDecoder:
 
     def add(self, sequence: BatchSequence) -> BatchSequence:
         """Queue a sequence; it joins at the next step with room."""
+        if not self.target.can_crop and not isinstance(sequence.drafter, NoDrafter):
+            raise UnsupportedModelError(
+                "this model's KV cache cannot be cropped after a rejected "
+                "draft; use drafter='none' (plain decoding)"
+            )
         if len(sequence.tokens) + sequence.max_new_tokens > self.target.max_context:
             raise InvalidParameterError(
                 f"prompt ({len(sequence.tokens)} tokens) + max_new_tokens "
@@ -158,20 +214,26 @@ class BatchDecoder:
 
     def step(self) -> list[tuple[BatchSequence, list[int]]]:
         """One step (see the module doc): ``(sequence, its new tokens)`` for every sequence
-        that took part, finished ones included (their ``finish_reason`` set)."""
-        # Admit waiting sequences (their policy's costs timed first, when it has none); drop
-        #    the ones that were cancelled or asked to stop.
-        for sequence in self.waiting:
-            calibrate_alone(self.target, sequence.policy, sequence.tokens[-1])
+        that took part, finished ones included (their ``finish_reason`` set).
+
+        An exception raised by one sequence's own work (its prefix, draft, verification, its
+        grammar or logits processors) ends that sequence alone: :meth:`BatchSequence.fail`,
+        ``finish_reason`` ``"error"``; the others go on, their tokens unchanged (each is
+        computed as alone). Only a failing forward pass, shared by all, raises here."""
+        events = []
+        # Admit waiting sequences (their policy's costs timed first, when it has none), each
+        #    from its prompt's cached prefix if any.
         while self.waiting and len(self.running) < self.max_batch:
             sequence = self.waiting.popleft()
+            calibrate_alone(self.target, sequence.policy, sequence.tokens[-1])
             sequence.cache = self.target.new_sequence()
             if sequence.prefix_cache is not None:  # its prompt's cached prefix is not fed
-                sequence.stats.cached_tokens = sequence.prefix_cache.restore(
-                    self.target, sequence.cache, sequence.tokens[:-1], sequence.tenant
-                )
+                with _isolated(sequence):
+                    sequence.stats.cached_tokens = sequence.prefix_cache.restore(
+                        self.target, sequence.cache, sequence.tokens[:-1], sequence.tenant
+                    )
             self.running.append(sequence)
-        events = []
+        # Drop the ones that failed, were cancelled or asked to stop.
         for sequence in self.running:
             if not sequence.done and sequence.should_stop is not None and sequence.should_stop():
                 sequence.cancel()
@@ -184,15 +246,19 @@ class BatchDecoder:
             return events
         # 1-2. Prompt chunks for joining sequences; drafts, sized jointly, for the others.
         entries = self._entries()
+        events += [(sequence, []) for sequence in self.running if sequence.error]
+        self.running = [sequence for sequence in self.running if not sequence.done]
+        if not entries:
+            return events
         # 3. One forward pass over every sequence's new tokens.
-        decoding = [entry for entry in entries if entry.rows]
+        decoding = [entry for entry in entries if entry.logits_to_keep]
         total = sum(len(entry.token_ids) for entry in entries)
         self.target.prepare([total])
         forward_start = time.perf_counter()
-        target_logits = self.target.forward_batch(  # (rows_i, vocab) each
+        target_logits = self.target.forward_batch(  # (logits_to_keep_i, vocab) each
             [entry.sequence.cache for entry in entries],
             [entry.token_ids for entry in entries],
-            [entry.rows for entry in entries],
+            [entry.logits_to_keep for entry in entries],
         )
         seconds = time.perf_counter() - forward_start
         if len(decoding) == len(entries) and all(
@@ -202,21 +268,22 @@ class BatchDecoder:
             self.policy.record_forward(total, seconds, context, batch_size=len(entries))
         # 4-5. Each sequence verifies its own draft, then its cache is cropped back.
         for entry, logits in zip(entries, target_logits):
-            if entry.rows:
-                sequence = entry.sequence
-                new_tokens = sequence.accept(entry.draft, logits)
-                # Crop the cache back to the accepted tokens (the bonus token is fed next step).
-                sequence.cache.crop(len(sequence.tokens) - 1 - sequence.cache.get_seq_length())
-                if sequence.done or sequence.stats.forward_passes == 1:
-                    self._keep(sequence)  # its prompt once in, and all of it at its end
-                events.append((sequence, new_tokens))
+            if entry.logits_to_keep:
+                sequence, new_tokens = entry.sequence, []
+                with _isolated(sequence):
+                    new_tokens = sequence.accept(entry.draft, logits)
+                    # Crop the cache back to the accepted tokens (the bonus token: next step).
+                    sequence.cache.crop(len(sequence.tokens) - 1)
+                    if sequence.done or sequence.stats.forward_passes == 1:
+                        self._keep(sequence)  # its prompt once in, and all of it at its end
+                events.append((sequence, [] if sequence.error else new_tokens))
         self.running = [sequence for sequence in self.running if not sequence.done]
         return events
 
     def _keep(self, sequence: BatchSequence) -> None:
         """The sequence's keys and values into its prefix cache, if it has one, for sequences
         that join later."""
-        if sequence.prefix_cache is not None and sequence.cache is not None:
+        if sequence.prefix_cache is not None and sequence.cache is not None and not sequence.error:
             sequence.prefix_cache.store(
                 self.target, sequence.cache, sequence.tokens, sequence.tenant
             )
@@ -229,12 +296,14 @@ class BatchDecoder:
             missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached
             if len(missing) > budget:  # a chunk of the prompt only (if any room is left)
                 if budget:
-                    entries.append(_Entry(sequence, missing[:budget], Draft(), rows=0))
+                    entries.append(_Entry(sequence, missing[:budget], Draft(), 0))
                 budget = 0
                 continue
             budget -= len(missing)
-            draft = sequence.propose()
-            entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, rows=1))
+            with _isolated(sequence):
+                draft = sequence.propose()
+            if sequence.error is None:
+                entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, 1))
         # Each policy sizes its sequences' drafts jointly; every other row is fixed for it.
         groups: dict[int, list[_Entry]] = {}
         for entry in entries:
@@ -249,6 +318,17 @@ class BatchDecoder:
             for entry, length in zip(group, lengths):
                 entry.draft = entry.draft.cut(length)
         for entry in entries:
-            if entry.rows:
-                entry.token_ids, entry.rows = [*entry.token_ids, *entry.draft], len(entry.draft) + 1
+            if entry.logits_to_keep:
+                entry.token_ids = [*entry.token_ids, *entry.draft]
+                entry.logits_to_keep = len(entry.draft) + 1
         return entries
+
+
+@contextlib.contextmanager
+def _isolated(sequence: BatchSequence) -> Iterator[None]:
+    """Run one sequence's own work: an exception there ends that sequence alone
+    (:meth:`BatchSequence.fail`), not the step."""
+    try:
+        yield
+    except Exception as error:
+        sequence.fail(error)

@@ -16,7 +16,6 @@ from .errors import (
     UnsupportedModelError,
 )
 from .grammar import Grammar, GrammarState, grammar_state
-from .loop import GenerationStats, speculative_generate
 from .policy import NO_POLICY, NoPolicy, SpeculationPolicy, policy_for_speculation
 from .prefix_cache import PrefixCache
 from .prompts import Prompt, encode_prompt
@@ -172,54 +171,24 @@ class LanguageModel:
         )
 
     def _events(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
-        """The stream's text deltas. A batch-capable target runs the batch decoder with this
-        one sequence (one driver for one row and many, each step as in a batch); any other
-        target, :func:`~promptlookup.loop.speculative_generate`, the reference loop."""
+        """The stream's text deltas: the batch decoder with this one sequence (one driver for
+        one row and many, each step as in a batch; a target that runs one sequence at a time
+        too, :class:`~promptlookup.batching.SerialTarget`)."""
         text = TextAssembler(self.tokenizer, request.stops, self.eos_token_ids)
-        if isinstance(self.target, BatchTarget):
-            sequence = self._sequence(request)
-            stream.stats = sequence.stats
-            decoder = BatchDecoder(self.target, self.policy, max_batch=1)
-            deltas: list[tuple[int, str]] = []
-            results: list[GenerationResult | None] = [None]
-            steps = _drive(decoder, {decoder.add(sequence): (0, text)}, deltas, results)
-            try:
-                for _ in steps:  # each step's text deltas
-                    yield from (piece for _, piece in deltas)
-                    deltas.clear()
-            finally:
-                if not sequence.done:
-                    sequence.cancel()  # the stream was closed early: the sequence ends here
-                stream.result = results[0] or text.result(sequence.stats, request.prompt_ids)
-            return
-        stats = stream.stats = GenerationStats()
-        tokens = speculative_generate(
-            self.target,
-            request.prompt_ids,
-            max_new_tokens=request.max_new_tokens,
-            drafter=request.drafter,
-            chooser=request.chooser,
-            eos_token_ids=self.eos_token_ids,
-            stats=stats,
-            policy=request.policy,
-            should_stop=request.should_stop,
-            logprobs=request.logprobs,
-            prefix_cache=request.prefix_cache,
-            tenant=request.tenant,
-            grammar=request.grammar,
-        )
+        sequence = self._sequence(request)
+        stream.stats = sequence.stats
+        decoder = BatchDecoder(self.target, self.policy, max_batch=1)
+        deltas: list[tuple[int, str]] = []
+        results: list[GenerationResult | None] = [None]
+        steps = _drive(decoder, {decoder.add(sequence): (0, text)}, deltas, results)
         try:
-            for token in tokens:
-                piece = text.add(token)
-                if text.stopped:
-                    tokens.close()  # a stop string: end the generation now
-                if piece:
-                    yield piece
-            if tail := text.flush():
-                yield tail
+            for _ in steps:  # each step's text deltas
+                yield from (piece for _, piece in deltas)
+                deltas.clear()
         finally:
-            tokens.close()
-            stream.result = text.result(stats, request.prompt_ids)
+            if not sequence.done:
+                sequence.cancel()  # the stream was closed early: the sequence ends here
+            stream.result = results[0] or text.result(sequence.stats, request.prompt_ids)
 
     def generate(self, prompt: Prompt, **options) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``. The keyword arguments
@@ -371,6 +340,8 @@ def _drive(decoder: BatchDecoder, texts: dict, deltas: list, results: list) -> I
     appended to ``deltas`` as ``(index, piece)``, its :class:`GenerationResult` into
     ``results[index]`` when it ends; yields after each step."""
     for sequence, new_tokens in decoder.run():
+        if sequence.error is not None:
+            raise sequence.error  # its own step failed (the server ends that request alone)
         index, text = texts[sequence]
         pieces = [piece for _, piece in text.add_step(sequence, new_tokens) if piece]
         if sequence.done:

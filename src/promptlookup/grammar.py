@@ -8,8 +8,9 @@ loop uses at three points of every step:
 - *draft* (:meth:`GrammarState.draft`): the tokens the grammar forces next (keys, braces,
   quotes; llguidance's fast-forward tokens) are drafted without any drafter, then the
   drafter's draft after them; the whole is cut at the first token the grammar forbids. A draft
-  that starts with forced tokens has the policy's source :data:`GRAMMAR`, its ``match_length``
-  the number of forced tokens, so the policy learns their acceptance like any other source's.
+  that starts with forced tokens counts them in its ``forced`` field and has the policy's
+  source :data:`GRAMMAR` (its ``match_length`` the same count), so the policy learns their
+  acceptance like any other source's.
 - *verify* (:meth:`GrammarState.mask_`, :meth:`GrammarState.advance`): at every verified
   position the target's distribution is masked to the tokens the grammar allows, before the
   token is chosen (greedy or sampled); the chosen token then advances the matcher. Only
@@ -324,7 +325,8 @@ class GrammarState:
         valid = self.matcher.validate_tokens(candidate)
         self._check("failed while checking a draft")
         if forced:
-            return Draft(candidate[:valid], match_length=len(forced), source=GRAMMAR)
+            count = len(forced)  # also the policy's evidence, as a match length
+            return Draft(candidate[:valid], None, count, GRAMMAR, forced=count)
         return Draft(candidate[:valid], None, proposed.match_length, proposed.source)
 
 
@@ -347,7 +349,7 @@ class GrammarLogitsProcessor:
 
 def forced_count(draft: Draft) -> int:
     """How many leading tokens of ``draft`` the grammar forced (see :meth:`GrammarState.draft`)."""
-    return min(draft.match_length or 0, len(draft)) if draft.source == GRAMMAR else 0
+    return draft.forced
 
 
 def _text(value: object, what: str) -> str:

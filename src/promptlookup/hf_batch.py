@@ -1,6 +1,6 @@
-"""The batch path of :mod:`promptlookup.hf_generate`: ``model.generate`` over left-padded rows
-``(B, L)`` with their ``attention_mask``, run on :mod:`promptlookup.batching` and returned as
-``transformers``' ``_sample`` returns them.
+"""The decoding of :mod:`promptlookup.hf_generate`: ``model.generate`` over left-padded rows
+``(B, L)`` with their ``attention_mask`` (one row included), run on :mod:`promptlookup.batching`
+and returned as ``transformers``' ``_sample`` returns them.
 
 Policies:
 
@@ -12,7 +12,9 @@ Policies:
   tokens never happened, and the returned row is right-padded with ``pad_token_id`` (else
   ``eos_token_id[0]``). Without one, the first row to stop sets the length, and every row
   ends with that many new tokens (``_sample`` stops all rows at once).
-- Greedy rows equal plain ``generate``'s; sampled ones follow its distribution, not its draws.
+- Greedy rows equal plain ``generate``'s; sampled ones follow its distribution, and one row
+  its very draws (torch's global generator, one draw per token in the same order).
+- One row may stream: each token goes to the ``streamer`` once accepted and before any stop.
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ def decode_batch(
     logits_processor,
     stopping_criteria,
     generation_config,
-) -> tuple[torch.Tensor, GenerationStats]:
+    streamer=None,
+):
     """The batch ``input_ids`` (B, L), with ``pads[i]`` leading pad tokens in row i, decoded
-    with ``drafters[i]`` on ``target``: the returned ``sequences`` (B, L + new tokens) and the
-    rows' counters added up."""
+    with ``drafters[i]`` on ``target``: ``(sequences, stats, cache)``, the returned
+    ``sequences`` (B, L + new tokens), the row's :class:`GenerationStats` (a batch's: its rows'
+    added up) and the row's KV cache as after ``_sample``, every token but the last (None for a
+    batch or a padded row, whose positions would not line up with ``sequences``)."""
     # As _sample: rows stopped by an EOS-aware criterion get padding while others go on.
     pad_rows = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
     pad_id = generation_config._pad_token_tensor  # pad, else eos[0]
-    if pad_rows and pad_id is None:
+    if pad_rows and pad_id is None and len(pads) > 1:
         raise InvalidParameterError("a batch that stops on EOS needs a pad_token_id")
     rows, length = input_ids.tolist(), input_ids.shape[1]
     budget = max(1, (generation_config.max_length or length + 1) - length)  # >= 1 like _sample
@@ -64,7 +69,10 @@ def decode_batch(
     decoder = BatchDecoder(target, policy, max_batch=len(rows))
     for sequence in sequences:
         decoder.add(sequence)
+    streamed = 0  # tokens of the one row given to the streamer
     for sequence, new_tokens in decoder.run():
+        if sequence.error is not None:
+            raise sequence.error  # a logits processor's or drafter's own failure
         i = sequences.index(sequence)  # by identity
         if stops[i] is not None:
             continue
@@ -75,12 +83,21 @@ def decode_batch(
             sequence.finish("stop", drop=sequence.stats.new_tokens - stops[i])
         elif stops[i] is not None and None not in stops:
             _settle(sequences, max(stops))  # every row runs to the longest stop
+        if streamer is not None:  # one row: this step's tokens up to any stop
+            start = len(sequence.prompt_ids)
+            for token in sequence.tokens[start + streamed : start + sequence.stats.new_tokens]:
+                streamer.put(torch.tensor([token]))  # (1,) like _sample's next_tokens
+            streamed = sequence.stats.new_tokens
     longest = max(stops)
     for row, sequence, stop in zip(rows, sequences, stops):
         new = sequence.tokens[len(sequence.prompt_ids) :]
         row += new[:stop] + [int(pad_id)] * (longest - stop) if pad_rows else new[:longest]
     out = torch.tensor(rows, dtype=input_ids.dtype, device=input_ids.device)
-    return out, _summed([sequence.stats for sequence in sequences])
+    if len(sequences) > 1:
+        return out, _summed([sequence.stats for sequence in sequences]), None
+    (sequence,) = sequences
+    sequence.cache.crop(len(sequence.tokens) - 1)  # as after _sample: all but the last token
+    return out, sequence.stats, None if pads[0] else sequence.cache
 
 
 def row_processors(processors, row: int):

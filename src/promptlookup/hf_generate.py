@@ -20,9 +20,9 @@ Policies:
   padding or holes raise :class:`~promptlookup.errors.InvalidParameterError`. Padding is
   stripped for the model and kept in the returned sequences (processors and stopping criteria
   see it, as in plain ``generate``).
-- Batches (``input_ids`` (B, L), left padded) run with continuous batching and return what
-  plain ``generate`` does, row by row (see :mod:`promptlookup.hf_batch`). No streamer with a
-  batch; beam search and ``num_return_sequences > 1`` raise.
+- One row or a batch (``input_ids`` (B, L), left padded) runs on the batch decoder and
+  returns what plain ``generate`` does, row by row (see :mod:`promptlookup.hf_batch`). No
+  streamer with a batch; beam search and ``num_return_sequences > 1`` raise.
 - ``return_dict_in_generate=True`` returns a ``GenerateDecoderOnlyOutput`` with ``sequences``
   and ``cache`` (None for padded or batched inputs); asking for scores, logits, attentions or
   hidden states raises (not supported yet, never silently wrong).
@@ -46,9 +46,9 @@ import torch
 from .backends.hf.target import TransformersTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
-from .hf_batch import PaddedChooser, decode_batch
+from .hf_batch import decode_batch
 from .loading import transformers_cost_file
-from .loop import GenerationStats, speculative_generate
+from .loop import GenerationStats
 from .policy import NO_POLICY, SpeculationPolicy, policy_for_speculation
 from .text import eos_token_ids
 
@@ -174,30 +174,17 @@ class CustomGenerate:
             if not isinstance(drafters[0], NoDrafter) and self.speculation == "adaptive":
                 policy = policy_for(model)
             target = target_for(model)  # sets eval mode; restored below
-            if len(pads) > 1:
-                sequences, self.last_stats = decode_batch(
-                    target,
-                    policy,
-                    input_ids,
-                    pads,
-                    drafters,
-                    logits_processor,
-                    stopping_criteria,
-                    generation_config,
-                )
-                cache = None  # the rows' caches do not line up with ``sequences``
-            else:
-                sequences, cache = self._decode_one(
-                    target,
-                    policy,
-                    input_ids,
-                    pads[0],
-                    drafters[0],
-                    logits_processor,
-                    stopping_criteria,
-                    generation_config,
-                    streamer,
-                )
+            sequences, self.last_stats, cache = decode_batch(
+                target,
+                policy,
+                input_ids,
+                pads,
+                drafters,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                streamer,
+            )
         finally:
             model.train(was_training)
             if streamer is not None:
@@ -207,53 +194,6 @@ class CustomGenerate:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
         return GenerateDecoderOnlyOutput(sequences=sequences, cache=cache)
-
-    def _decode_one(
-        self,
-        target,
-        policy,
-        input_ids,
-        num_pad,
-        drafter,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        streamer,
-    ):
-        """One row (1, L) with ``num_pad`` leading pad tokens: the returned ``sequences`` and
-        the cache as after ``_sample`` (every token but the last; None with padding, whose
-        positions would not line up with ``sequences``)."""
-        prompt_ids = input_ids[0].tolist()
-        chooser = PaddedChooser(
-            prompt_ids[:num_pad], logits_processor, do_sample=bool(generation_config.do_sample)
-        )
-        max_length = generation_config.max_length or len(prompt_ids) + 1
-        # Like _sample, at least one token even when the prompt already reaches max_length.
-        budget = max(1, max_length - len(prompt_ids))
-        stats = self.last_stats = GenerationStats()
-        sequence = list(prompt_ids)  # padding + prompt + accepted tokens
-        tokens = speculative_generate(
-            target,
-            prompt_ids[num_pad:],
-            max_new_tokens=budget,
-            drafter=drafter,
-            chooser=chooser,
-            stats=stats,
-            policy=policy,
-        )
-        try:
-            for token in tokens:
-                sequence.append(token)
-                if streamer is not None:
-                    streamer.put(torch.tensor([token]))  # (1,) like _sample's next_tokens
-                running_ids = torch.tensor([sequence], device=input_ids.device)  # (1, n)
-                if bool(stopping_criteria(running_ids, None).any()):
-                    break
-        finally:
-            tokens.close()
-        sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
-        target.crop(len(sequence) - num_pad - 1)
-        return sequences, target.cache if num_pad == 0 else None
 
 
 def _check_supported(model, input_ids, generation_config, synced_gpus, model_kwargs) -> None:

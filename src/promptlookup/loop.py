@@ -31,7 +31,6 @@ from .drafters.prompt_lookup import REFERENCE
 from .errors import UnsupportedModelError
 from .grammar import GrammarState, forced_count
 from .policy import NO_POLICY, NoPolicy, Speculation, SpeculationPolicy
-from .prefix_cache import PrefixCache
 from .sampling import TokenChooser, TokenLogprob, token_logprob
 
 
@@ -41,7 +40,7 @@ class GenerationStats:
     tokens (plain decoding: one per new token); the prompt's prefill is not counted.
     ``token_seconds[i]``: seconds from the start (prefill included) to new token ``i``'s
     acceptance. ``cached_tokens``: prompt tokens whose keys and values came from a prefix
-    cache (:mod:`promptlookup.prefix_cache`), not prefilled."""
+    cache (kept by the batch decoder, :mod:`promptlookup.batching`), not prefilled."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -98,7 +97,8 @@ class DecodingSequence:
     ``speculation`` holds the sequence's side of it, its own acceptance statistics, and is
     its drafter's ``policy`` (:func:`~promptlookup.drafters.base.bind_generation`).
     ``finish_reason`` is set when it ends: ``"stop"`` (EOS, or a caller's stop string or
-    criterion, :meth:`finish`), ``"length"`` or ``"cancelled"``. ``grammar``: the state of
+    criterion, :meth:`finish`), ``"length"``, ``"cancelled"`` or, in a batch, ``"error"`` (its
+    own step raised, :meth:`~promptlookup.batching.BatchSequence.fail`). ``grammar``: the state of
     the grammar the output must match (:mod:`promptlookup.grammar`), which drafts the tokens
     it forces, cuts drafts where it forbids a token and masks every verified position."""
 
@@ -224,7 +224,6 @@ def speculative_generate(
     policy: SpeculationPolicy | NoPolicy = NO_POLICY,
     should_stop: Callable[[], bool] | None = None,
     logprobs: int | None = None,
-    prefix_cache: PrefixCache | None = None,
     tenant: str | None = None,
     grammar: GrammarState | None = None,
 ) -> Iterator[int]:
@@ -245,11 +244,13 @@ def speculative_generate(
     alternatives in ``stats.logprobs``, from the target's row for that position: a drafted
     token gets exactly the value plain decoding computes from the same row. ``tenant``: whose
     acceptance history the policy weighs this request's drafts with (an opaque key; a server
-    passes its client's). ``prefix_cache`` (for a target it
-    :meth:`~promptlookup.prefix_cache.PrefixCache.applies` to) gives the keys and values of
-    the longest cached prefix of the prompt (``tenant``'s), which is then not prefilled, and
-    keeps the sequence's at the end. ``grammar``: the output must match it (see
-    :class:`DecodingSequence`)."""
+    passes its client's). ``grammar``: the output must match it (see
+    :class:`DecodingSequence`).
+
+    This is the reference loop, one sequence over a plain target, each step spelled out; the
+    library, the server and the transformers drop-in run the same steps of
+    :class:`DecodingSequence` through the batch decoder (:mod:`promptlookup.batching`), which
+    also reuses cached prefixes, and the tests hold the two to the same tokens."""
     sequence = DecodingSequence(
         prompt_ids,
         max_new_tokens,
@@ -275,9 +276,7 @@ def speculative_generate(
     # Before the steps, prefill: the cache holds every token but the last, which each step
     # feeds first (a target may keep the prompt's last chunk back for the first step's pass).
     target.reset()
-    if prefix_cache is not None:  # the prompt's cached prefix, exactly as a prefill makes it
-        stats.cached_tokens = prefix_cache.restore(target, target.cache, tokens[:-1], tenant)
-    target.prefill(tokens[stats.cached_tokens : -1])
+    target.prefill(tokens[:-1])
     # Time passes for the policy's cost curve if it has none for this context yet.
     calibrate(target, policy, probe_token=tokens[-1])
     while not sequence.done:
@@ -304,11 +303,7 @@ def speculative_generate(
                 sequence.forget(len(new_tokens) - position - 1)
                 raise
     stats.seconds = time.perf_counter() - sequence.started
-    # After the steps, keep the sequence's keys and values for later prompts that start with
-    # it, and free the KV cache (each generation starts from an empty one).
-    if prefix_cache is not None:
-        prefix_cache.store(target, target.cache, tokens, tenant)
-    target.reset()
+    target.reset()  # free the KV cache (each generation starts from an empty one)
 
 
 def verified_tokens(

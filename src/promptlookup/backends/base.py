@@ -60,8 +60,8 @@ class SequenceCache(Protocol):
     def get_seq_length(self) -> int:
         """Number of positions in the cache."""
 
-    def crop(self, max_length: int) -> None:
-        """transformers' convention: a negative ``max_length`` removes that many positions."""
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` positions (as :meth:`Target.crop`)."""
 
 
 @runtime_checkable
@@ -82,10 +82,11 @@ class BatchTarget(Target, Protocol):
         self,
         caches: Sequence[SequenceCache],
         token_ids: Sequence[Sequence[int]],
-        keep: Sequence[int],
+        logits_to_keep: Sequence[int],
     ) -> list[torch.Tensor]:
         """One forward pass: ``token_ids[i]`` appended to ``caches[i]``. Returns, per sequence,
-        float32 logits ``(keep[i], vocab)`` of its last ``keep[i]`` tokens (0: none)."""
+        float32 logits ``(logits_to_keep[i], vocab)`` of its last ``logits_to_keep[i]`` tokens
+        (0: none, a prompt chunk)."""
 
 
 @runtime_checkable

@@ -37,10 +37,12 @@ class Draft(list):
     - ``source``: where the draft came from when a drafter has several sources (``"shared"``:
       a :class:`~promptlookup.drafters.cross_request.CrossRequestIndex`); the policy keeps
       acceptance statistics per source. None: the request's own context.
+    - ``forced``: how many leading tokens a grammar forces (:mod:`promptlookup.grammar`):
+      sure to be accepted, and not the drafter's to learn from. 0 without a grammar.
 
-    >>> draft = Draft([4, 5, 6], match_length=2)
-    >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length
-    (True, [4, 5], 2)
+    >>> draft = Draft([4, 5, 6], match_length=2, forced=3)
+    >>> draft == [4, 5, 6], draft.cut(2), draft.cut(2).match_length, draft.cut(2).forced
+    (True, [4, 5], 2, 2)
     >>> Draft.of([7, 8]).match_length is None    # a plain list: tokens only
     True
     """
@@ -51,11 +53,13 @@ class Draft(list):
         draft_probs=None,
         match_length: int | None = None,
         source: str | None = None,
+        forced: int = 0,
     ) -> None:
         super().__init__(tokens)
         self.draft_probs = draft_probs  # (len(self), vocab) or None
         self.match_length = match_length
         self.source = source
+        self.forced = min(forced, len(self))
 
     @classmethod
     def of(cls, proposed: Sequence[int] | None) -> Draft:
@@ -68,7 +72,7 @@ class Draft(list):
             return self
         length = max(length, 0)
         probs = self.draft_probs[:length] if self.draft_probs is not None else None
-        return Draft(self[:length], probs, self.match_length, self.source)
+        return Draft(self[:length], probs, self.match_length, self.source, self.forced)
 
     def __repr__(self) -> str:
         return list.__repr__(self)

@@ -172,7 +172,7 @@ class DraftModelDrafter:
                 raise UnsupportedModelError(
                     f"draft model {type(self.model).__name__} keeps a cache that cannot be cropped"
                 )
-            self.cache.crop(-drop)
+            self.cache.crop(self.cache.get_seq_length() - drop)
             del self.cached[keep:]
         return self._feed(list(tokens[keep:]))
 

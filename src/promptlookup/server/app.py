@@ -194,7 +194,7 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     settings = state.settings
     body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
     req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
-    job, job_inputs = await start_job(state, request, req, chat)
+    job = await start_job(state, request, req, chat)
     meta = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         "created": int(time.time()),
@@ -202,7 +202,7 @@ async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
     }
     prediction_tokens = None  # (tokens) for usage.completion_tokens_details
     if req.prediction is not None:
-        prediction_tokens = len(job_inputs["drafter_options"].get("reference_ids") or ())
+        prediction_tokens = len(job.drafter_options.get("reference_ids") or ())
     # The answer is read back into tool calls in the plan's format.
     tools = req.tool_plan(state.tool_template) if chat else None
     if req.stream:

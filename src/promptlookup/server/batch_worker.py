@@ -1,9 +1,11 @@
-"""The continuous-batching worker: one thread steps a
-:class:`~promptlookup.batching.BatchDecoder`, so that up to ``max_batch`` sequences share
-every forward pass.
+"""The generation worker: one thread steps a :class:`~promptlookup.batching.BatchDecoder`, so
+that up to ``max_batch`` sequences share every forward pass. It is the server's one worker, for
+every ``max_batch`` (1 included) and every target (one that runs a sequence at a time, as
+llama.cpp's, through :class:`~promptlookup.batching.SerialTarget`, with ``max_batch`` 1).
 
-It keeps :class:`~promptlookup.server.worker.GenerationWorker`'s queue, capacity (429 beyond
-``max_queue`` waiting jobs), shutdown and event protocol, with these policies:
+It takes its jobs from :class:`~promptlookup.server.worker.GenerationWorker`'s queue, with its
+capacity (429 beyond ``max_queue`` waiting jobs), shutdown and event protocol, and these
+policies:
 
 - *Admission*: at every step boundary, waiting jobs move into the batch in arrival order while
   their sequences fit (a job with ``n > 1`` brings its n sequences together: sequence ``i``
@@ -11,9 +13,12 @@ It keeps :class:`~promptlookup.server.worker.GenerationWorker`'s queue, capacity
 - *Streaming*: each sequence's text deltas go to its own job as its tokens are accepted.
 - *Cancellation*: a job's disconnect ends its sequences before the next step; no other
   sequence's tokens change (each is computed as alone).
-- *Isolation*: an invalid request fails alone, before it joins; an exception inside a step
-  (a failing forward pass or drafter) ends the jobs of that step with a 500 and the worker
-  goes on with a fresh batch.
+- *Isolation*: no tenant can end another's generation. An invalid request fails alone, before
+  it joins. An exception raised by one sequence's own work (its grammar, drafter, logits
+  processing, text) ends that sequence's job alone with a 400 of one line (:func:`job_error`),
+  the others go on with the same tokens. Only a failing forward pass, which every sequence of
+  the step shares, ends the step's jobs (a 500 that says so); the worker goes on with a fresh
+  batch.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 
 from ..batching import PREFILL_TOKENS, BatchDecoder, BatchSequence
-from ..errors import PromptLookupError
+from ..errors import GrammarError, PromptLookupError
 from ..generation import TextAssembler
 from ..machine import return_freed_memory
 from .schemas import APIError
@@ -96,16 +101,25 @@ class BatchWorker(GenerationWorker):
                 continue
             try:
                 events = self.decoder.step()
-            except Exception as exc:  # a failing pass: its jobs end, the worker goes on
-                log.exception("a batched step failed")
+            except Exception as exc:  # the shared forward pass failed: its jobs end
+                log.exception("a forward pass failed; every request in it ends")
                 self._fail_all(
                     APIError(
-                        500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error"
+                        500,
+                        f"the forward pass this request shared with others failed "
+                        f"({type(exc).__name__}); retry",
+                        type="server_error",
+                        code="forward_pass_failed",
                     )
                 )
                 continue
             for sequence, new_tokens in events:
-                self._deliver(sequence, new_tokens)
+                running = self.jobs.get(sequence)
+                try:
+                    self._deliver(sequence, new_tokens)
+                except Exception as exc:  # this sequence's text: its job alone ends
+                    sequence.fail(exc)
+                    self._end_failed(sequence, running)
 
     def _has_work(self) -> bool:
         return bool(self._waiting or self.jobs or self._stopping)
@@ -125,24 +139,18 @@ class BatchWorker(GenerationWorker):
             try:
                 running = _Running(job, {})
                 for index in range(job.n):
-                    sequence, text = self.lm.batch_sequence(
-                        job.prompt_ids,
-                        max_new_tokens=job.max_new_tokens,
-                        drafter=job.drafter,
-                        should_stop=job.cancelled.is_set,
-                        logprobs=job.logprobs,
-                        **job.sampling_of(index),
-                        **job.generation_options,
-                        **job.drafter_options,
-                    )
+                    sequence, text = self.lm.batch_sequence(job.prompt_ids, **job.options(index))
                     running.texts[sequence] = (index, text)
-            except PromptLookupError as exc:
+                    self.decoder.add(sequence)  # checked first (the target can run it)
+            except Exception as exc:  # the request's fault: it fails alone, before it joins
                 self.failed += 1
-                job.emit("error", APIError(400, str(exc)))
+                for sequence in running.texts:
+                    sequence.cancel()  # the job's sequences already queued leave unrun
+                invalid = isinstance(exc, PromptLookupError)
+                job.emit("error", APIError(400, str(exc)) if invalid else job_error(exc))
                 continue
             job.emit("started")  # a stream's response begins now (GenerationJob.started)
             for sequence in running.texts:
-                self.decoder.add(sequence)
                 self.jobs[sequence] = running
             self.current = job  # the latest admitted, for GenerationWorker.shutdown
 
@@ -150,6 +158,9 @@ class BatchWorker(GenerationWorker):
         """Send a sequence's new text to its job; end the job when its last sequence ends."""
         running = self.jobs.get(sequence)
         if running is None:
+            return
+        if sequence.error is not None:
+            self._end_failed(sequence)
             return
         job, (index, text) = running.job, running.texts[sequence]
         infos = running.infos.setdefault(index, [])
@@ -197,6 +208,24 @@ class BatchWorker(GenerationWorker):
         if running.job.wants_deltas and (piece or new):
             running.job.emit("delta", (index, piece, new))
 
+    def _end_failed(self, sequence: BatchSequence, running: _Running | None = None) -> None:
+        """End the job of a sequence whose own step raised (see the module doc): its error,
+        its other sequences cancelled; every other job goes on."""
+        running = running or self.jobs.get(sequence)
+        if running is None:
+            return
+        error = sequence.error
+        if not isinstance(error, PromptLookupError):
+            log.error("one request's generation failed", exc_info=error)
+        for other, entry in list(self.jobs.items()):
+            if entry is running:
+                other.cancel()  # it leaves the batch before the next step, unrun
+                del self.jobs[other]
+        if not self.jobs:
+            self.current = None
+        self.failed += 1
+        running.job.emit("error", job_error(error))
+
     def _fail_all(self, error: APIError) -> None:
         """End every running job with ``error`` and start a fresh batch."""
         for running in {id(entry): entry for entry in self.jobs.values()}.values():
@@ -222,3 +251,23 @@ class BatchWorker(GenerationWorker):
             running.job.cancel(running.job.reason or reason)
         with self._cond:
             self._cond.notify_all()
+
+
+def job_error(error: BaseException) -> APIError:
+    """The 400 of a job whose sequence's own step raised ``error``: one readable line, with
+    nothing of the grammar engine's internal state."""
+    if isinstance(error, GrammarError):
+        return APIError(
+            400,
+            "the request's grammar (its response_format or tools) allows no continuation "
+            "the model can generate here; check its schema",
+            code="grammar_failed",
+        )
+    if isinstance(error, PromptLookupError):
+        line = (str(error).splitlines() or [""])[0][:300]
+        return APIError(400, line or type(error).__name__)
+    return APIError(
+        400,
+        f"generating this request's answer failed ({type(error).__name__})",
+        code="generation_failed",
+    )

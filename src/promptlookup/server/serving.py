@@ -60,7 +60,7 @@ async def serve_as_chat(state: ServerState, request: Request, shape):
     body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
     asked = parse_request(shape, body)
     req = parse_request(ChatCompletionRequest, asked.as_chat())
-    job, _ = await start_job(state, request, req, chat=True)
+    job = await start_job(state, request, req, chat=True)
     waited = started_soon(job, state) if req.stream else job.outcome()
     finished, choices = await unless_disconnected(waited, job, request)
     return asked, req, job, finished, choices
@@ -78,18 +78,16 @@ async def started_soon(job: GenerationJob, state: ServerState) -> None:
         pass
 
 
-async def start_job(state: ServerState, request: Request, req, chat: bool):
-    """Check a parsed request against the model, prepare it (:func:`_prepare`, on a thread)
-    and queue its job (429 when the queue is full): ``(job, its inputs)``."""
+async def start_job(state: ServerState, request: Request, req, chat: bool) -> GenerationJob:
+    """Check a parsed request against the model, prepare its job (:func:`_prepare`, on a
+    thread) and queue it (429 when the queue is full)."""
     settings = state.settings
     _check_model(state, req, chat)
     # The tenant whose cross-request index and prefix cache entries the request uses: its
     # API key's (None without keys; see .edge and .tenants).
     tenant = getattr(request.state, "tenant", None)
-    job_inputs = await run_in_threadpool(_prepare, state, req, chat, tenant)
-    job = GenerationJob(
-        **job_inputs, n=req.choices, logprobs=req.top_logprobs_count, wants_deltas=bool(req.stream)
-    )
+    job = await run_in_threadpool(_prepare, state, req, chat, tenant)
+    job.bind(asyncio.get_running_loop())
     state.metrics.track(job, tenant)  # its tokens and latencies, when it ends
     try:
         state.worker.submit(job)
@@ -101,7 +99,7 @@ async def start_job(state: ServerState, request: Request, req, chat: bool):
             code="queue_full",
             headers={"Retry-After": str(state.worker.retry_after())},
         ) from None
-    return job, job_inputs
+    return job
 
 
 def _check_characters(state: ServerState, req, chat: bool) -> None:
@@ -186,9 +184,9 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     return prompt_ids
 
 
-def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> dict:
-    """Tokenize and check one request (runs on a thread): the :class:`GenerationJob` inputs,
-    prompt lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
+def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> GenerationJob:
+    """Tokenize and check one request (runs on a thread): its :class:`GenerationJob`, prompt
+    lookup's with ``tenant``'s cross-request index (see ``--cross-request``)."""
     lm, context = state.lm, state.lm.target.max_context
     param = "messages" if chat else "prompt"
     reference_ids = None
@@ -202,15 +200,9 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
                 param="prediction",
             )
     prompt_ids = _encode(state, req, chat)
-    sampling = req.sampling()
-    try:
-        SamplingParams(
-            sampling["temperature"],
-            sampling["top_k"],
-            sampling["top_p"],
-            sampling["repetition_penalty"],
-            sampling["seed"],
-        )
+    asked = req.sampling()
+    try:  # the one sampling object, from here to the sequence
+        sampling = SamplingParams(**{name: asked[name] for name in SamplingParams.keywords()})
     except PromptLookupError as exc:
         raise APIError(400, str(exc), param=str(exc).split()[0]) from None
     used = len(prompt_ids)
@@ -239,22 +231,23 @@ def _prepare(state: ServerState, req, chat: bool, tenant: str | None = None) -> 
     constraint = (
         req.grammar(state.tool_template) if chat else None
     )  # a 400 for a schema that cannot compile
-    grammar = {"grammar": constraint} if constraint is not None else {}
-    return {
-        "prompt_ids": prompt_ids,
-        "max_new_tokens": max_new_tokens,
-        "sampling": sampling,
-        "drafter": drafter,
-        "drafter_options": options,
+    return GenerationJob(
+        prompt_ids,
+        max_new_tokens,
+        sampling,
+        tuple(asked["stop"]),
+        drafter,
+        options,
+        state.settings.generation_options.get("speculation", "adaptive"),
         # The policy weighs the request's drafts with its tenant's history only, and the
         # prefix cache gives it its tenant's entries (unless --prefix-cache-scope global).
-        "generation_options": {
-            **state.settings.generation_options,
-            "tenant": tenant,
-            "prefix_cache": state.prefix_cache or False,
-            **grammar,
-        },
-    }
+        tenant=tenant,
+        prefix_cache=state.prefix_cache or False,
+        grammar=constraint,
+        n=req.choices,
+        logprobs=req.top_logprobs_count,
+        wants_deltas=bool(req.stream),
+    )
 
 
 def _looks_up(drafter) -> bool:

@@ -112,11 +112,8 @@ class ServerState:
             )
             self.prefix_cache.prepare(lm.target)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
-        self.worker = (
-            BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
-            if max_batch > 1
-            else GenerationWorker(lm, queue, tokenizer_lock=self.tokenizer_lock)
-        )
+        # One worker for every max_batch and target (see .batch_worker).
+        self.worker = BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
         self.worker.start()
         self.status = "ready"
         if self.shutting_down:

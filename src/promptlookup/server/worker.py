@@ -1,32 +1,36 @@
-"""The generation worker: one thread runs one generation at a time (the target keeps one KV
-cache, so it is single-stream), fed by a bounded queue.
+"""The server's jobs and their queue: a :class:`GenerationJob` is one request's typed inputs and
+the channel its events come back on; :class:`GenerationWorker` holds the bounded queue that one
+worker thread takes them from (the one that runs them, for every ``max_batch`` and every
+target, is :class:`~promptlookup.server.batch_worker.BatchWorker`).
 
 Policies:
 
-- *Capacity*: one running job plus at most ``max_queue`` waiting ones. A request beyond that
+- *Capacity*: the running jobs plus at most ``max_queue`` waiting ones. A request beyond that
   is refused at once (:class:`QueueFull`, HTTP 429, with :meth:`GenerationWorker.retry_after`
   estimated from recent jobs' durations) instead of growing the queue.
-- *Cancellation*: :meth:`GenerationJob.cancel` (the client went away) stops the generation
-  before its next forward pass (the loop's ``should_stop``); a job cancelled while waiting
-  leaves the queue at once, freeing its slot.
-- *n sequences*: a job with ``n > 1`` generates them one after another; with a ``seed``,
-  sequence ``i`` uses ``seed + i`` (so sequence 0 equals the same request with ``n=1``).
+- *Cancellation*: :meth:`GenerationJob.cancel` (the client went away) ends the job's
+  sequences before their next forward pass; a job cancelled while waiting leaves the queue at
+  once, freeing its slot.
+- *n sequences*: with a ``seed``, sequence ``i`` of a job uses ``seed + i`` (so sequence 0
+  equals the same request with ``n=1``).
 - *Shutdown*: :meth:`GenerationWorker.shutdown` refuses new jobs, answers the waiting ones
-  with its error and ends the running one with it before its next forward pass.
-- *Isolation*: an exception in one generation reaches that job only (a
-  :class:`~promptlookup.errors.PromptLookupError` as a 400, anything else as a 500 with the
-  traceback logged); the worker goes on with the next job.
+  with its error and ends the running ones with it before their next forward pass.
 
 Jobs talk to the asyncio side through ``events``, an :class:`asyncio.Queue` filled from the
-worker thread with ``(kind, value)`` pairs: ``("delta", (index, text, logprobs))`` (only for
-streaming jobs), ``("choice", Choice)`` as each sequence ends, then exactly one of
-``("done", [Choice, ...])``, ``("error", APIError)`` or ``("cancelled", None)``.
+worker thread with ``(kind, value)`` pairs: ``("started", None)``, ``("delta", (index, text,
+logprobs))`` (only for streaming jobs), ``("choice", Choice)`` as each sequence ends, then
+exactly one of ``("done", [Choice, ...])``, ``("error", APIError)`` or ``("cancelled", None)``.
+
+Adding a request field: the request model (:mod:`.schemas`) reads it, :func:`.serving._prepare`
+sets the :class:`GenerationJob` field, and :meth:`GenerationJob.options` hands it to the
+sequence; no other stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -34,11 +38,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from ..drafters import DrafterSpec
-from ..errors import PromptLookupError
 from ..generation import GenerationResult, LanguageModel
+from ..grammar import Grammar
+from ..limits import SamplingParams
+from ..prefix_cache import PrefixCache
 from ..sampling import TokenLogprob
 from .schemas import APIError
-from .shown import ShownTokens
 
 log = logging.getLogger("promptlookup.server")
 
@@ -72,15 +77,21 @@ class Choice:
 
 @dataclass(eq=False)
 class GenerationJob:
-    """One request's generation: its inputs, and the channel its events come back on.
-    Create it on the event loop that will read ``events``."""
+    """One request's generation: its typed inputs, from the request to its sequences
+    (:meth:`options`), and the channel its events come back on (bound to the event loop that
+    reads ``events`` when made there, else by :meth:`bind`)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
-    sampling: dict  # temperature, top_k, top_p, repetition_penalty, seed, stop
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
     drafter: DrafterSpec = "prompt-lookup"
-    drafter_options: dict = field(default_factory=dict)
-    generation_options: dict = field(default_factory=dict)  # more LanguageModel.stream arguments
+    drafter_options: dict = field(default_factory=dict)  # make_drafter's options
+    speculation: str = "adaptive"
+    #: Whose acceptance history and prefix cache entries the job uses (its API key's).
+    tenant: str | None = None
+    prefix_cache: PrefixCache | bool = False
+    grammar: Grammar | None = None
     n: int = 1
     logprobs: int | None = None  # alternatives per token; None: no logprobs
     wants_deltas: bool = False
@@ -90,15 +101,37 @@ class GenerationJob:
     reason: APIError | None = None
 
     def __post_init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # made on a thread (the request's preparation): bound later
+            self.loop = None
         self._withdraw = None  # set by the worker that queues the job
 
-    def sampling_of(self, index: int) -> dict:
-        """Sequence ``index``'s sampling arguments: with a ``seed``, ``seed + index``."""
-        sampling = dict(self.sampling)
-        if sampling.get("seed") is not None:
-            sampling["seed"] += index
-        return sampling
+    def bind(self, loop: asyncio.AbstractEventLoop) -> GenerationJob:
+        """Report to ``loop`` (the one that reads ``events``)."""
+        self.loop = loop
+        return self
+
+    def options(self, index: int) -> dict:
+        """Sequence ``index``'s keyword arguments for
+        :meth:`~promptlookup.LanguageModel.batch_sequence` (with a ``seed``, ``seed +
+        index``)."""
+        sampling = self.sampling
+        if sampling.seed is not None:
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            **sampling.as_kwargs(),
+            "stop": list(self.stop),
+            "drafter": self.drafter,
+            "speculation": self.speculation,
+            "should_stop": self.cancelled.is_set,
+            "logprobs": self.logprobs,
+            "prefix_cache": self.prefix_cache,
+            "tenant": self.tenant,
+            "grammar": self.grammar,
+            **self.drafter_options,
+        }
 
     def cancel(self, reason: APIError | None = None) -> None:
         if reason is not None and self.reason is None and not self.cancelled.is_set():
@@ -145,7 +178,8 @@ def _raise_if_ended(kind: str, value) -> None:
 
 
 class GenerationWorker:
-    """Runs queued :class:`GenerationJob` s one by one on a daemon thread."""
+    """The queue of :class:`GenerationJob` s and its policies (see the module doc); a
+    subclass's ``_run`` takes them from it on a daemon thread."""
 
     def __init__(
         self, lm: LanguageModel, max_queue: int = 16, tokenizer_lock: threading.Lock | None = None
@@ -230,96 +264,9 @@ class GenerationWorker:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _next(self) -> GenerationJob | None:
-        with self._cond:
-            while not self._waiting and not self._stopping:
-                self._cond.wait()
-            if not self._waiting:
-                return None
-            self.current = self._waiting.popleft()
-            return self.current
-
     def _run(self) -> None:
-        while (job := self._next()) is not None:
-            try:
-                self._generate(job)
-            except BaseException:  # pragma: no cover - _generate reports everything itself
-                log.exception("generation worker: unexpected failure")
-                job.emit("error", APIError(500, "internal error", type="server_error"))
-            finally:
-                self.current = None
-
-    def _generate(self, job: GenerationJob) -> None:
-        if job.cancelled.is_set():
-            self.cancelled += 1
-            job.end_cancelled()
-            return
-        job.emit("started")  # a stream's response begins now (see GenerationJob.started)
-        choices: list[Choice] = []
-        try:
-            for index in range(job.n):
-                choice = self._sequence(job, index)
-                if choice is None:
-                    break
-                choices.append(choice)
-                job.emit("choice", choice)
-        except PromptLookupError as exc:
-            self.failed += 1
-            job.emit("error", APIError(400, str(exc)))
-            return
-        except Exception as exc:
-            self.failed += 1
-            log.exception("generation failed")
-            job.emit(
-                "error",
-                APIError(
-                    500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error"
-                ),
-            )
-            return
-        if job.cancelled.is_set():  # also when cancelled during the last step, which ended it
-            self.cancelled += 1
-            job.end_cancelled()
-            return
-        self.completed += 1
-        seconds = sum(c.result.stats.seconds for c in choices)
-        self._job_seconds = 0.8 * self._job_seconds + 0.2 * seconds
-        job.emit("done", choices)
-
-    def _sequence(self, job: GenerationJob, index: int) -> Choice | None:
-        """Generate sequence ``index`` of ``job`` (None if the job was cancelled)."""
-        stream = self.lm.stream(
-            job.prompt_ids,
-            max_new_tokens=job.max_new_tokens,
-            drafter=job.drafter,
-            should_stop=job.cancelled.is_set,
-            logprobs=job.logprobs,
-            **job.sampling_of(index),
-            **job.generation_options,
-            **job.drafter_options,
-        )
-        names: dict[int, str] = {}
-        infos: list[TokenInfo] = []
-        shown = ShownTokens(self.lm.tokenizer, self.lm.eos_token_ids)
-        with stream:
-            for piece in stream:
-                if job.cancelled.is_set():
-                    return None
-                if job.wants_deltas:
-                    entries = stream.stats.logprobs
-                    shown.add((e.token_id for e in entries[len(shown) :]), piece)
-                    new = self._token_infos(entries[len(infos) : shown.shown], names)
-                    infos += new
-                    job.emit("delta", (index, piece, new))
-        if job.cancelled.is_set():
-            return None
-        reported = shown.reported(stream.result)
-        rest = self._token_infos(stream.stats.logprobs[len(infos) : reported], names)
-        infos += rest
-        if job.wants_deltas and rest:
-            job.emit("delta", (index, "", rest))
-        logprobs = infos if job.logprobs is not None else None
-        return Choice(index, stream.result, logprobs, reported)
+        """The worker thread's loop (a subclass's)."""
+        raise NotImplementedError
 
     def _token_infos(self, entries: list[TokenLogprob], names: dict[int, str]) -> list[TokenInfo]:
         """The API's view of loop logprobs: token texts, and finite numbers."""

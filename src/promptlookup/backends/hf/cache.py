@@ -125,13 +125,13 @@ class GrowingLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
 
-    def crop(self, tokens_to_remove: int) -> None:
-        # transformers' convention: a negative count of tokens to remove from the end.
-        if tokens_to_remove > 0:
-            raise ValueError("GrowingLayer.crop takes a negative number of tokens to remove")
-        if tokens_to_remove == 0 or not self.is_initialized:
-            return
-        self.length = max(0, self.length + tokens_to_remove)
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (every ``crop`` of ours takes a length, not
+        transformers' negative count of positions to remove)."""
+        if length < 0:
+            raise ValueError(f"GrowingLayer.crop takes a length to keep, got {length}")
+        if self.is_initialized:
+            self.length = min(self.length, length)
 
     def reset(self) -> None:
         self.key_buffer = self.value_buffer = self.key_storage = None

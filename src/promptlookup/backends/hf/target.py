@@ -143,7 +143,11 @@ class TransformersTarget:
         return self.cache.get_seq_length() + len(self._pending)
 
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int) -> torch.Tensor:
+    def _run(
+        self, token_ids: Sequence[int], logits_to_keep: int, cache: DynamicCache | None = None
+    ) -> torch.Tensor:
+        """A pass over ``token_ids`` appended to ``cache`` (default: the target's own)."""
+        cache = self.cache if cache is None else cache
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
         length = len(token_ids)
         # Row-invariant passes have their own attention: no prompt-attention choice to time.
@@ -155,9 +159,9 @@ class TransformersTarget:
             if self.decoder_pass is not None and (
                 self.row_invariant or length > 1 or self.dtype != torch.float32 or not own
             ):
-                return self.decoder_pass(input_ids, self.cache, logits_to_keep)[0]
+                return self.decoder_pass(input_ids, cache, logits_to_keep)[0]
             out = self.model(
-                input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
+                input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep
             )
         return out.logits[0]
 
@@ -247,49 +251,39 @@ class TransformersTarget:
         self,
         caches: Sequence[DynamicCache],
         token_ids: Sequence[Sequence[int]],
-        keep: Sequence[int],
+        logits_to_keep: Sequence[int],
     ) -> list[torch.Tensor]:
         """One forward pass over several sequences (see
         :meth:`~promptlookup.backends.base.BatchTarget.forward_batch`): packed into one pass
-        when :attr:`row_invariant`, else one pass per sequence (the model's own forward
-        cannot run sequences of different cache lengths as one without padding them, and
-        padding rounds a row differently than it is rounded alone)."""
+        when :attr:`row_invariant`, else one pass per sequence on its own cache (the model's
+        own forward cannot run sequences of different cache lengths as one without padding
+        them, and padding rounds a row differently than it is rounded alone)."""
+        vocab = self.config.vocab_size
         if not all(token_ids):  # sequences without new tokens sit this pass out
             fed = [index for index, tokens in enumerate(token_ids) if tokens]
             logits = (
                 self.forward_batch(
-                    [caches[i] for i in fed], [token_ids[i] for i in fed], [keep[i] for i in fed]
+                    [caches[i] for i in fed],
+                    [token_ids[i] for i in fed],
+                    [logits_to_keep[i] for i in fed],
                 )
                 if fed
                 else []
             )
             rows = dict(zip(fed, logits))
-            return [
-                rows.get(index, torch.empty(0, self.config.vocab_size))
-                for index in range(len(token_ids))
-            ]
-        lengths = [len(tokens) for tokens in token_ids]
+            return [rows.get(index, torch.empty(0, vocab)) for index in range(len(token_ids))]
         if not self.row_invariant:
             return [
-                self._alone(cache, tokens, kept)
-                for cache, tokens, kept in zip(caches, token_ids, keep)
-            ]
+                self._run(tokens, max(kept, 1), cache).float()[max(kept, 1) - kept :]
+                for cache, tokens, kept in zip(caches, token_ids, logits_to_keep)
+            ]  # (kept, vocab) each
+        lengths = [len(tokens) for tokens in token_ids]
         input_ids = torch.tensor(
             [[t for tokens in token_ids for t in tokens]], dtype=torch.long, device=self.device
         )
         with self.kernels.use(sum(lengths)):
-            logits = self.decoder_pass.batch(input_ids, caches, lengths, keep).float()
-        return list(logits.split(list(keep)))  # (keep[i], vocab) each
-
-    def _alone(self, cache: DynamicCache, token_ids: Sequence[int], keep: int) -> torch.Tensor:
-        """One sequence's pass on its own cache (what :meth:`forward_batch` falls back to)."""
-        own_cache, own_pending = self.cache, self._pending
-        self.cache, self._pending = cache, []
-        try:
-            logits = self._run(token_ids, logits_to_keep=max(keep, 1)).float()
-        finally:
-            self.cache, self._pending = own_cache, own_pending
-        return logits[len(logits) - keep :]  # (keep, vocab)
+            logits = self.decoder_pass.batch(input_ids, caches, lengths, logits_to_keep).float()
+        return list(logits.split(list(logits_to_keep)))  # (logits_to_keep[i], vocab) each
 
     def prepare(self, sizes: Sequence[int]) -> None:
         """Choose the kernels for verification passes of these sizes, and of every shorter
@@ -310,4 +304,4 @@ class TransformersTarget:
                 "use drafter='none' (plain decoding)"
             )
         self._pending = []
-        self.cache.crop(length - cached)
+        self.cache.crop(length)
