@@ -19,7 +19,8 @@ from ..sampling import SamplingParams
 from .responses import KEEP_ALIVE
 from .schemas import APIError, ChatCompletionRequest, content_text, parse_request, read_json
 from .state import ServerState
-from .texts import CHUNK, bounded_ids
+from .texts import CHUNK, bounded_ids, chunks
+from .tool_schemas import function_tools
 from .tool_template import encode
 from .tools import stream_pieces, tool_texts
 from .worker import GenerationJob, QueueFull
@@ -137,7 +138,7 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
 
 
 def _tool_texts(req) -> list[str]:
-    return tool_texts([tool.plain() for tool in req.tools or ()])
+    return tool_texts([tool.plain() for tool in function_tools(req.tools)])
 
 
 def _encode(state: ServerState, req, chat: bool) -> list[int]:
@@ -149,9 +150,15 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
     texts = [text for text in texts if isinstance(text, str)] + (_tool_texts(req) if chat else [])
     lock = state.tokenizer_lock
-    if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
-        # Counted on, up to four contexts' worth, to name the count.
-        counted = bounded_ids(lm.tokenizer, lock, texts, 4 * context)
+    # Long texts counted in one pass up to four contexts' worth (beyond: "more than"), to name
+    # the count; the cuts between chunks may each have added a token.
+    counted = (
+        bounded_ids(lm.tokenizer, lock, texts, 4 * context)
+        if (sum(map(len, texts)) > CHUNK)
+        else []
+    )
+    cuts = sum(1 for text in texts for _ in chunks(text)) - 1
+    if counted is None or len(counted) - cuts > context:
         count = f"{len(counted)}" if counted is not None else f"more than {4 * context}"
         raise APIError(
             400,
