@@ -272,10 +272,19 @@ def bench(
         from .sessions.conversations import session_bench
 
         session_bench(
-            sessions, turns, max_new_tokens, methods or "promptlookup", against, model, dtype,
-            device, threads, out_dir, command=command,
+            sessions=sessions,
+            turns=turns,
+            max_tokens=max_new_tokens,
+            methods=methods or "promptlookup",
+            against=against,
+            model=model,
+            dtype=dtype,
+            device=device,
+            threads=threads,
+            out_dir=out_dir,
+            command=command,
             rows=load_all(data_files, limit) if data_files else (),
-        )  # fmt: skip
+        )
         return
     from .methods import Settings
 

@@ -253,10 +253,20 @@ def records_json(records: Sequence[Turn]) -> list[dict]:
 
 
 def session_bench(
-    sessions: int, turns: int, max_tokens: int, methods: str, against: Sequence[str],
-    model, dtype: str, device: str, threads: int | None, out_dir: str, command: str,
+    *,
+    sessions: int,
+    turns: int,
+    max_tokens: int,
+    methods: str,
+    against: Sequence[str],
+    model,
+    dtype: str,
+    device: str,
+    threads: int | None,
+    out_dir: str,
+    command: str,
     rows: Sequence = (),
-) -> None:  # fmt: skip
+) -> None:
     """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
     OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
     :class:`ScriptedConversation`) where given, else N built-in editing sessions."""
