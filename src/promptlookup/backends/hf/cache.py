@@ -150,7 +150,7 @@ class GrowingCache(DynamicCache):
     hands out and takes in its keys and values as *blocks* for a prefix cache
     (:class:`~promptlookup.backends.base.BlockCache`): a block is positions ``start`` to
     ``stop - 1`` of every layer, one tensor ``(layers, 2, kv_heads, stop - start, head_dim)``
-    (index 1: keys 0, values 1) in the buffers' dtype, in its own storage."""
+    (keys, then values) in the buffers' dtype, whatever it is, in its own storage."""
 
     def read_blocks(self, start: int, stop: int, block_tokens: int) -> list[torch.Tensor]:
         """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions, the

@@ -219,6 +219,8 @@ class TransformersTarget:
     def kv_layout(self) -> str:
         """Layers, heads, head size and dtype of the keys and values (a block's layout)."""
         _, kv_heads, head_dim = self.attention.shape  # read from the config once, there
+        # The keys' and values' own dtype where the target holds them in another than its
+        # weights' (16-bit keys and values), else the weights'.
         dtype = str(getattr(self, "kv_dtype", self.dtype)).removeprefix("torch.")
         return f"{self.config.num_hidden_layers}x{kv_heads}x{head_dim} {dtype}"
 
