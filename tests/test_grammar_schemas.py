@@ -79,6 +79,7 @@ def test_closing_adds_additional_properties_false_only_where_nothing_opens_the_o
             "values": {"const": {"properties": {"k": 1}}, "enum": [{"properties": {}}]},
             "both": {"allOf": [{"properties": {"u": {}}}, {"properties": {"v": {}}}]},
             "not": {"not": {"properties": {"w": {}}}},
+            "unlisted": {"properties": {"r": {}}, "required": ["r", "s"]},
         },
         "$defs": {"D": {"type": "object", "properties": {"q": {"type": "string"}}}},
     }
@@ -96,6 +97,7 @@ def test_closing_adds_additional_properties_false_only_where_nothing_opens_the_o
     assert inner["values"] == schema["properties"]["values"]  # values, not schemas
     assert inner["both"] == schema["properties"]["both"]  # closing each part contradicts
     assert inner["not"] == schema["properties"]["not"]  # closing under not widens
+    assert inner["unlisted"]["properties"] == {"r": {}, "s": {}}  # required counts as listed
     assert closed(out) == out  # once is enough
 
 

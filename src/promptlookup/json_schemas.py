@@ -35,8 +35,8 @@ _INTERSECTIONS = ("allOf", "dependentSchemas")
 
 
 def closed(schema, *, depth: int = 0, close: bool = True):
-    """``schema`` with every object that lists ``properties`` closed (see the module doc),
-    a new structure (``schema`` is not changed). Objects whose keys an intersection decides
+    """``schema`` with every object that lists ``properties`` closed (see the module doc; a
+    key it requires counts as listed), a new structure (``schema`` is not changed). Objects whose keys an intersection decides
     (``allOf``, a ``$ref`` beside ``properties``, ``dependentSchemas``) and what sits under
     ``not``, ``if``, ``then``, ``else`` stay as written: closing there could contradict or
     widen the schema."""
@@ -62,6 +62,12 @@ def closed(schema, *, depth: int = 0, close: bool = True):
             out[key] = value
     if close and _closable(schema):
         out["additionalProperties"] = False
+        # A required key the properties do not list is listed too (any value): closing must
+        # not make the schema unsatisfiable.
+        unlisted = [k for k in _list(schema, "required") if isinstance(k, str)]
+        unlisted = [k for k in unlisted if k not in out["properties"]]
+        if unlisted:
+            out["properties"] = {**out["properties"], **{key: {} for key in unlisted}}
     return out
 
 
