@@ -136,8 +136,9 @@ class ToolPlan:
             return Grammar.json_schema(self.schema())
         except GrammarError as exc:
             for tool in self.callable():
+                parameters = _parameters(tool)  # its own error names it already
                 try:
-                    Grammar.json_schema(_parameters(tool))
+                    Grammar.json_schema(parameters)
                 except GrammarError as own:
                     raise GrammarError(f"tool {tool['name']!r}: {own}") from None
             raise exc from None
