@@ -19,9 +19,9 @@ from conftest import AsciiTokenizer
 from pydantic import BaseModel, Field
 from test_server_tools import ascii_lm
 
-from promptlookup import Grammar, GrammarError, GrammarFailed
+from promptlookup import Grammar, GrammarError, GrammarFailed, json_schemas
 from promptlookup.grammar import engine_tokenizer
-from promptlookup.json_schemas import closed
+from promptlookup.json_schemas import closed, satisfiable
 from promptlookup.server.tool_schemas import Tool
 from promptlookup.server.tool_template import CLOSE_TAG, OPEN_TAG, TemplateFormat
 from promptlookup.server.tools import NO_PARAMETERS, ToolPlan, parse
@@ -79,6 +79,7 @@ def test_closing_adds_additional_properties_false_only_where_nothing_opens_the_o
             "values": {"const": {"properties": {"k": 1}}, "enum": [{"properties": {}}]},
             "both": {"allOf": [{"properties": {"u": {}}}, {"properties": {"v": {}}}]},
             "not": {"not": {"properties": {"w": {}}}},
+            "unlisted": {"properties": {"r": {}}, "required": ["r", "s"]},
         },
         "$defs": {"D": {"type": "object", "properties": {"q": {"type": "string"}}}},
     }
@@ -96,6 +97,7 @@ def test_closing_adds_additional_properties_false_only_where_nothing_opens_the_o
     assert inner["values"] == schema["properties"]["values"]  # values, not schemas
     assert inner["both"] == schema["properties"]["both"]  # closing each part contradicts
     assert inner["not"] == schema["properties"]["not"]  # closing under not widens
+    assert inner["unlisted"]["properties"] == {"r": {}, "s": {}}  # required counts as listed
     assert closed(out) == out  # once is enough
 
 
@@ -220,6 +222,36 @@ def test_a_schema_no_finite_value_matches_is_a_named_error_at_compile_time(schem
     for template in (None, TEMPLATE):  # a tool's parameters, even where it need not be called
         with pytest.raises(GrammarError, match="^tool 'f': invalid JSON schema: no finite"):
             ToolPlan(tools, "auto", template=template).grammar()
+
+
+def chain(length: int, ends: bool) -> dict:
+    """References D0 -> D1 -> ... each requiring the next, in that order (the worst for the
+    check: one more reference found finite per pass, from the end); the last ends or not."""
+    last = {"type": "integer"} if ends else {"$ref": "#/$defs/D0"}
+    defs = {f"D{i}": _requires(f"#/$defs/D{i + 1}") for i in range(length - 1)}
+    return {"$defs": {**defs, f"D{length - 1}": last}, "$ref": "#/$defs/D0"}
+
+
+def _requires(ref: str) -> dict:
+    return {"type": "object", "properties": {"n": {"$ref": ref}}, "required": ["n"]}
+
+
+def test_the_reference_check_is_bounded_and_then_leaves_the_schema_to_the_engine(monkeypatch):
+    with pytest.raises(GrammarError, match="no finite value"):
+        satisfiable(chain(40, ends=False))
+    assert satisfiable(chain(40, ends=True)) == chain(40, ends=True)
+    # A chain that ends (about 40 passes of 40 references) beside one that does not.
+    defs = {**chain(40, ends=True)["$defs"], "E": _requires("#/$defs/E")}
+    properties = {"a": {"$ref": "#/$defs/D0"}, "b": {"$ref": "#/$defs/E"}}
+    schema = {"$defs": defs, "type": "object", "properties": properties, "required": ["a", "b"]}
+    with pytest.raises(GrammarError, match="no finite value"):
+        satisfiable(schema)
+    visits = []
+    real = json_schemas._finite
+    monkeypatch.setattr(json_schemas, "_finite", lambda *a: visits.append(1) or real(*a))
+    monkeypatch.setattr(json_schemas, "MAX_VISITS", 300)
+    assert satisfiable(schema) == schema  # not judged: left to the grammar engine
+    assert len(visits) < 2 * 300
 
 
 def test_recursion_with_a_way_to_end_compiles():

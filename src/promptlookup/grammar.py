@@ -25,7 +25,6 @@ token, greedy or seeded sampling.
 
 from __future__ import annotations
 
-import functools
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -78,7 +77,6 @@ class Grammar:
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.text)
         if error:
             raise GrammarError(f"invalid {self.what}: {_first_line(messages[0])}")
-        _probe(self)
 
     @classmethod
     def json_schema(cls, schema: Mapping | bool | None = None) -> Grammar:
@@ -89,7 +87,7 @@ class Grammar:
         schema = {"type": "object"} if schema is None else schema
         if not isinstance(schema, (Mapping, bool)):
             raise GrammarError(f"invalid JSON schema: an object expected, got {schema!r:.60}")
-        return cls(_json_grammar(_prepared(schema)), "JSON schema")
+        return cls(_json_grammar(prepared_schema(schema)), "JSON schema")
 
     @classmethod
     def regex(cls, pattern: str) -> Grammar:
@@ -136,17 +134,11 @@ class Grammar:
         return GrammarState(matcher, tokenizer.eos_token)
 
 
-def checked_schema(schema: Mapping | bool) -> Mapping | bool:
-    """``schema`` as the grammar reads it (its objects closed and its parts of no finite value
-    left out, :mod:`~promptlookup.json_schemas`), checked: a
-    :class:`~promptlookup.errors.GrammarError` where it cannot compile or no finite value
-    matches it. For a schema embedded in a Lark grammar (``%json``)."""
-    schema = _prepared(schema)
-    Grammar(_json_grammar(schema), "JSON schema")  # compiled and probed
-    return schema
-
-
-def _prepared(schema: Mapping | bool) -> Mapping | bool:
+def prepared_schema(schema: Mapping | bool) -> Mapping | bool:
+    """``schema`` as the grammar reads it: its objects closed, and its parts of no finite
+    value left out (:mod:`~promptlookup.json_schemas`); a
+    :class:`~promptlookup.errors.GrammarError` where no finite value matches it. For a schema
+    embedded in another, or in a Lark grammar (``%json``)."""
     try:
         return satisfiable(closed(schema))
     except RecursionError:
@@ -160,39 +152,6 @@ def _json_grammar(schema: Mapping | bool) -> str:
         )
     except (ValueError, TypeError, RecursionError) as exc:
         raise GrammarError(f"invalid JSON schema: {_first_line(str(exc))}") from None
-
-
-def _probe(grammar: Grammar) -> None:
-    """A :class:`~promptlookup.errors.GrammarError` where the grammar fails before its first
-    free choice (a ``$ref`` to itself: no text can match it), found on a tokenizer of single
-    bytes; a grammar that names a tokenizer's tokens (``<[id]>``) is left to its first
-    sequence."""
-    if "<[" in grammar.text:
-        return
-    matcher = llguidance.LLMatcher(_probe_tokenizer(), grammar.text, log_level=0)
-    if not matcher.is_error():
-        matcher.consume_tokens(matcher.compute_ff_tokens())
-    if not matcher.is_error():
-        matcher.compute_bitmask()
-    if matcher.is_error():
-        reason = _first_line(matcher.get_error())[:MESSAGE_CHARS]
-        raise GrammarError(f"invalid {grammar.what}: no text can match it ({reason})")
-
-
-@functools.cache
-def _probe_tokenizer() -> llguidance.LLTokenizer:
-    """A tokenizer whose tokens are the 256 bytes, and an end of sequence (token 256)."""
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTable()))
-
-
-class _ByteTable:
-    """Single bytes, as llguidance's ``TokenizerWrapper`` reads a tokenizer."""
-
-    tokens = [bytes([b]) for b in range(256)] + [b""]
-    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
-
-    def __call__(self, text: bytes) -> list[int]:
-        return list(text)
 
 
 def grammar_state(

@@ -35,8 +35,8 @@ _INTERSECTIONS = ("allOf", "dependentSchemas")
 
 
 def closed(schema, *, depth: int = 0, close: bool = True):
-    """``schema`` with every object that lists ``properties`` closed (see the module doc),
-    a new structure (``schema`` is not changed). Objects whose keys an intersection decides
+    """``schema`` with every object that lists ``properties`` closed (see the module doc; a
+    key it requires counts as listed), a new structure (``schema`` is not changed). Objects whose keys an intersection decides
     (``allOf``, a ``$ref`` beside ``properties``, ``dependentSchemas``) and what sits under
     ``not``, ``if``, ``then``, ``else`` stay as written: closing there could contradict or
     widen the schema."""
@@ -62,6 +62,12 @@ def closed(schema, *, depth: int = 0, close: bool = True):
             out[key] = value
     if close and _closable(schema):
         out["additionalProperties"] = False
+        # A required key the properties do not list is listed too (any value): closing must
+        # not make the schema unsatisfiable.
+        unlisted = [k for k in _list(schema, "required") if isinstance(k, str)]
+        unlisted = [k for k in unlisted if k not in out["properties"]]
+        if unlisted:
+            out["properties"] = {**out["properties"], **{key: {} for key in unlisted}}
     return out
 
 
@@ -122,13 +128,16 @@ def satisfiable(schema):
     cannot resolve, other keywords) counts as finite, and the grammar engine judges the rest.
     The finite values matched are the same: the parts left out match none."""
     targets = {ref: _resolve(schema, ref) for ref in _local_refs(schema, 0)}
-    finite = {ref: target is _MISSING for ref, target in targets.items()}
+    finite = _Judged({ref: target is _MISSING for ref, target in targets.items()})
+    finite.visits_left = MAX_VISITS
     changed = True
     while changed:
         changed = False
         for ref, target in targets.items():
             if not finite[ref] and _finite(target, finite, 0):
                 finite[ref] = changed = True
+    if finite.visits_left <= 0:  # too large to judge here: the grammar engine judges it
+        return schema
     if not _finite(schema, finite, 0):
         stuck = sorted(ref for ref, ok in finite.items() if not ok)
         why = f"{', '.join(stuck[:3])} comes back to itself with no way to end" if stuck else ""
@@ -170,6 +179,16 @@ def _pruned(schema, finite: Mapping[str, bool], depth: int):
 
 
 _MISSING = object()
+#: Schema nodes the reference check visits at most, so that no schema keeps a request's thread
+#: busy (references chained in the worst order take a pass each); past it, the check gives up
+#: and leaves the schema to the grammar engine.
+MAX_VISITS = 100_000
+
+
+class _Judged(dict):
+    """Whether each reference has a finite value so far, and the visits left to find out."""
+
+    visits_left = 0
 
 
 def _local_refs(schema, depth: int) -> Iterator[str]:
@@ -201,7 +220,12 @@ def _resolve(schema, ref: str):
 
 
 def _finite(schema, finite: Mapping[str, bool], depth: int) -> bool:
-    """Whether some finite value matches ``schema``, references judged by ``finite``."""
+    """Whether some finite value matches ``schema``, references judged by ``finite`` (True
+    once the visits are spent: not judged)."""
+    if isinstance(finite, _Judged):
+        finite.visits_left -= 1
+        if finite.visits_left < 0:
+            return True
     if schema is False or depth > MAX_DEPTH:
         return schema is not False
     if not isinstance(schema, Mapping):

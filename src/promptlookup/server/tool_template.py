@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..grammar import JSON_LAYOUT, Grammar, checked_schema, engine_tokenizer
+from ..grammar import JSON_LAYOUT, Grammar, engine_tokenizer, prepared_schema
 from ..prompts import apply_chat_template
 from .tools import Scan, loads_arguments, read_calls
 
@@ -174,8 +174,8 @@ class TemplateFormat:
 
 def _json(schema: dict) -> str:
     """``schema`` as a Lark rule's body: closed and checked as any JSON schema
-    (:func:`~promptlookup.grammar.checked_schema`), laid out as :data:`JSON_LAYOUT`."""
-    return f"%json {json.dumps({**checked_schema(schema), 'x-guidance': JSON_LAYOUT})}"
+    (:func:`~promptlookup.grammar.prepared_schema`), laid out as :data:`JSON_LAYOUT`."""
+    return f"%json {json.dumps({**prepared_schema(schema), 'x-guidance': JSON_LAYOUT})}"
 
 
 def _lark(rules: list[str]) -> Grammar:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import GrammarError
-from ..grammar import JSON_LAYOUT, Grammar, checked_schema
+from ..grammar import JSON_LAYOUT, Grammar, prepared_schema
 from ..json_schemas import embedded
 
 CALLS_START = '{"tool_calls": ['
@@ -97,14 +97,18 @@ class ToolPlan:
         """The JSON schemas of one call, ``{"name", "arguments"}``, per tool it may call, and
         the ``$defs`` they refer to: each tool's ``parameters`` under ``tool-NAME``, its own
         references rebased there (:func:`~promptlookup.json_schemas.embedded`)."""
-        names = [self.choice] if self.choice not in ("auto", "required") else None
-        tools = [tool for tool in self.tools if names is None or tool["name"] in names]
+        tools = self.callable()
         refs, defs = embedded({f"tool-{tool['name']}": _parameters(tool) for tool in tools})
         calls = [
             _object(name={"const": tool["name"]}, arguments=refs[f"tool-{tool['name']}"])
             for tool in tools
         ]
         return calls, defs
+
+    def callable(self) -> list[dict]:
+        """The tools the answer may call: all, or the one ``choice`` names."""
+        names = [self.choice] if self.choice not in ("auto", "required") else None
+        return [tool for tool in self.tools if names is None or tool["name"] in names]
 
     def schema(self) -> dict:
         """The JSON schema of the answer in the generic format (see the module doc)."""
@@ -114,7 +118,7 @@ class ToolPlan:
             array["maxItems"] = 1
         answer = _object(tool_calls=array)
         if self.choice == "auto" and self.answer is not None:
-            refs, answer_defs = embedded({"answer": checked_schema(self.answer)})
+            refs, answer_defs = embedded({"answer": prepared_schema(self.answer)})
             schema = {"anyOf": [answer, _object(answer=refs["answer"])]}
             defs.update(answer_defs)
         elif self.choice == "auto":
@@ -124,17 +128,28 @@ class ToolPlan:
         return {**schema, "$defs": defs}
 
     def grammar(self) -> Grammar:
-        if self.template is not None:
-            return self.template.grammar(self)
-        return Grammar.json_schema(self.schema())
+        """The answer's grammar; a :class:`GrammarError` that names the tool whose parameters
+        the engine cannot compile (each compiled alone, only once the whole has failed)."""
+        try:
+            if self.template is not None:
+                return self.template.grammar(self)
+            return Grammar.json_schema(self.schema())
+        except GrammarError as exc:
+            for tool in self.callable():
+                parameters = _parameters(tool)  # its own error names it already
+                try:
+                    Grammar.json_schema(parameters)
+                except GrammarError as own:
+                    raise GrammarError(f"tool {tool['name']!r}: {own}") from None
+            raise exc from None
 
 
 def _parameters(tool: dict):
-    """A tool's parameters as its calls' grammar takes them (:func:`checked_schema`): a
+    """A tool's parameters as its calls' grammar takes them (:func:`prepared_schema`): a
     schema no finite value matches is an error naming the tool, even where the model could
     avoid it by calling another."""
     try:
-        return checked_schema(tool.get("parameters") or NO_PARAMETERS)
+        return prepared_schema(tool.get("parameters") or NO_PARAMETERS)
     except GrammarError as exc:
         raise GrammarError(f"tool {tool['name']!r}: {exc}") from None
 
