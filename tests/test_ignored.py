@@ -57,6 +57,8 @@ def test_the_distance_is_the_reference_up_to_the_limits_it_is_used_at(a, b):
         ("user", ["use"], "use"),
         ("tol", ["tool"], None),  # under four letters: never a typo
         ("min_p", ["top_p", "top_k"], None),
+        ("min_tokens", ["max_tokens"], None),  # vLLM's: two edits, but another server's field
+        ("top_a", ["top_p"], None),  # OpenRouter's
     ],
 )
 def test_which_names_are_typos(name, known, meant):

@@ -71,7 +71,7 @@ SERVER_BLOCKS = (
 class ServerBlock(RequestModel, LeftOut):
     """An earlier turn's server-tool block (see :data:`SERVER_BLOCKS`): left out."""
 
-    type: Literal[SERVER_BLOCKS]  # type: ignore[valid-type]
+    type: Literal[SERVER_BLOCKS]
 
 
 class ToolResultBlock(_Block):

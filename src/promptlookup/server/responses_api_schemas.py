@@ -116,7 +116,7 @@ HOSTED_ITEMS = (
 class HostedItem(RequestModel, LeftOut):
     """An earlier item of a hosted tool (see :data:`HOSTED_ITEMS`): left out."""
 
-    type: Literal[HOSTED_ITEMS]  # type: ignore[valid-type]
+    type: Literal[HOSTED_ITEMS]
 
 
 def _kind(item: Any) -> str:
@@ -244,6 +244,17 @@ class ResponsesRequest(Forbid):
     service_tier: Any = None
     truncation: Any = None
     stream_options: Any = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice_of_a_served_tool(cls, value):
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise ValueError(
+                f"choosing a {kind!r} tool is not supported (this server runs function tools "
+                "only); choose 'auto', 'required', 'none' or a function"
+            )
+        return value
 
     @model_validator(mode="after")
     def _stateless(self):

@@ -19,7 +19,7 @@ from ..sampling import SamplingParams
 from .responses import KEEP_ALIVE
 from .schemas import APIError, ChatCompletionRequest, content_text, parse_request, read_json
 from .state import ServerState
-from .texts import CHUNK, bounded_ids, chunks
+from .texts import CHUNK, bounded_ids
 from .tool_schemas import function_tools
 from .tool_template import encode
 from .tools import stream_pieces, tool_texts
@@ -150,20 +150,11 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
     texts = [text for text in texts if isinstance(text, str)] + (_tool_texts(req) if chat else [])
     lock = state.tokenizer_lock
-    # Long texts counted in one pass up to four contexts' worth (beyond: "more than"), to name
-    # the count; the cuts between chunks may each have added a token.
-    counted = (
-        bounded_ids(lm.tokenizer, lock, texts, 4 * context)
-        if (sum(map(len, texts)) > CHUNK)
-        else []
-    )
-    cuts = sum(1 for text in texts for _ in chunks(text)) - 1
-    if counted is None or len(counted) - cuts > context:
-        count = f"{len(counted)}" if counted is not None else f"more than {4 * context}"
+    if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
         raise APIError(
             400,
-            f"This model's maximum context length is {context} tokens; the prompt has "
-            f"{count} tokens (its text alone)",
+            f"This model's maximum context length is {context} tokens; the prompt has more "
+            f"than {context} tokens (its text alone, tokenized no further)",
             param=param,
             code="context_length_exceeded",
         )
