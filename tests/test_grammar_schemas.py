@@ -254,6 +254,18 @@ def test_the_reference_check_is_bounded_and_then_leaves_the_schema_to_the_engine
     assert len(visits) < 2 * 300
 
 
+def test_what_would_crash_or_fail_the_engine_at_once_is_a_named_error():
+    """950 references of objects that each require the next (94 KB) overflowed llguidance's
+    stack while compiling: a segmentation fault, the whole server; 500 properties in one
+    object failed at the first token."""
+    with pytest.raises(GrammarError, match="deeper than 512 levels, its references followed"):
+        Grammar.json_schema(chain(1000, ends=True))
+    Grammar.json_schema(chain(150, ends=True))  # 450 levels
+    many = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(401)}}
+    with pytest.raises(GrammarError, match="an object of 401 properties"):
+        Grammar.json_schema(many)
+
+
 def test_recursion_with_a_way_to_end_compiles():
     for schema in [
         {"type": "object", "properties": {"a": {"$ref": "#"}}},  # a optional

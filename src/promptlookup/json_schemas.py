@@ -24,6 +24,9 @@ from .errors import GrammarError
 #: Deeper schemas are refused (what clients write is a few levels: Pydantic's nested models
 #: are references, not nesting).
 MAX_DEPTH = 64
+#: The most properties one object may list: llguidance fails at the first token past about 500
+#: (its parser's row of 2,000 items), open or closed.
+MAX_PROPERTIES = 400
 #: Keywords whose value is a map of names to schemas of values inside the instance.
 _VALUE_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 #: Keywords whose value is a schema (or a list of schemas) of values inside the instance.
@@ -60,6 +63,12 @@ def closed(schema, *, depth: int = 0, close: bool = True):
             out[key] = {n: closed(s, depth=depth + 1, close=False) for n, s in value.items()}
         else:  # values (const, enum, default, examples), not, if/then/else: as written
             out[key] = value
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping) and len(properties) > MAX_PROPERTIES:
+        raise GrammarError(
+            f"invalid JSON schema: an object of {len(properties)} properties (at most "
+            f"{MAX_PROPERTIES})"
+        )
     if close and _closable(schema):
         out["additionalProperties"] = False
         # A required key the properties do not list is listed too (any value): closing must
@@ -115,6 +124,47 @@ def _rebased(schema, pointer: str, depth: int):
     return out
 
 
+# -- depth ------------------------------------------------------------------------------------
+
+#: The most levels a path from a schema's root may go down, references followed (each once per
+#: path). llguidance compiles a schema by recursion on the thread's stack and overflows it
+#: (a segmentation fault: the whole server) at about 2,800 such levels (950 references of
+#: objects that require the next, a 94 KB schema); the limit keeps 5x from that.
+MAX_LEVELS = 512
+
+
+def _depth_below(node, depth: int, root, heights: dict[str, int], open_refs: set[str]) -> int:
+    """How many levels lie below ``node`` (at ``depth``), references followed; a
+    :class:`GrammarError` past :data:`MAX_LEVELS`. ``heights``: each reference's, once known;
+    a reference already open on the path is not followed again (a cycle)."""
+    if depth > MAX_LEVELS:
+        raise GrammarError(
+            f"invalid JSON schema: deeper than {MAX_LEVELS} levels, its references followed"
+        )
+    below = 0
+    if isinstance(node, Mapping):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and ref not in open_refs:
+            if ref not in heights:
+                target = _resolve(root, ref)
+                open_refs.add(ref)
+                heights[ref] = 1 + _depth_below(target, depth + 1, root, heights, open_refs)
+                open_refs.discard(ref)
+            below = heights[ref]
+        children = [v for k, v in node.items() if k not in ("const", "enum", "default", "examples")]
+    elif isinstance(node, list):
+        children = node
+    else:
+        return 0
+    for child in children:
+        below = max(below, 1 + _depth_below(child, depth + 1, root, heights, open_refs))
+    if depth + below > MAX_LEVELS:
+        raise GrammarError(
+            f"invalid JSON schema: deeper than {MAX_LEVELS} levels, its references followed"
+        )
+    return below
+
+
 # -- satisfiability ---------------------------------------------------------------------------
 
 
@@ -127,6 +177,7 @@ def satisfiable(schema):
     has a finite value" over the local references; what it cannot judge (a reference it
     cannot resolve, other keywords) counts as finite, and the grammar engine judges the rest.
     The finite values matched are the same: the parts left out match none."""
+    _depth_below(schema, 0, schema, {}, set())
     targets = {ref: _resolve(schema, ref) for ref in _local_refs(schema, 0)}
     finite = _Judged({ref: target is _MISSING for ref, target in targets.items()})
     finite.visits_left = MAX_VISITS
