@@ -92,15 +92,20 @@ def target_for(model: torch.nn.Module) -> TransformersTarget:
     """A fresh target (an empty cache) over ``model`` that reuses the kernel and attention
     choices measured in earlier calls with the same model object (on disk too, beside the cost
     curve, when the model has a name). Layer by layer in Python even over quantized weights,
-    whose one-call layers round norms and SiLU their own way: what ``model.generate`` computes
-    with the model's modules is the reference here."""
+    whose one-call layers round norms and SiLU their own way, and keys and values in the
+    model's dtype: what ``model.generate`` computes with the model's modules is the reference
+    here."""
     weight = next(model.parameters())
+    # Keys and values in the model's dtype, as model.generate keeps them (not 16-bit).
+    kv_dtype = str(weight.dtype).removeprefix("torch.")
     kept = _CHOICES.get(model)
     if kept is not None and kept[0] == (weight.dtype, weight.device):
         return TransformersTarget(  # sets eval mode
-            model, kernels=kept[1], attention=kept[2], layers_in_one_call=False
+            model, kernels=kept[1], attention=kept[2], layers_in_one_call=False, kv_dtype=kv_dtype
         )
-    target = TransformersTarget(model, layers_in_one_call=False)  # new, or moved or cast since
+    target = TransformersTarget(
+        model, layers_in_one_call=False, kv_dtype=kv_dtype
+    )  # new, or moved or cast since
     cost_file = transformers_cost_file(model)
     if cost_file is not None:
         target.use_choice_files(cost_file)
