@@ -316,8 +316,9 @@ def test_a_namespace_tool_is_called_with_its_namespace_whole_and_streamed(server
         ({"input": [{"type": "reasoning", "summary": []}]}, "input: there is no message"),
         ({"max_output_token": 5}, "did you mean 'max_output_tokens'"),
         ({"tools": [{"type": "functon", "name": "a"}]}, "did you mean 'function'"),
+        ({"tool_choice": {"type": "web_search"}}, "choosing a 'web_search' tool is not supported"),
     ],
-    ids=["empty-input", "only-reasoning", "typo", "tool-type-typo"],
+    ids=["empty-input", "only-reasoning", "typo", "tool-type-typo", "hosted-tool-choice"],
 )
 def test_responses_400s_name_the_responses_fields(server, change, says):
     response = post(server, "/v1/responses", codex_body(stream=False, **change))

@@ -58,7 +58,7 @@ async def serve_messages(state, request: Request) -> Response:
         # The prompt tokens the prefix cache holds as the stream begins (its prefill to come).
         tenant = getattr(request.state, "tenant", None)
         cached = cache.held(prompt[:-1], tenant) if cache is not None else 0
-        writer = EventWriter(message_id, state.model_id, (len(prompt), cached), tools)
+        writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached)
         return event_stream(writer.events(job))
     result = choices[0].result
     content, calls = read_answer(result.text, tools)
@@ -119,10 +119,14 @@ class EventWriter(APIEvents):
     text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
     def __init__(
-        self, message_id: str, model: str, prompt: tuple[int, int], tools: ToolPlan | None
+        self,
+        message_id: str,
+        model: str,
+        prompt_tokens: int,
+        tools: ToolPlan | None,
+        cached: int = 0,
     ) -> None:
-        """``prompt``: its tokens, and how many of them the prefix cache holds."""
-        tokens, cached = prompt
+        """``cached``: how many of the prompt's tokens the prefix cache holds."""
         self.message = {
             "id": message_id,
             "type": "message",
@@ -132,7 +136,7 @@ class EventWriter(APIEvents):
             "stop_reason": None,
             "stop_sequence": None,
             "usage": {
-                "input_tokens": tokens - cached,
+                "input_tokens": prompt_tokens - cached,
                 "cache_read_input_tokens": cached,
                 "output_tokens": 0,
             },

@@ -19,12 +19,12 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from .ignored import LeftOut, check_type
-from .request_base import Forbid, RequestModel
+from .request_base import RequestModel
 from .schemas import INT32_MAX, MAX_STOP_STRINGS, StopString
 from .tool_schemas import NAME_PATTERN
 
 
-class _Block(Forbid):
+class _Block(RequestModel):
     cache_control: Any = None  # accepted, no effect: the prefix cache is automatic
 
 
@@ -71,7 +71,7 @@ SERVER_BLOCKS = (
 class ServerBlock(RequestModel, LeftOut):
     """An earlier turn's server-tool block (see :data:`SERVER_BLOCKS`): left out."""
 
-    type: Literal[SERVER_BLOCKS]  # type: ignore[valid-type]
+    type: Literal[SERVER_BLOCKS]
 
 
 class ToolResultBlock(_Block):
@@ -95,7 +95,7 @@ def _text(content) -> str:
     return "".join(block.text for block in content if block.type == "text")
 
 
-class Message(Forbid):
+class Message(RequestModel):
     #: ``system``: Claude Code's mid-conversation system text (folded into the system prompt).
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
@@ -127,7 +127,7 @@ class Message(Forbid):
         return out
 
 
-class AnthropicTool(Forbid):
+class AnthropicTool(RequestModel):
     name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     input_schema: dict[str, Any]
@@ -166,27 +166,27 @@ Tool = Annotated[
 ]
 
 
-class AnthropicToolChoice(Forbid):
+class AnthropicToolChoice(RequestModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class OutputFormat(Forbid):
+class OutputFormat(RequestModel):
     """Anthropic's structured output: the answer is JSON valid against ``schema``."""
 
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(Forbid):
+class OutputConfig(RequestModel):
     """``output_config``: its ``format`` is served; ``effort`` accepted without effect."""
 
     format: OutputFormat | None = None
     effort: Any = None
 
 
-class MessagesRequest(Forbid):
+class MessagesRequest(RequestModel):
     """The request (see the module doc)."""
 
     model: str

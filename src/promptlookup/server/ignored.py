@@ -6,7 +6,8 @@ API (chat completions, Messages, Responses), as llama-server does: ignored, and 
   ``x-promptlookup-ignored-fields`` and in a warning log line.
 - Unless it is a *typo*: a name within edit distance 1 (2 from 8 characters on; case aside) of
   a field declared at the same place is a 400 naming the intended field
-  (``max_token`` -> ``max_tokens``), as is a tool ``type`` that close to one the API serves.
+  (``max_token`` -> ``max_tokens``), as is a tool ``type`` that close to one the API serves;
+  other servers' fields near ours (:data:`NOT_TYPOS`) are only ignored.
 - A *tool the server cannot run* (hosted and server tools: web search, code execution, ...)
   is left out of the prompt, listed as ``path (type)`` in ``x-promptlookup-ignored-tools``
   and the log line; content the prompt leaves out by design (earlier server-tool results) is
@@ -36,6 +37,9 @@ TOOLS_HEADER = "x-promptlookup-ignored-tools"
 MAX_HEADER_CHARS = 2000
 #: How many distinct ignored-field lists are logged at warning level (then at debug).
 LOGGED_KINDS = 256
+#: Fields other servers define that are near one of ours, so never typos (only ignored):
+#: vLLM's ``min_tokens``, OpenRouter's ``top_a`` and ``models``, Anthropic's ``speed``.
+NOT_TYPOS = frozenset({"min_tokens", "top_a", "models", "speed"})
 
 
 class LeftOut(BaseModel):
@@ -115,7 +119,7 @@ def check_type(value: str, served: tuple[str, ...]) -> None:
 
 def close_name(name: str, known) -> str | None:
     """The declared name ``name`` is a typo of, if any (see the module doc)."""
-    if len(name) < 4:
+    if len(name) < 4 or name in NOT_TYPOS:
         return None
     limit = 1 if len(name) < 8 else 2
     lowered = name.lower()

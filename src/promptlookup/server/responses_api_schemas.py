@@ -22,18 +22,18 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from .ignored import LeftOut, check_type, note
-from .request_base import APIError, Forbid, RequestModel
+from .request_base import APIError, RequestModel
 from .schemas import INT32_MAX
 from .tool_schemas import FunctionDef
 
 
-class InputText(Forbid):
+class InputText(RequestModel):
     type: Literal["input_text", "output_text", "text"]
     text: str
     annotations: list[Any] | None = None  # an earlier answer's, accepted and ignored
 
 
-class MessageItem(Forbid):
+class MessageItem(RequestModel):
     """A message: ``{"role", "content"}``, with ``"type": "message"`` or without."""
 
     type: Literal["message"] | None = None
@@ -48,7 +48,7 @@ class MessageItem(Forbid):
         return "".join(part.text for part in self.content)
 
 
-class FunctionCallItem(Forbid):
+class FunctionCallItem(RequestModel):
     """An earlier answer's call of a tool."""
 
     type: Literal["function_call"]
@@ -60,7 +60,7 @@ class FunctionCallItem(Forbid):
     namespace: str | None = None  # a namespace tool's function (see the module doc)
 
 
-class FunctionCallOutputItem(Forbid):
+class FunctionCallOutputItem(RequestModel):
     """What a call returned: text, or text parts."""
 
     type: Literal["function_call_output"]
@@ -75,7 +75,7 @@ class FunctionCallOutputItem(Forbid):
         return "".join(part.text for part in self.output)
 
 
-class ReasoningItem(Forbid):
+class ReasoningItem(RequestModel):
     """An earlier answer's reasoning: accepted and left out of the prompt."""
 
     type: Literal["reasoning"]
@@ -116,7 +116,7 @@ HOSTED_ITEMS = (
 class HostedItem(RequestModel, LeftOut):
     """An earlier item of a hosted tool (see :data:`HOSTED_ITEMS`): left out."""
 
-    type: Literal[HOSTED_ITEMS]  # type: ignore[valid-type]
+    type: Literal[HOSTED_ITEMS]
 
 
 def _kind(item: Any) -> str:
@@ -171,7 +171,7 @@ def _member(value: Any) -> str:
     return "Hosted" if kind == "Namespace" else kind
 
 
-class NamespaceTool(Forbid):
+class NamespaceTool(RequestModel):
     """Tools under one name (Codex's sub-agent tools): its functions are served."""
 
     type: Literal["namespace"]
@@ -195,12 +195,12 @@ Tool = Annotated[
 ]
 
 
-class NamedFunction(Forbid):
+class NamedFunction(RequestModel):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(Forbid):
+class TextFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -208,12 +208,12 @@ class TextFormat(Forbid):
     strict: bool | None = None
 
 
-class TextOptions(Forbid):
+class TextOptions(RequestModel):
     format: TextFormat | None = None
     verbosity: Any = None  # accepted without effect
 
 
-class ResponsesRequest(Forbid):
+class ResponsesRequest(RequestModel):
     """The request (see the module doc)."""
 
     model: str
@@ -244,6 +244,17 @@ class ResponsesRequest(Forbid):
     service_tier: Any = None
     truncation: Any = None
     stream_options: Any = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice_of_a_served_tool(cls, value):
+        kind = value.get("type") if isinstance(value, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise ValueError(
+                f"choosing a {kind!r} tool is not supported (this server runs function tools "
+                "only); choose 'auto', 'required', 'none' or a function"
+            )
+        return value
 
     @model_validator(mode="after")
     def _stateless(self):

@@ -39,8 +39,7 @@ from ..errors import GrammarError
 from ..grammar import Grammar
 from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 from .request_base import APIError as APIError
-from .request_base import Content
-from .request_base import RequestModel as _Forbid
+from .request_base import Content, RequestModel
 from .request_base import content_text as content_text
 from .request_base import parse_request as parse_request
 from .request_base import read_json as read_json
@@ -67,7 +66,7 @@ INT64 = (-(2**63), 2**63 - 1)
 INT32_MAX = 2**31 - 1
 
 
-class ChatMessage(_Forbid):
+class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     name: str | None = None
@@ -101,7 +100,7 @@ class ChatMessage(_Forbid):
         return message
 
 
-class Prediction(_Forbid):
+class Prediction(RequestModel):
     """OpenAI's predicted output: text the answer will largely repeat (e.g. a file being
     edited). It becomes the prompt lookup drafter's reference text."""
 
@@ -109,7 +108,7 @@ class Prediction(_Forbid):
     content: Content
 
 
-class StreamOptions(_Forbid):
+class StreamOptions(RequestModel):
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # accepted, ignored (no obfuscation is added)
 
@@ -133,7 +132,7 @@ def _float(default=None, **limits):
     return Field(default, allow_inf_nan=False, **limits)
 
 
-class _GenerationRequest(_Forbid):
+class _GenerationRequest(RequestModel):
     model: str
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float | None = _float(ge=0, le=2)  # absent: 1.0, as OpenAI

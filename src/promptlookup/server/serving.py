@@ -117,13 +117,10 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     texts = [text for text in texts if isinstance(text, str)]
     lock = state.tokenizer_lock
     if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
-        # Counted on, up to four contexts' worth, to name the count.
-        counted = bounded_ids(lm.tokenizer, lock, texts, 4 * context)
-        count = f"{len(counted)}" if counted is not None else f"more than {4 * context}"
         raise APIError(
             400,
-            f"This model's maximum context length is {context} tokens; the prompt has "
-            f"{count} tokens (its text alone)",
+            f"This model's maximum context length is {context} tokens; the prompt has more "
+            f"than {context} tokens (its text alone, tokenized no further)",
             param=param,
             code="context_length_exceeded",
         )
