@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import sys
 import threading
 import tomllib
@@ -158,6 +159,7 @@ class StandIn(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list = []
+    arrived, departed = threading.Event(), threading.Event()
 
     def log_message(self, *args):
         pass
@@ -165,6 +167,10 @@ class StandIn(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         StandIn.seen.append((self.path, body, self.headers.get("Authorization")))
+        if self.headers.get("X-Stall"):  # a long prefill: no answer until the client leaves
+            StandIn.arrived.set()
+            StandIn.departed.set() if self.rfile.read(1) == b"" else None
+            return
         if self.path == "/v1/responses":
             data, kind, status = b'{"error": {"message": "bad tools"}}', "application/json", 400
         else:
@@ -215,6 +221,22 @@ def test_the_proxy_forwards_unchanged_and_records_no_text(proxied):
     assert SECRET not in path.read_text() and "calc.py" not in path.read_text()
     assert recorder.turns("promptlookup/qwen-code") == 1  # a refused request is no turn
     assert recorder.turns("promptlookup/codex") == 0
+
+
+def test_a_client_that_leaves_before_the_answer_cancels_it_upstream(proxied):
+    port, recorder, _ = proxied
+    recorder.agent = "promptlookup/qwen-code"
+    body = b'{"model": "m", "messages": []}'
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Stall: 1\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert StandIn.arrived.wait(30)  # the request is upstream, unanswered
+    assert StandIn.departed.wait(30), "the stand-in server never saw the client leave"
+    assert recorder.wait(1)
+    (record,) = recorder.records
+    assert (record["status"], record["client_closed"]) == (499, True)
 
 
 def turn(status, calls=None, results=(), prompt=None, cached=None, seconds=1.0, error=None):

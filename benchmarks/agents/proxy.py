@@ -109,21 +109,28 @@ class ProxyHandler(BaseHTTPRequestHandler):
         }
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
         upstream = http.client.HTTPConnection(*self.upstream, timeout=self.timeout_s)
+        done, left = threading.Event(), threading.Event()
         try:
+            upstream.connect()
+            # Watch the client from the start: it may leave while the request waits or prefills.
+            watcher = threading.Thread(target=self._watch, args=(upstream, done, left))
+            watcher.daemon = True
+            watcher.start()
             upstream.request(self.command, path, body=body or None, headers=headers)
             response = upstream.getresponse()
-        except OSError as exc:
-            record.update(status=502, error=f"upstream: {exc}"[:300])
-            self._reply_plain(502, f"proxy: upstream unreachable ({exc})")
-            record["seconds"] = round(time.monotonic() - started, 3)
+        except (OSError, http.client.HTTPException) as exc:
+            done.set()
+            upstream.close()
+            if left.is_set():  # nginx's 499: the client closed the request before any answer
+                record.update(status=499, error="the client left before the answer began")
+            else:
+                record.update(status=502, error=f"upstream: {exc}"[:ERROR_CHARS])
+                self._reply_plain(502, f"proxy: upstream unreachable ({exc})")
+            record.update(seconds=round(time.monotonic() - started, 3), client_closed=left.is_set())
             self.recorder.add(record)
             return
-        done = threading.Event()
-        left = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(upstream, done, left), daemon=True)
-        watcher.start()
         try:
-            answer, first, closed = self._relay(api, response)
+            answer, first, closed = self._relay(api, response, done)
         finally:
             done.set()
             upstream.close()  # a client that left cancels the generation upstream too
@@ -159,6 +166,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
                     return  # the client sent more (a pipelined request): not a departure
             except OSError:
                 pass
+            if done.is_set():
+                return  # the answer was complete: the client left after it
             left.set()
             try:
                 upstream.sock.shutdown(socket.SHUT_RDWR)
@@ -166,8 +175,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 pass
             return
 
-    def _relay(self, api, response) -> tuple[AnswerShape, float | None, bool]:
-        """Send ``response`` on as it arrives; read its events on the way."""
+    def _relay(self, api, response, done) -> tuple[AnswerShape, float | None, bool]:
+        """Send ``response`` on as it arrives; read its events on the way. ``done`` is set
+        before the last piece goes out: a client that leaves after it has not left early."""
         content_type = response.getheader("Content-Type", "")
         streaming = "text/event-stream" in content_type
         self.send_response_only(response.status, response.reason)
@@ -192,6 +202,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 reader.feed(chunk)
             else:
                 whole += chunk
+            if not chunk:
+                done.set()
             try:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunk else b"0\r\n\r\n")
                 self.wfile.flush()
