@@ -18,8 +18,8 @@ from _server import FIXED, RunningServer
 from test_server_tools import WEATHER, ascii_lm
 
 from promptlookup.server import ServerSettings, create_app
-from promptlookup.server.anthropic_schemas import MessagesRequest
-from promptlookup.server.schemas import parse_request
+from promptlookup.server.anthropic.protocol import MessagesRequest
+from promptlookup.server.request_base import parse_request
 
 KEY = "secret"
 FIELDS, TOOLS_LEFT_OUT = "x-promptlookup-ignored-fields", "x-promptlookup-ignored-tools"

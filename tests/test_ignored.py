@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from promptlookup.server.anthropic_schemas import MessagesRequest
+from promptlookup.server.anthropic.protocol import MessagesRequest
 from promptlookup.server.ignored import (
     FIELDS_HEADER,
     MAX_HEADER_CHARS,
@@ -21,7 +21,8 @@ from promptlookup.server.ignored import (
     distance,
     note,
 )
-from promptlookup.server.schemas import APIError, ChatCompletionRequest, parse_request
+from promptlookup.server.openai.protocol import ChatCompletionRequest
+from promptlookup.server.request_base import APIError, parse_request
 
 
 def reference(a: str, b: str) -> int:

@@ -378,7 +378,7 @@ def test_body_over_4_mib_is_a_413(server, chunked):
     assert response.json()["error"]["code"] == "request_too_large"
 
 
-def test_max_body_bytes_is_a_setting_and_an_option_of_serve(lm):
+def test_max_body_bytes_is_a_setting_and_an_option_ofserve_completions(lm):
     with RunningServer(create_app(lm, ServerSettings(max_body_bytes=200))) as running:
         small = httpx.post(running.url + "/v1/chat/completions", json=GOOD)
         assert small.status_code == 200

@@ -21,7 +21,7 @@ import pytest
 from _server import FIXED, MESSAGES, MODEL, RunningServer, tiny_lm, wait_until
 
 from promptlookup.server import ServerSettings, create_app
-from promptlookup.server.serving import keep_alive
+from promptlookup.server.streams import keep_alive
 
 COMMENT = ": keep-alive"
 INTERVAL = 0.01  # seconds; generations wait at the gate until the pings the test needs are out

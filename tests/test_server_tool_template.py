@@ -20,7 +20,7 @@ from test_server_tools import MESSAGES, TOOLS, WEATHER, streamed
 from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
-from promptlookup.server.schemas import ChatCompletionRequest
+from promptlookup.server.openai.protocol import ChatCompletionRequest
 from promptlookup.server.tool_template import TemplateFormat, detect, encode
 from promptlookup.server.tools import ToolPlan, ToolStream, parse
 
@@ -345,9 +345,9 @@ def test_text_before_a_call_streams_first_to_both_apis():
     import asyncio
     from types import SimpleNamespace
 
-    from promptlookup.server.anthropic import EventWriter
-    from promptlookup.server.app import _sse_events
-    from promptlookup.server.responses import ChunkWriter
+    from promptlookup.server.anthropic.serving import EventWriter
+    from promptlookup.server.openai.answers import ChunkWriter
+    from promptlookup.server.openai.serving import chunk_events
 
     template = TemplateFormat()
     plan = ToolPlan([{"name": "f", "parameters": {"type": "object"}}], "auto", True, template)
@@ -363,7 +363,7 @@ def test_text_before_a_call_streams_first_to_both_apis():
     writer = ChunkWriter({"id": "x", "created": 0, "model": "tiny"}, True, "fp", False)
 
     async def chunks():
-        return [c async for c in _sse_events(job, writer, 1, False, None, plan)]
+        return [c async for c in chunk_events(job, writer, 1, False, None, plan)]
 
     deltas = [
         json.loads(c[6:])["choices"][0]["delta"] for c in asyncio.run(chunks())[:-1] if c.strip()

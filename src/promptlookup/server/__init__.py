@@ -15,7 +15,7 @@ import importlib
 __all__ = ["APIError", "GenerationWorker", "Server", "ServerSettings", "create_app"]
 _MODULES = {
     "create_app": ".app",
-    "APIError": ".schemas",
+    "APIError": ".request_base",
     "GenerationWorker": ".worker",
     "Server": ".state",
     "ServerSettings": ".settings",

@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
 events in OpenAI's chunk format ending with ``data: [DONE]`` when ``"stream": true``),
 ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API,
-:mod:`.anthropic`), ``POST /v1/responses`` (OpenAI's Responses API, :mod:`.responses_api`),
+:mod:`.anthropic.serving`), ``POST /v1/responses`` (OpenAI's Responses API, :mod:`.responses.serving`),
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``, ``GET /openapi.json``, and the
 operators' ``GET /metrics`` (:mod:`.metrics`), ``POST /tokenize`` and ``POST /detokenize``
 (:mod:`.tokenize`).
@@ -54,8 +54,6 @@ Policies:
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -63,26 +61,17 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..drafters import check_drafter_spec
-from .anthropic import count_message_tokens, serve_messages
+from .anthropic.serving import count_message_tokens, serve_messages
 from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
 from .edge import APIKeyGate, install_error_handlers
 from .metrics import CONTENT_TYPE_LATEST, RequestCounter
+from .openai.serving import serve_completions
 from .openapi import install_openapi
-from .responses import ChunkWriter, completion_body, sse, sse_error
-from .responses_api import serve_responses
-from .schemas import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_request,
-    read_json,
-)
-from .serving import event_stream, start_job, started_soon, unless_disconnected
+from .request_base import APIError
+from .responses.serving import serve_responses
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
 from .tokenize import detokenize, tokenize
-from .tools import ToolPlan, ToolStream
-from .worker import GenerationJob
 
 log = logging.getLogger("promptlookup.server")
 
@@ -164,11 +153,11 @@ def create_app(
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await _serve(state, request, chat=True)
+        return await serve_completions(state, request, chat=True)
 
     @v1.post("/completions")
     async def completions(request: Request):
-        return await _serve(state, request, chat=False)
+        return await serve_completions(state, request, chat=False)
 
     @v1.post("/messages")
     async def messages(request: Request):
@@ -188,89 +177,3 @@ def create_app(
 
 
 # -- one request ----------------------------------------------------------------------------
-
-
-async def _serve(state: ServerState, request: Request, chat: bool) -> Response:
-    settings = state.settings
-    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-    req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
-    job = await start_job(state, request, req, chat)
-    meta = {
-        "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-        "created": int(time.time()),
-        "model": state.model_id,
-    }
-    prediction_tokens = None  # (tokens) for usage.completion_tokens_details
-    if req.prediction is not None:
-        prediction_tokens = len(job.drafter_options.get("reference_ids") or ())
-    # The answer is read back into tool calls in the plan's format.
-    tools = req.tool_plan(state.tool_template) if chat else None
-    if req.stream:
-        # The response (200) begins when the job starts: one still queued when the server
-        # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
-        started, _ = await unless_disconnected(started_soon(job, state), job, request)
-        if not started:
-            return Response(status_code=499)
-        writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = _sse_events(job, writer, req.choices, req.include_usage, prediction_tokens, tools)
-        return event_stream(events, state)
-    finished, choices = await unless_disconnected(job.outcome(), job, request)
-    if not finished:  # the client is gone; nobody reads this
-        return Response(status_code=499)
-    body = completion_body(meta, chat, choices, state.fingerprint, prediction_tokens, tools)
-    return JSONResponse(body)
-
-
-async def _sse_events(
-    job: GenerationJob,
-    writer: ChunkWriter,
-    n: int,
-    include_usage: bool,
-    prediction_tokens,
-    tools: ToolPlan | None = None,
-):
-    """The stream's server-sent events (with ``tools``, each choice's text read into content
-    and tool call deltas as it comes, :class:`.tools.ToolStream`). If the client disconnects,
-    Starlette cancels this generator; its ``finally`` cancels the job."""
-    streams = [ToolStream(tools.template) for _ in range(n)] if tools else None
-    try:
-        if writer.chat:
-            for index in range(n):
-                yield sse(writer.role(index))
-        while True:
-            kind, value = await job.events.get()
-            if kind == "started":  # a stream begun while its job was queued
-                continue
-            if kind == "delta":
-                index, text, infos = value
-                calls = []
-                if streams is not None:
-                    text, calls = streams[index].feed(text)
-                if calls and text:  # the text before a call, then the call
-                    yield sse(writer.delta(index, text, None))
-                if calls:
-                    yield sse(writer.tool_calls(index, calls, infos))
-                elif text or infos:
-                    yield sse(writer.delta(index, text, infos))
-            elif kind == "choice":
-                finish_reason = value.result.finish_reason
-                if streams is not None:
-                    finish_reason = streams[value.index].finish_reason(finish_reason)
-                yield sse(writer.finish(value.index, finish_reason))
-            elif kind == "done":
-                if include_usage:
-                    yield sse(writer.usage(value, prediction_tokens))
-                break
-            else:
-                error = (
-                    value
-                    if kind == "error"
-                    else APIError(
-                        503, "the generation was cancelled", type="server_error", code="cancelled"
-                    )
-                )
-                yield sse_error(error)
-                break
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancel()  # no effect once the job has ended

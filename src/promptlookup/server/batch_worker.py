@@ -30,7 +30,7 @@ from ..batching import PREFILL_TOKENS, BatchDecoder, BatchSequence
 from ..errors import GrammarError, PromptLookupError
 from ..generation import TextAssembler
 from ..machine import return_freed_memory
-from .schemas import APIError
+from .request_base import APIError
 from .shown import ShownTokens
 from .worker import Choice, GenerationJob, GenerationWorker, TokenInfo, shutting_down
 

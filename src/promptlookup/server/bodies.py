@@ -1,5 +1,5 @@
-"""The response bodies, as pydantic models: what the server returns (built by :mod:`.responses`,
-:mod:`.app` and :class:`~.schemas.APIError`) and what ``GET /openapi.json`` documents
+"""The response bodies, as pydantic models: what the server returns (built by :mod:`.openai.answers`,
+:mod:`.app` and :class:`~.request_base.APIError`) and what ``GET /openapi.json`` documents
 (:mod:`.openapi`). One set of models for both, so that the schema cannot drift from the
 answers.
 

@@ -11,7 +11,7 @@
   (``/health``, ``/openapi.json``) are open.
 - *Ignored fields*: a ``/v1`` request's parsing notes what it ignored (:mod:`.ignored`); the
   response's headers say it (``x-promptlookup-ignored-fields``, ``-tools``).
-- *Errors* are OpenAI's JSON (:class:`~.schemas.APIError`), Starlette's own (404, 405) too;
+- *Errors* are OpenAI's JSON (:class:`~.request_base.APIError`), Starlette's own (404, 405) too;
   an unexpected exception is a 500 with its traceback logged once; a client that leaves
   while sending its body is one line in the log.
 """
@@ -26,9 +26,9 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from .anthropic import error_body
+from .anthropic.serving import error_body
 from .ignored import collecting
-from .schemas import APIError
+from .request_base import APIError
 from .tenants import Tenants
 
 log = logging.getLogger("promptlookup.server")

@@ -13,7 +13,7 @@ API (chat completions, Messages, Responses), as llama-server does: ignored, and 
   and the log line; content the prompt leaves out by design (earlier server-tool results) is
   listed with the fields.
 
-Parsing (:func:`check_extras`, from :func:`.schemas.parse_request`) notes into the
+Parsing (:func:`check_extras`, from :func:`.request_base.parse_request`) notes into the
 request's :class:`Ignored`, which the edge (:class:`.edge.APIKeyGate`) made and turns into the
 headers (:func:`collecting`).
 """

@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the real request bodies (the validating models of :mod:`.schemas`)
+"""``GET /openapi.json``: the real request bodies (the validating models of :mod:`.openai.protocol`)
 and the response bodies (the models of :mod:`.bodies`, from which the answers are built), so
 that clients and fuzzers can read them.
 
@@ -12,11 +12,11 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ..limits import MIN_TEMPERATURE
-from .anthropic_schemas import MessagesRequest
+from .anthropic.protocol import MessagesRequest
 from .bodies import RESPONSE_MODELS
 from .edge import KEYED
-from .responses_api_schemas import ResponsesRequest
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .openai.protocol import ChatCompletionRequest, CompletionRequest
+from .responses.protocol import ResponsesRequest
 from .tokenize import DetokenizeRequest, TokenizeRequest
 
 _MODELS = (

@@ -1,5 +1,5 @@
-"""The building blocks of the request bodies (:mod:`.schemas`, :mod:`.tool_schemas`,
-:mod:`.anthropic_schemas`, :mod:`.responses_api_schemas`)."""
+"""The building blocks of the request bodies (:mod:`.openai.protocol`, :mod:`.tool_schemas`,
+:mod:`.anthropic.protocol`, :mod:`.responses.protocol`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class APIError(Exception):
 
 
 class RequestModel(BaseModel):
-    """A request model: types are strict (see :mod:`.schemas`); fields it does not declare are
+    """A request model: types are strict (see :mod:`.openai.protocol`); fields it does not declare are
     kept aside, then ignored or a typo's 400 (:func:`.ignored.check_extras`)."""
 
     model_config = ConfigDict(extra="allow", strict=True)

@@ -1,28 +1,26 @@
 """One request's way from its parsed body to a queued :class:`~.worker.GenerationJob`, shared
-by the OpenAI endpoints (:mod:`.app`) and Anthropic's (:mod:`.anthropic`): checks against the
+by the OpenAI endpoints (:mod:`.app`) and Anthropic's (:mod:`.anthropic.serving`): checks against the
 model and its context, tokenizing (chat messages with their tools, :mod:`.tools`), the
 drafter, the grammar and the tenant; then waiting for the job unless the client leaves."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..drafters import parse_drafter_spec
 from ..drafters.options import LOOKUP_OPTIONS
 from ..errors import EmptyPromptError, PromptLookupError
 from ..sampling import SamplingParams
-from .responses import KEEP_ALIVE
-from .schemas import APIError, ChatCompletionRequest, content_text, parse_request, read_json
+from .openai.protocol import ChatCompletionRequest
+from .request_base import APIError, content_text, parse_request, read_json
 from .state import ServerState
 from .texts import CHUNK, bounded_ids
 from .tool_schemas import function_tools
 from .tool_template import encode
-from .tools import stream_pieces, tool_texts
+from .tools import tool_texts
 from .worker import GenerationJob, QueueFull
 
 
@@ -276,99 +274,3 @@ async def unless_disconnected(waited, job: GenerationJob, request: Request):
             job.cancel()  # the client left (or this handler was cancelled) first
         task.cancel()
         gone.cancel()
-
-
-def event_stream(events, state: ServerState, ping: str = KEEP_ALIVE) -> StreamingResponse:
-    """Server-sent ``events`` as the response, with ``ping`` (an SSE comment by default;
-    Anthropic's ping event for its API) whenever no event has gone out for
-    ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
-    seconds = state.settings.stream_keepalive
-    if seconds:
-        metrics = state.metrics
-        events = keep_alive(events, ping, lambda: asyncio.sleep(seconds), metrics.kept_alive)
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-async def keep_alive(
-    events: AsyncIterator[str],
-    ping: str,
-    idle: Callable[[], Awaitable],
-    sent_ping: Callable[[], None] = lambda: None,
-) -> AsyncIterator[str]:
-    """``events``, and ``ping`` each time ``idle()`` (a new one after every event or ping:
-    a timer, or in tests anything awaitable) ends before the next event comes. The next
-    event is awaited across pings (never cancelled for one); when the stream is closed (the
-    client left), ``events`` is closed too, so that its ``finally`` runs."""
-    waiting = None  # the task getting the next event
-    try:
-        while True:
-            waiting = waiting or asyncio.ensure_future(anext(events))
-            timer = asyncio.ensure_future(idle())
-            try:
-                await asyncio.wait({waiting, timer}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                timer.cancel()
-            if not waiting.done():
-                sent_ping()
-                yield ping
-                continue
-            try:
-                event = waiting.result()
-            except StopAsyncIteration:
-                return
-            waiting = None
-            yield event
-    finally:
-        if waiting is not None and not waiting.done():
-            waiting.cancel()  # raises CancelledError inside events, which ends it
-            await asyncio.wait({waiting})
-        await events.aclose()
-
-
-class APIEvents:
-    """One streamed answer in another API's events (:mod:`.anthropic`, :mod:`.responses_api`):
-    the job's text deltas read through the request's tool format (``stream``, None without
-    tools) into text, call and argument pieces, each a subclass's events. Subclasses write
-    ``start``, ``text``, ``call``, ``arguments``, ``finish`` (the choice, its finish reason as
-    the whole answer's), ``end`` and ``error``."""
-
-    stream = None  # a .tools.ToolStream where the request has tools
-
-    def feed(self, delta: str) -> str:
-        """The events for a text delta of the answer."""
-        events = ""
-        for kind, *value in stream_pieces(self.stream, delta):
-            events += getattr(self, kind)(*value)
-        return events
-
-    def reason(self, choice) -> str:
-        """The choice's finish reason, as the whole answer's (calls cut are ``length``)."""
-        reason = choice.result.finish_reason
-        return reason if self.stream is None else self.stream.finish_reason(reason)
-
-    async def events(self, job: GenerationJob):
-        try:
-            yield self.start()
-            while True:
-                kind, value = await job.events.get()
-                if kind == "started":  # a stream begun while its job was queued
-                    continue
-                if kind == "delta":
-                    if events := self.feed(value[1]):
-                        yield events
-                elif kind == "choice":
-                    yield self.finish(value)
-                elif kind == "done":
-                    if events := self.end():
-                        yield events
-                    break
-                else:
-                    cancelled = APIError(503, "the generation was cancelled")
-                    yield self.error(value if kind == "error" else cancelled)
-                    break
-        finally:
-            job.cancel()  # no effect once the job has ended

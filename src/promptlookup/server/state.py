@@ -18,9 +18,9 @@ from ..generation import LanguageModel
 from ..prefix_cache import PrefixCache
 from .batch_worker import BatchWorker
 from .bodies import ModelCard
+from .connection import http_protocol
 from .metrics import Metrics
-from .protocol import http_protocol
-from .schemas import APIError
+from .request_base import APIError
 from .settings import ServerSettings
 from .tenants import Tenants
 from .tool_template import TemplateFormat, detect

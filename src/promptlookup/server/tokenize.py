@@ -29,7 +29,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
-from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
+from .openai.protocol import ChatCompletionRequest
+from .request_base import APIError, parse_request, read_json
 from .serving import prompt_ids
 from .state import ServerState
 from .texts import CHUNK, bounded_ids

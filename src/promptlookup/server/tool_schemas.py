@@ -1,5 +1,5 @@
 """The request fields of structured output and tool calls (OpenAI's shapes), validated at the
-edge like the rest of :mod:`.schemas`: ``response_format``, ``tools``, ``tool_choice`` and an
+edge like the rest of :mod:`.openai.protocol`: ``response_format``, ``tools``, ``tool_choice`` and an
 assistant message's ``tool_calls``."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ worker thread with ``(kind, value)`` pairs: ``("started", None)``, ``("delta", (
 logprobs))`` (only for streaming jobs), ``("choice", Choice)`` as each sequence ends, then
 exactly one of ``("done", [Choice, ...])``, ``("error", APIError)`` or ``("cancelled", None)``.
 
-Adding a request field: the request model (:mod:`.schemas`) reads it, :func:`.serving._prepare`
+Adding a request field: the request model (:mod:`.openai.protocol`) reads it, :func:`.serving._prepare`
 sets the :class:`GenerationJob` field, and :meth:`GenerationJob.options` hands it to the
 sequence; no other stop.
 """
@@ -43,7 +43,7 @@ from ..grammar import Grammar
 from ..limits import SamplingParams
 from ..prefix_cache import PrefixCache
 from ..sampling import TokenLogprob
-from .schemas import APIError
+from .request_base import APIError
 
 log = logging.getLogger("promptlookup.server")
 

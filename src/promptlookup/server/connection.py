@@ -21,7 +21,7 @@ import json
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .schemas import APIError
+from .request_base import APIError
 
 
 class HeadDeadlineProtocol(H11Protocol):

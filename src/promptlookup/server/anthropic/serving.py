@@ -1,7 +1,7 @@
 """Anthropic's Messages API, ``POST /v1/messages``: text, ``tool_use`` and ``tool_result``
 blocks, and its streaming events.
 
-A request is validated in Anthropic's shape (:class:`.anthropic_schemas.MessagesRequest`),
+A request is validated in Anthropic's shape (:class:`.protocol.MessagesRequest`),
 then said again as a chat completions request (its ``as_chat``) and served by the same path
 (:func:`.serving.start_job`), so tools go through the chat template's format or the generic
 one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
@@ -20,10 +20,12 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from .anthropic_schemas import MessagesRequest
-from .schemas import APIError, ChatCompletionRequest, parse_request, read_json
-from .serving import APIEvents, count_tokens, event_stream, serve_as_chat
-from .tools import ToolPlan, ToolStream, read_answer
+from ..openai.protocol import ChatCompletionRequest
+from ..request_base import APIError, parse_request, read_json
+from ..serving import count_tokens, serve_as_chat
+from ..streams import APIEvents, event_stream
+from ..tools import ToolPlan, ToolStream, read_answer
+from .protocol import MessagesRequest
 
 #: Anthropic's error type for each status.
 ERROR_TYPES = {

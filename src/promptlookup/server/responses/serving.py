@@ -1,7 +1,7 @@
 """OpenAI's Responses API, ``POST /v1/responses``: text, function calls and structured output
 (``text.format``), whole or streamed as its events.
 
-A request is validated in its own shape (:class:`.responses_api_schemas.ResponsesRequest`),
+A request is validated in its own shape (:class:`.protocol.ResponsesRequest`),
 said again as a chat completions request and served by the same path (:func:`.serving.start_job`),
 so tools go through the chat template's format or the generic one, and its grammar. The
 answer is a ``response`` object whose ``output`` holds a ``message`` item (its
@@ -23,10 +23,11 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from .responses_api_schemas import ResponsesRequest
-from .schemas import APIError
-from .serving import APIEvents, event_stream, serve_as_chat
-from .tools import ToolPlan, ToolStream, read_answer
+from ..request_base import APIError
+from ..serving import serve_as_chat
+from ..streams import APIEvents, event_stream
+from ..tools import ToolPlan, ToolStream, read_answer
+from .protocol import ResponsesRequest
 
 
 def _id(prefix: str) -> str:

@@ -2,7 +2,7 @@
 request said as a chat completions body (:meth:`MessagesRequest.as_chat`: the system prompt,
 with the ``system`` messages of ``messages`` folded into it in order, tool results as tool
 messages, tool uses as an assistant's tool calls, ``tool_choice`` ``any`` as ``required``,
-``output_format`` as ``response_format``), which :mod:`.anthropic` serves.
+``output_format`` as ``response_format``), which :mod:`.anthropic.serving` serves.
 
 Unknown fields follow :mod:`.ignored`'s rule. Tools with a ``type`` (Anthropic's server tools,
 ``web_search_20250305``, ``code_execution_*``, ``tool_search_tool_*``, ...; and its
@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from .ignored import LeftOut, check_type
-from .request_base import RequestModel
-from .schemas import INT32_MAX, MAX_STOP_STRINGS, StopString
-from .tool_schemas import NAME_PATTERN
+from ..ignored import LeftOut, check_type
+from ..openai.protocol import INT32_MAX, MAX_STOP_STRINGS, StopString
+from ..request_base import RequestModel
+from ..tool_schemas import NAME_PATTERN
 
 
 class _Block(RequestModel):

@@ -11,23 +11,9 @@ those that only spell a stop string the text was cut at (see :mod:`.shown`).
 
 from __future__ import annotations
 
-import json
-
-from . import bodies as B
-from .schemas import APIError
-from .tools import ToolPlan, read_answer
-from .worker import Choice, TokenInfo
-
-#: What an idle stream sends (an SSE comment, which clients skip): see ``--stream-keepalive``.
-KEEP_ALIVE = ": keep-alive\n\n"
-
-
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def sse_error(error: APIError) -> str:
-    return f"event: error\ndata: {json.dumps(error.body())}\n\n"
+from .. import bodies as B
+from ..tools import ToolPlan, read_answer
+from ..worker import Choice, TokenInfo
 
 
 def _bytes(text: str) -> list[int]:

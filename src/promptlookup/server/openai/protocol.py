@@ -35,15 +35,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..errors import GrammarError
-from ..grammar import Grammar
-from ..limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
-from .request_base import APIError as APIError
-from .request_base import Content, RequestModel
-from .request_base import content_text as content_text
-from .request_base import parse_request as parse_request
-from .request_base import read_json as read_json
-from .tool_schemas import (
+from ...errors import GrammarError
+from ...grammar import Grammar
+from ...limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
+from ..request_base import APIError, Content, RequestModel, content_text
+from ..tool_schemas import (
     ChatTool,
     ResponseFormat,
     ToolCall,
@@ -52,8 +48,8 @@ from .tool_schemas import (
     function_tools,
     tools_problem,
 )
-from .tool_template import TemplateFormat
-from .tools import ToolPlan, prompt_messages
+from ..tool_template import TemplateFormat
+from ..tools import ToolPlan, prompt_messages
 
 #: Most stop strings per request (OpenAI's limit), and the most characters in one.
 MAX_STOP_STRINGS = 4

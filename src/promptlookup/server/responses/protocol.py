@@ -2,7 +2,7 @@
 (:class:`ResponsesRequest`), and the same request said as a chat completions body
 (:meth:`ResponsesRequest.as_chat`: ``instructions`` as the system message, input items as
 messages, ``function_call`` items as an assistant's tool calls, ``function_call_output`` items
-as tool messages, ``text.format`` as ``response_format``), which :mod:`.responses_api` serves.
+as tool messages, ``text.format`` as ``response_format``), which :mod:`.responses.serving` serves.
 
 Nothing is stored: ``previous_response_id``, ``conversation`` and a stored ``prompt`` are a
 400 (send the whole conversation as ``input``), ``store`` is accepted without effect.
@@ -21,10 +21,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from .ignored import LeftOut, check_type, note
-from .request_base import APIError, RequestModel
-from .schemas import INT32_MAX
-from .tool_schemas import FunctionDef
+from ..ignored import LeftOut, check_type, note
+from ..openai.protocol import INT32_MAX
+from ..request_base import APIError, RequestModel
+from ..tool_schemas import FunctionDef
 
 
 class InputText(RequestModel):
