@@ -15,6 +15,8 @@ float32 and float16 keys and values, interleaved round by round (the order alter
 prompt restored from a prefix cache so that only decoding is timed: tokens/s after the first
 token, per round and median.
 
+Part 2b (``--kernel``): the attention kernel alone over ``--context`` keys, one query row.
+
 Part 3 (``--agreement TOKENS``): how far the default model's greedy answers to four requests
 with float16 and bfloat16 keys and values follow float32's (the choice of float16).
 
@@ -135,6 +137,36 @@ def speed_table(context: int, rounds: int, tokens: int) -> list[str]:
     return rows
 
 
+def kernel_table(context: int, repeats: int = 7, calls: int = 50) -> list[str]:
+    """Part 2b: the attention kernel alone, one query row (the default model's 9 heads over 3
+    key/value heads of 64) over ``context`` cached keys, float32 against float16 keys and
+    values, interleaved; the fastest of ``repeats`` runs of ``calls`` calls (less sensitive to
+    a shared machine than whole generations)."""
+    from promptlookup.backends.gguf.native_attention import PassRows, native_attention
+    from promptlookup.backends.hf.cache import GrowingLayer
+
+    generator = torch.Generator().manual_seed(0)
+    states = [torch.randn(1, 3, context, 64, generator=generator) for _ in range(2)]
+    query = torch.randn(1, 9, 1, 64, generator=generator)
+    layers = {}
+    for kv in (torch.float32, torch.float16):
+        layers[kv] = GrowingLayer(transposed_keys=True, kv_dtype=kv)
+        layers[kv].update(*states)
+    rows = PassRows([context - 1], [1])
+    best = {kv: float("inf") for kv in layers}
+    for _ in range(repeats):
+        for kv, layer in layers.items():
+            begin = time.perf_counter()
+            for _ in range(calls):
+                native_attention(query, [layer], rows, 0.125)
+            best[kv] = min(best[kv], (time.perf_counter() - begin) / calls)
+    return [
+        f"| kernel, one row over {context} keys | float32 {1e6 * best[torch.float32]:.0f} us | "
+        f"float16 {1e6 * best[torch.float16]:.0f} us | "
+        f"{best[torch.float32] / best[torch.float16]:.2f}x |"
+    ]
+
+
 #: Requests for part 3 (written for this study).
 QUESTIONS = [
     "Explain in three sentences why the sky is blue.",
@@ -180,6 +212,7 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--agreement", type=int, default=0, metavar="TOKENS")
+    parser.add_argument("--kernel", action="store_true", help="part 2b: the kernel alone")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     args.folder.mkdir(parents=True, exist_ok=True)
@@ -188,6 +221,8 @@ def main() -> None:
         lines += memory_table(args.folder, args.models.split(",")) + [""]
     if not args.skip_speed:
         lines += speed_table(args.context, args.rounds, args.tokens) + [""]
+    if args.kernel:
+        lines += kernel_table(args.context) + [""]
     if args.agreement:
         lines += agreement_table(args.agreement)
     print("\n".join(lines))
