@@ -335,7 +335,7 @@ class ResponsesRequest(RequestModel):
             body["tools"] = [
                 {"type": "function", "function": {
                     "name": tool.name, "description": tool.description or "",
-                    "parameters": tool.parameters or {"type": "object"}}}
+                    "parameters": tool.parameters}}  # None: takes {} (as the other APIs)
                 for tool, _ in functions
             ]  # fmt: skip
         choice = self.tool_choice
