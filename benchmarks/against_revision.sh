@@ -20,5 +20,5 @@ done
 SERVERS="--against old=http://127.0.0.1:18201 --against new=http://127.0.0.1:18202 --against new-default=http://127.0.0.1:18203"
 python -m promptlookup bench --sessions ${SESSIONS:-4} --turns ${TURNS:-5} --max-new-tokens 256 \
   --methods none $SERVERS --out "$OUT/sessions"
-python -m promptlookup bench --limit ${LIMIT:-3} --max-new-tokens 128 --methods none $SERVERS \
+python -m promptlookup bench --limit ${LIMIT:-3} --max-new-tokens 128 --methods plain $SERVERS \
   --out "$OUT/single"
