@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .bodies import ErrorDetail, ErrorResponse, dump
-from .ignored import Typo, check_extras, close_name
+from .ignored import LeftOut, Typo, check_extras, check_type, close_name
 
 
 class APIError(Exception):
@@ -50,6 +50,22 @@ class RequestModel(BaseModel):
 
 #: The former name (unknown fields were a 400 before :mod:`.ignored`).
 Forbid = RequestModel
+
+
+class LeftOutTool(RequestModel, LeftOut):
+    """A tool of a type the server does not run: left out of the prompt and said in
+    ``x-promptlookup-ignored-tools``; a type a typo away from one it serves (``served``, each
+    API's own) is a 400."""
+
+    kind = "tools"
+    served: ClassVar[tuple[str, ...]] = ()
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_a_typo(cls, value: str) -> str:
+        check_type(value, cls.served)
+        return value
 
 
 class TextPart(RequestModel):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag
 
-from .ignored import LeftOut, check_type
-from .request_base import Forbid, RequestModel
+from .ignored import LeftOut
+from .request_base import Forbid, LeftOutTool
 from .tools import NO_PARAMETERS
 
 #: A function's name, as OpenAI allows it.
@@ -34,18 +34,11 @@ class Tool(Forbid):
         return {**tool, "parameters": self.function.parameters or NO_PARAMETERS}
 
 
-class OtherTool(RequestModel, LeftOut):
+class OtherTool(LeftOutTool):
     """A tool of a type this server does not run (OpenAI's ``custom`` freeform tools, hosted
     tools): left out of the prompt, said in ``x-promptlookup-ignored-tools``."""
 
-    kind = "tools"
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _not_a_typo(cls, value: str) -> str:
-        check_type(value, ("function",))
-        return value
+    served = ("function",)
 
 
 def _tool_type(value: Any) -> str:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag
 
-from ..ignored import LeftOut, check_type
+from ..ignored import LeftOut
 from ..openai.protocol import INT32_MAX, MAX_STOP_STRINGS, StopString
-from ..request_base import RequestModel
+from ..request_base import LeftOutTool, RequestModel
 from ..tool_schemas import NAME_PATTERN
 
 
@@ -142,17 +142,10 @@ class AnthropicTool(RequestModel):
     eager_input_streaming: Any = None
 
 
-class TypedTool(RequestModel, LeftOut):
+class TypedTool(LeftOutTool):
     """A tool with a ``type`` of Anthropic's (see the module doc): left out of the prompt."""
 
-    kind = "tools"
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _not_a_typo(cls, value: str) -> str:
-        check_type(value, ("custom",))
-        return value
+    served = ("custom",)
 
 
 def _tool_kind(value: Any) -> str:

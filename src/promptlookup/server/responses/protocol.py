@@ -21,9 +21,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from ..ignored import LeftOut, check_type, note
+from ..ignored import LeftOut, note
 from ..openai.protocol import INT32_MAX
-from ..request_base import APIError, RequestModel
+from ..request_base import APIError, LeftOutTool, RequestModel
 from ..tool_schemas import FunctionDef
 
 
@@ -144,17 +144,10 @@ class FunctionTool(FunctionDef):
     defer_loading: bool | None = None  # accepted without effect: every tool is in the prompt
 
 
-class HostedTool(RequestModel, LeftOut):
+class HostedTool(LeftOutTool):
     """A tool the server does not run (see the module doc): left out of the prompt."""
 
-    kind = "tools"
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _not_a_typo(cls, value: str) -> str:
-        check_type(value, ("function", "namespace"))
-        return value
+    served = ("function", "namespace")
 
 
 def _tool(value: Any) -> str:
