@@ -191,7 +191,7 @@ typedef struct {
 /* One key block (BLOCK keys from `keys`, of element type `type`, row stride `capacity`) as
  * contiguous floats. */
 static inline const float *keys_as_floats(const void *keys, int type, int64_t capacity, int dim,
-                                     float *block) {
+                                          float *block) {
     const size_t stride = (size_t)capacity * (size_t)element_size(type);
     for (int d = 0; d < dim; d++)
         run_to_float((const char *)keys + d * stride, type, BLOCK, block + d * BLOCK);
@@ -199,7 +199,7 @@ static inline const float *keys_as_floats(const void *keys, int type, int64_t ca
 }
 /* `count` values from `values` (of element type `type`) as floats: float32 ones in place. */
 static inline const float *values_as_floats(const void *values, int type, int64_t count,
-                                      float *block) {
+                                            float *block) {
     if (type == ELEMENT_FLOAT32) return (const float *)values;
     run_to_float(values, type, count, block);
     return block;
