@@ -24,7 +24,8 @@ prompt).
   used first) can take any block; a request that copies holds its blocks' tensors alive until
   its copy is made.
 - *Memory*: at most ``mib`` MiB of blocks (keys and values of every layer:
-  ``kv_bytes_per_token`` each token, 46 KB for SmolLM2-135M in float32), on top of the running
+  ``kv_bytes_per_token`` each token: 22.5 KiB for SmolLM2-135M's float16 keys and values,
+  45 KiB in float32), on top of the running
   requests' own caches.
 - *Disk*: with a ``directory``, every block is also written there (in the background) within
   ``disk_mib`` MiB, and a request whose prefix goes on past what memory holds reads the rest
@@ -47,8 +48,8 @@ from .errors import InvalidParameterError
 from .prefix_disk import DEFAULT_DISK_MIB, DiskTier, chain, name_of, root_key, tail_name
 from .prefix_tree import BlockTree, common_prefix_length
 
-#: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 22,000
-#: tokens of SmolLM2-135M in float32.
+#: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 45,000
+#: tokens of SmolLM2-135M with float16 keys and values (22,000 in float32).
 DEFAULT_MIB = 1024
 #: Tokens per block of the cache.
 BLOCK_TOKENS = 32
