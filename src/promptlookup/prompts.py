@@ -1,6 +1,7 @@
 """Prompts as token ids: plain text, chat messages through the tokenizer's chat template, or
 token ids as they are. :func:`apply_chat_template` is the one caller of a tokenizer's chat
-template (the server's tools and the tokenizer cache's check go through it too)."""
+template (the server's tools and the tokenizer cache's check go through it too), whose text
+is tokenized in pieces cut where each answer begins (:mod:`.rendering`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Union
 
 from .errors import EmptyPromptError, InvalidParameterError
+from .rendering import answer_starts, segmented_ids
 
 #: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
 Prompt = Union[str, Sequence[dict], Sequence[int]]
@@ -49,13 +51,21 @@ def apply_chat_template(
 ) -> list[int] | str:
     """``messages`` (and ``tools``, where given) through ``tokenizer``'s chat template: their
     token ids, or the text with ``tokenize=False``; ``add_generation_prompt`` opens the
-    assistant's turn."""
+    assistant's turn. The ids are the text's, cut where each assistant message's content
+    begins (:mod:`.rendering`: a next turn starts with the ids of the turn and answer before)."""
     options = {} if tools is None else {"tools": list(tools)}
-    rendered = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=add_generation_prompt, tokenize=tokenize, **options
-    )
+
+    def render(items: list, opened: bool = True, tokenize: bool = False):
+        return tokenizer.apply_chat_template(
+            items, add_generation_prompt=opened, tokenize=tokenize, **options
+        )
+
     if not tokenize:
-        return rendered
+        return render(list(messages), add_generation_prompt)
+    text = render(list(messages), add_generation_prompt)
+    if isinstance(text, str):  # in pieces (a tokenizer that renders no text: its own ids)
+        return segmented_ids(tokenizer, text, answer_starts(text, messages, render))
+    rendered = render(list(messages), add_generation_prompt, tokenize=True)
     return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
 
