@@ -108,6 +108,20 @@ def test_a_hermes_call_in_byte_level_bpe_with_tags_as_tokens_starts_the_next_tur
     assert following[: len(ids) + len(canonical)] == ids + canonical
 
 
+@pytest.mark.filterwarnings("ignore:tiny has no chat template")
+def test_a_base_models_answer_starts_the_next_turn():
+    """Without a chat template the contents are joined by blank lines, an answer right
+    after what it answered, as the model continued it."""
+    from test_server_tools import ascii_lm
+
+    lm = ascii_lm()
+    assert_next_turn_starts_with_the_answer(lm, QUESTION)
+    assert_next_turn_starts_with_the_answer(lm, QUESTION, TOOLS, "required")
+    messages = [*QUESTION, {"role": "assistant", "content": "Sunny."}, *QUESTION]
+    text = f"{QUESTION[0]['content']}Sunny.\n\n{QUESTION[0]['content']}"
+    assert lm.encode(messages) == lm.tokenizer(text)["input_ids"]
+
+
 def test_the_cut_is_where_each_answer_begins():
     tokenizer = bpe_lm().tokenizer
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Union
 
 from .errors import EmptyPromptError, InvalidParameterError
-from .rendering import answer_starts, segmented_ids
+from .rendering import answer_starts, ids_of, segmented_ids
 
 #: A prompt: plain text, chat messages ``[{"role": ..., "content": ...}]``, or token ids.
 Prompt = Union[str, Sequence[dict], Sequence[int]]
@@ -75,8 +75,10 @@ _TOLD: weakref.WeakSet = weakref.WeakSet()
 
 def _without_template(lm, messages: Sequence[dict]) -> list[int]:
     """Messages for a model without a chat template (a base model, e.g. a GGUF file that
-    stores none): their contents as plain text, a blank line apart (said once per tokenizer,
-    that is per model)."""
+    stores none): their contents as plain text, a blank line apart, but an assistant's
+    content right after what it answered (the model's continuation, as it wrote it), the text
+    cut where each answer begins (:mod:`.rendering`); said once per tokenizer, that is per
+    model."""
     try:
         told = lm.tokenizer in _TOLD
         _TOLD.add(lm.tokenizer)
@@ -89,10 +91,21 @@ def _without_template(lm, messages: Sequence[dict]) -> list[int]:
             RuntimeWarning,
             stacklevel=4,
         )
-    parts = []
+    text, starts = "", []
     for message in messages:
         content = message["content"]
         if not isinstance(content, str):  # OpenAI content parts
             content = "".join(part.get("text", "") for part in content or ())
-        parts.append(content)
-    return encode_prompt(lm, "\n\n".join(parts))
+        if message.get("role") == "assistant":  # the model's continuation, as it wrote it
+            starts.append(len(text))
+        elif text:
+            text += "\n\n"
+        text += content
+    if not text.strip():
+        raise EmptyPromptError("the prompt is empty")
+    tokenizer = lm.tokenizer
+    whole = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    bare = ids_of(tokenizer, text)
+    if not starts or whole[len(whole) - len(bare) :] != bare:  # special tokens after it
+        return whole
+    return whole[: len(whole) - len(bare)] + segmented_ids(tokenizer, text, starts)
