@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "promptlookup"
 
 #: Each module may import modules of its own layer or of lower ones, never of higher ones.
 LAYERS = [
-    ["_version", "errors", "limits", "machine", "cache_files", "text", "prompts"],
+    ["_version", "errors", "limits", "machine", "cache_files", "text", "rendering", "prompts"],
     [
         "sampling",
         "rejection",

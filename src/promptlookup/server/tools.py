@@ -201,7 +201,11 @@ def prompt_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
 
 def _reply(content: str, structured: bool) -> str:
     """An earlier text answer as the generic format writes it: ``{"answer": VALUE}`` where
-    the answer is JSON and a format is asked for, else ``{"response": "..."}``."""
+    the answer is JSON and a format is asked for, else ``{"response": "..."}``; an answer
+    that is already in the format (one cut at its length comes back as its raw text) as it
+    is, so that it reads as the model wrote it."""
+    if content.startswith((RESPONSE_START, ANSWER_START, CALLS_START)):
+        return content
     if structured:
         try:
             return dumps({"answer": json.loads(content)})
