@@ -15,7 +15,7 @@ from test_server_tools import TOOLS
 from promptlookup.prefix_cache import PrefixCache
 from promptlookup.prompts import apply_chat_template
 from promptlookup.rendering import answer_starts, cuts_safely, segmented_ids
-from promptlookup.server.schemas import ChatCompletionRequest
+from promptlookup.server.openai.protocol import ChatCompletionRequest
 from promptlookup.server.tool_template import detect, encode
 from promptlookup.server.tools import read_answer
 
