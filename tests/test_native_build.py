@@ -55,7 +55,12 @@ def test_several_sources_link_into_one_library(tmp_path, monkeypatch):
 
 def test_the_kernels_bounds_are_read_from_their_header():
     bounds = native_build.bounds()
-    assert set(bounds) == {"KEY_BLOCK", "MAX_GROUP", "MAX_DIM", "PANEL_LANES"}
+    element_types = {"ELEMENT_FLOAT32", "ELEMENT_BFLOAT16", "ELEMENT_FLOAT16"}
+    assert set(bounds) == {"KEY_BLOCK", "MAX_GROUP", "MAX_DIM", "PANEL_LANES"} | element_types
+    # The element type codes the kernels take, one per dtype the attention reads.
+    assert sorted(native_attention.ELEMENT_TYPES.values()) == sorted(
+        bounds[name] for name in element_types
+    )
     assert row_invariant.KEY_BLOCK == bounds["KEY_BLOCK"]
     assert (native_attention.MAX_GROUP, native_attention.MAX_DIM) == (
         bounds["MAX_GROUP"],
