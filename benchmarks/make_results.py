@@ -191,6 +191,17 @@ STUDIES = [
         "The prefix cache over 30 minutes of 16 tenants",
     ),
     (
+        "against-0.15.0/sessions/sessions.md",
+        "How it ran: `against-0.15.0/NOTES.md` (`benchmarks/against_revision.sh`, this version "
+        "against 0.15.0's server, 2 threads each, the machine otherwise idle; peak memory there).",
+        "Sessions against 0.15.0: one driver, the server by API, float16 keys and values",
+    ),
+    (
+        "against-0.15.0/single/report.md",
+        "How it ran: `against-0.15.0/NOTES.md` (the same script's single-stream race).",
+        "Single streams against 0.15.0",
+    ),
+    (
         "drivers-0.15.0.md",
         "`benchmarks/studies/drivers.py`, version 0.15.0.",
         "One stream through the batch decoder against the reference loop",
