@@ -12,9 +12,9 @@ Policies:
 - *Text* must be valid Unicode: a lone surrogate anywhere is a 400 naming its field.
 - *Strict types*: integers must be JSON integers (not booleans, floats or strings), numbers
   must be finite JSON numbers, booleans must be ``true``/``false``.
-- *Ranges* keep every number where torch's arithmetic stays finite (see :data:`LIMITS`):
-  ``temperature`` 0 (greedy) or in [1e-4, 2]; ``top_p`` in (0, 1]; ``repetition_penalty`` in
-  [0.01, 100]; ``seed`` a signed 64-bit integer; ``n`` in [1, 16]; ``top_logprobs`` in
+- *Ranges* keep every number where torch's arithmetic stays finite: ``temperature`` 0
+  (greedy) or in [:data:`~promptlookup.limits.MIN_TEMPERATURE`, 2]; ``top_p`` in (0, 1];
+  ``repetition_penalty`` in :data:`~promptlookup.limits.REPETITION_PENALTY_RANGE`; ``seed`` a signed 64-bit integer; ``n`` in [1, 16]; ``top_logprobs`` in
   [0, 20] (chat, with ``logprobs: true``); ``logprobs`` in [0, 5] (completions); ``stop``
   one string or a list of up to 4, each at most 1,000 characters.
 - *Refused features*: parameters whose only supported value is the default (``echo``,
