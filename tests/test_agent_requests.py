@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 
 import httpx
 import pytest
-from _server import FIXED, RunningServer
-from test_server_tools import WEATHER, ascii_lm
+from test_server_anthropic import KEY, server  # noqa: F401 (the fixture: the tiny model, a key)
+from test_server_tools import WEATHER
 
-from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.anthropic.protocol import MessagesRequest
 from promptlookup.server.request_base import parse_request
 
-KEY = "secret"
 FIELDS, TOOLS_LEFT_OUT = "x-promptlookup-ignored-fields", "x-promptlookup-ignored-tools"
 ANTHROPIC = {"x-api-key": KEY, "anthropic-version": "2023-06-01",
              "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14"}  # fmt: skip
 BEARER = {"Authorization": f"Bearer {KEY}"}
 EPHEMERAL = {"type": "ephemeral"}
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
-
-
-@pytest.fixture(scope="module")
-def server():
-    warnings.filterwarnings("ignore", "tiny has no chat template", RuntimeWarning)
-    settings = ServerSettings(generation_options=FIXED, api_key=KEY)
-    with RunningServer(create_app(ascii_lm(), settings)) as s:
-        yield s
 
 
 def post(server, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
