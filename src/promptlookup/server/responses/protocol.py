@@ -23,7 +23,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from ..ignored import LeftOut, note
 from ..openai.protocol import INT32_MAX
-from ..request_base import APIError, LeftOutTool, RequestModel
+from ..request_base import APIError, LeftOutTool, RequestModel, content_text
 from ..tool_schemas import FunctionDef
 
 
@@ -43,9 +43,7 @@ class MessageItem(RequestModel):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return content_text(self.content)
 
 
 class FunctionCallItem(RequestModel):
@@ -70,9 +68,7 @@ class FunctionCallOutputItem(RequestModel):
     status: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return content_text(self.output)
 
 
 class ReasoningItem(RequestModel):
