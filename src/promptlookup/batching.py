@@ -40,7 +40,8 @@ chunk and its last token make the pass that yields its first token (no draft bes
 Memory: each sequence holds its own KV cache, ``2 * layers * kv_heads * head_dim`` values per
 token, with capacity rounded up to 64 tokens and doubling as it grows (SmolLM2-135M in
 float32: 46 KB per token, so 8 sequences of 2,048 tokens take about 0.75 GB); a prefix cache
-holds its budget besides (sequences copy their prefix from it: they share no memory with it).
+holds its budget besides, in the buffers of finished sequences that it took over (a joining
+sequence takes its prefix's buffers over where nobody else uses them, else copies it).
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ class BatchDecoder:
             sequence.cache = self.target.new_sequence()
             if sequence.prefix_cache is not None:  # its prompt's cached prefix is not fed
                 with _isolated(sequence):
-                    sequence.stats.cached_tokens = sequence.prefix_cache.restore(
+                    sequence.cache, sequence.stats.cached_tokens = sequence.prefix_cache.join(
                         self.target, sequence.cache, sequence.tokens[:-1], sequence.tenant
                     )
             self.running.append(sequence)
@@ -282,11 +283,13 @@ class BatchDecoder:
 
     def _keep(self, sequence: BatchSequence) -> None:
         """The sequence's keys and values into its prefix cache, if it has one, for sequences
-        that join later."""
+        that join later (at its end, its cache with them: a later one may take it over)."""
         if sequence.prefix_cache is not None and sequence.cache is not None and not sequence.error:
             sequence.prefix_cache.store(
-                self.target, sequence.cache, sequence.tokens, sequence.tenant
+                self.target, sequence.cache, sequence.tokens, sequence.tenant, sequence.done
             )
+            if sequence.done:
+                sequence.cache = None  # the prefix cache's now
 
     def _entries(self) -> list[_Entry]:
         """This step's tokens per running sequence (steps 1 and 2 of the module doc)."""

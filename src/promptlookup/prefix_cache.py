@@ -17,16 +17,21 @@ prompt).
 - *Blocks*: sequences are kept in blocks of :data:`BLOCK_TOKENS` tokens, one tree per tenant
   (:mod:`promptlookup.prefix_tree`): a request takes the longest cached prefix, to the token;
   sequences that start alike share their blocks in the cache.
-- *Copy on join*: a request copies its prefix's keys and values into its own KV cache when it
-  starts (a few milliseconds per thousand tokens), and its prompt and answer are copied into
-  the cache's blocks once its prompt is in (so requests that join later reuse it) and when it
-  ends. Running requests therefore hold no block of the cache, and eviction (least recently
-  used first) can take any block; a request that copies holds its blocks' tensors alive until
-  its copy is made.
+- *Held once*: a sequence's cache that can share its blocks in place
+  (:class:`~promptlookup.backends.base.SharingBlockCache`, the native engines' caches) gives
+  the cache views of its own buffers when its prompt is in and when it ends (no copy; it never
+  rewrites those positions again). A request that :meth:`PrefixCache.join` s takes over the
+  buffers its prefix lies in when no running request uses them and the blocks held there past
+  its prefix are fewer than it (those are copied out first: copy on write); else, as with
+  other caches, it copies its prefix into its own cache (a few milliseconds per thousand
+  tokens): a conversation's next turn goes on in the buffers of the last, so its keys and
+  values are held once. Blocks are read and handed over under the cache's lock.
 - *Memory*: at most ``mib`` MiB of blocks (keys and values of every layer:
   ``kv_bytes_per_token`` each token: 22.5 KiB for SmolLM2-135M's float16 keys and values,
-  45 KiB in float32), on top of the running
-  requests' own caches.
+  45 KiB in float32), on top of the running requests' own caches. Buffers that blocks are
+  held in count whole (spare room too), once, whether or not a running request uses them;
+  they are freed with their last block. Buffers larger than the budget are copied from, as
+  many blocks as fit.
 - *Disk*: with a ``directory``, every block is also written there (in the background) within
   ``disk_mib`` MiB, and a request whose prefix goes on past what memory holds reads the rest
   from there: blocks evicted from memory, and a conversation's blocks after a restart
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -87,6 +93,9 @@ class PrefixCache:
         self._tree: BlockTree | None = None  # made by the first store (its block size known)
         self._lock = threading.Lock()
         self._layout: tuple | None = None  # the blocks' model: the first target's
+        #: Finished sequences' caches that hold blocks in place (no running request uses
+        #: them), each with the tokens whose keys and values it holds.
+        self._finished: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: The disk tier, or None.
         self.disk = None
         if directory is not None:
@@ -157,23 +166,80 @@ class PrefixCache:
     def restore(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> int:
         """Fill the empty sequence ``cache`` of ``target`` with the keys and values of the
         longest cached prefix of ``token_ids`` (of ``tenant``), in memory or on disk; returns
-        its length in tokens (0: none)."""
+        its length in tokens (0: none). Copies; :meth:`join` may take buffers over instead."""
+        return self.join(target, cache, token_ids, tenant, take_over=False)[1]
+
+    def join(
+        self,
+        target,
+        cache,
+        token_ids: Sequence[int],
+        tenant: str | None = None,
+        take_over: bool = True,
+    ) -> tuple[Any, int]:
+        """``(cache, matched)``: the cache a new sequence of ``target`` starts from, holding
+        the keys and values of the longest cached prefix of ``token_ids`` (of ``tenant``),
+        ``matched`` tokens long: the finished buffers that hold the prefix's start, taken over
+        (see the module doc), or ``cache`` (empty) with the prefix copied in (as
+        :meth:`restore`). The sequence's :meth:`store` with ``ended`` gives them back."""
         self._check(target)
         namespace = None if self.shared else tenant
         payloads, matched = [], 0
-        with self._lock:
+        with self._lock:  # blocks held in place are read before anyone takes them over
             if self._tree is not None:
                 payloads, matched = self._tree.match(namespace, token_ids)
-        if self.disk is not None:
-            payloads, matched = self._from_disk(target, namespace, token_ids, payloads, matched)
-        if matched:  # the payloads are never written, and held here: copied outside the lock
-            cache.write_prefix(payloads, matched)
-        return matched
+            if self.disk is not None:
+                found = self._from_disk(target, namespace, token_ids, payloads, matched)
+                payloads, matched = found
+            taken, start = (None, 0)
+            if take_over and matched:
+                taken, start = self._take_over(payloads, token_ids[:matched])
+            if taken is not None:
+                cache = taken
+            if matched > start:  # the rest copied in
+                cache.write_prefix(payloads[start // self.block_tokens :], matched)
+        return cache, matched
 
-    def store(self, target, cache, token_ids: Sequence[int], tenant: str | None = None) -> None:
+    def _take_over(self, payloads: list, prefix: Sequence[int]) -> tuple[Any, int]:
+        """``(buffers, start)``: the finished buffers among ``payloads``' that already hold the
+        longest start of ``prefix`` (``start`` tokens, whole blocks or all of it), where
+        copying out the blocks held there past it and copying in the prefix's rest costs
+        least, and less than copying all of ``prefix`` (then done: the blocks past it now in
+        their own storage); ``(None, 0)`` where none does."""
+        size, best, cheapest = self.block_tokens, (None, 0, []), len(prefix)
+        candidates = {id(p.storage): p.storage for p in payloads if hasattr(p, "storage")}
+        for storage in candidates.values():
+            if storage not in self._finished:
+                continue  # in use (or its buffers never held in place)
+            common = common_prefix_length(self._finished[storage], prefix)
+            start = len(prefix) if common >= len(prefix) else common // size * size
+            rest = payloads[start // size :] if start < len(prefix) else []  # copied in
+            if any(getattr(p, "storage", None) is storage for p in rest):
+                continue  # read and written at once: not this one
+            past = [p for p in self._tree.payloads_in(storage) if p.stop > start]
+            cost = sum(p.stop - p.start for p in past) + len(prefix) - start
+            if cost < cheapest:
+                best, cheapest = (storage, start, past), cost
+        storage, start, past = best
+        if storage is not None:
+            del self._finished[storage]
+            self._tree.rehome(storage, lambda p: p.copy() if any(p is q for q in past) else p)
+            storage.resume(start)
+        return storage, start
+
+    def store(
+        self,
+        target,
+        cache,
+        token_ids: Sequence[int],
+        tenant: str | None = None,
+        ended: bool = False,
+    ) -> None:
         """Keep the keys and values of the blocks of ``token_ids`` (its last tokens as a tail)
         that ``cache`` (a sequence of ``target``) holds in its first positions and the cache
-        lacks, for ``tenant`` (and write those the disk tier lacks there)."""
+        lacks, for ``tenant``: in place where ``cache`` shares its blocks and its buffers fit
+        the budget, else copied (and write those the disk tier lacks there). ``ended``: the
+        sequence is over, so that a later one may take its buffers over (:meth:`join`)."""
         self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
         if not length:
@@ -186,13 +252,27 @@ class PrefixCache:
             copied.update(zip(range(start, stop), found))
             return found
 
+        def in_place(start: int, stop: int) -> list:
+            return cache.share_blocks(start * size, min(stop * size, length), size)
+
+        tokens = token_ids[:length]
         with self._lock:
             if self._tree is None:
                 block_bytes = target.kv_bytes_per_token * self.block_tokens
                 self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
-            self._tree.insert(namespace, token_ids[:length], blocks)
+            added = 0
+            if hasattr(cache, "share_blocks"):  # in place, all or nothing
+                held = cache.held_bytes
+                added = self._tree.insert(namespace, tokens, in_place, cache, held)
+                if self._tree.counted(cache) not in (None, held):  # grown past the budget
+                    self._tree.rehome(cache, lambda payload: payload.copy())
+            if not added:  # else copied (as many blocks as fit)
+                self._tree.insert(namespace, tokens, blocks)
         if self.disk is not None:
-            self._to_disk(target, namespace, token_ids[:length], blocks, copied)
+            self._to_disk(target, namespace, tokens, blocks, copied)
+        if ended and hasattr(cache, "share_blocks"):
+            with self._lock:
+                self._finished[cache] = list(tokens)
 
     def _keys(self, target, namespace: Hashable, tokens: Sequence[int]) -> list[bytes]:
         """The disk tier's keys: the root's, then those of the whole blocks of ``tokens``."""

@@ -106,6 +106,27 @@ class BlockCache(SequenceCache, Protocol):
 
 
 @runtime_checkable
+class SharingBlockCache(BlockCache, Protocol):
+    """A :class:`BlockCache` whose keys and values a prefix cache can hold *in place*, so that
+    they are held once: its blocks are views of its own buffers, and a later sequence may take
+    the buffers over (the prefix cache's ``join``)."""
+
+    #: Bytes its buffers take now (what holding its blocks in place costs).
+    held_bytes: int
+
+    def share_blocks(self, start: int, stop: int, block_tokens: int) -> list:
+        """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions in place
+        (no copy), each with ``storage`` (this cache), ``start``, ``stop`` and ``copy()`` (the
+        block in its own storage, as :meth:`read_blocks` gives one); :meth:`write_prefix` takes
+        them too. The first ``stop`` positions are never rewritten from then on (a crop below
+        them is an error) until :meth:`resume`."""
+
+    def resume(self, length: int) -> None:
+        """Keep the first ``length`` positions, the only ones blocks in place hold from now on,
+        for a new sequence that goes on after them."""
+
+
+@runtime_checkable
 class PrefixTarget(BatchTarget, Protocol):
     """A target whose sequences' caches can start from an earlier sequence's keys and values,
     and still give every token exactly as without them."""

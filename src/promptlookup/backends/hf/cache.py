@@ -145,12 +145,79 @@ class GrowingLayer(DynamicLayer):
         raise NotImplementedError("GrowingLayer holds one sequence")
 
 
+class SharedBlock:
+    """Positions ``start`` to ``stop - 1`` of every layer of ``storage`` (a
+    :class:`GrowingCache`) in place: views of its buffers, no copy
+    (:meth:`GrowingCache.share_blocks`). It reads the buffers the cache has when read, so it
+    follows them when they grow."""
+
+    __slots__ = ("storage", "start", "stop")
+
+    def __init__(self, storage: GrowingCache, start: int, stop: int) -> None:
+        self.storage, self.start, self.stop = storage, start, stop
+
+    def rows(self, layer: int, kind: int) -> torch.Tensor:
+        """Layer ``layer``'s keys (``kind`` 0) or values (1): (kv_heads, stop - start, dim)."""
+        cache_layer = self.storage.layers[layer]
+        buffer = cache_layer.value_buffer if kind else cache_layer.key_buffer
+        return buffer[0, :, self.start : self.stop]
+
+    def copy(self) -> torch.Tensor:
+        """The block in its own storage, as :meth:`GrowingCache.read_blocks` gives one."""
+        return self.storage.read_blocks(self.start, self.stop, self.stop - self.start)[0]
+
+
+def _rows(block, layer: int, kind: int) -> torch.Tensor:
+    """(kv_heads, positions, dim) of a block, a tensor or a :class:`SharedBlock`."""
+    return block.rows(layer, kind) if isinstance(block, SharedBlock) else block[layer, kind]
+
+
 class GrowingCache(DynamicCache):
     """One sequence's cache of :class:`GrowingLayer` layers (all of the same head shape), which
     hands out and takes in its keys and values as *blocks* for a prefix cache
     (:class:`~promptlookup.backends.base.BlockCache`): a block is positions ``start`` to
     ``stop - 1`` of every layer, one tensor ``(layers, 2, kv_heads, stop - start, head_dim)``
-    (keys, then values) in the buffers' dtype, whatever it is, in its own storage."""
+    (keys, then values) in the buffers' dtype, whatever it is, in its own storage; or, held
+    once, a :class:`SharedBlock` of its own positions in place
+    (:class:`~promptlookup.backends.base.SharingBlockCache`)."""
+
+    #: Positions that shared blocks hold in place: never rewritten (cropping below is an error)
+    #: until :meth:`resume`.
+    frozen = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes its layers' buffers take now (spare room included)."""
+        buffers = [
+            buffer
+            for layer in self.layers
+            for buffer in (getattr(layer, "key_buffer", None), getattr(layer, "value_buffer", None))
+            if buffer is not None
+        ]
+        return sum(buffer.untyped_storage().nbytes() for buffer in buffers)
+
+    def share_blocks(self, start: int, stop: int, block_tokens: int) -> list[SharedBlock]:
+        """Positions ``start`` to ``stop - 1`` as :class:`SharedBlock` blocks of
+        ``block_tokens`` positions (the last one shorter where the span is not a multiple),
+        in place; the first ``stop`` positions are never rewritten from now on."""
+        self.frozen = max(self.frozen, stop)
+        return [
+            SharedBlock(self, first, min(first + block_tokens, stop))
+            for first in range(start, stop, block_tokens)
+        ]
+
+    def resume(self, length: int) -> None:
+        """Keep the first ``length`` positions, the only ones shared blocks hold now, and let
+        a new sequence write after them."""
+        self.frozen = length
+        self.crop(length)
+
+    def crop(self, max_length: int) -> None:
+        if max_length < self.frozen:
+            raise ValueError(
+                f"cropping to {max_length} positions would rewrite {self.frozen} held in place"
+            )
+        super().crop(max_length)
 
     def read_blocks(self, start: int, stop: int, block_tokens: int) -> list[torch.Tensor]:
         """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions, the
@@ -175,24 +242,28 @@ class GrowingCache(DynamicCache):
             blocks.append(part)
         return blocks
 
-    def write_prefix(self, blocks: list[torch.Tensor], length: int) -> None:
-        """Fill this empty cache with the first ``length`` positions that ``blocks`` hold one
-        after another (the last block possibly in part), as :meth:`read_blocks` gave them."""
-        first = blocks[0]  # (layers, 2, kv_heads, block_tokens, head_dim)
-        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
-        ends = list(itertools.accumulate(block.shape[3] for block in blocks))
+    @torch.inference_mode()  # the buffers a forward pass made are inference tensors
+    def write_prefix(self, blocks: list, length: int) -> None:
+        """Fill this cache's next positions, up to ``length``, with the positions that
+        ``blocks`` hold one after another (the last block possibly in part), as
+        :meth:`read_blocks` or :meth:`share_blocks` gave them: an empty cache's first ones."""
+        have = self.get_seq_length()
+        first = _rows(blocks[0], 0, 1)  # (kv_heads, block_tokens, head_dim)
+        like = first.new_empty((1, first.shape[0], 0, first.shape[2]))  # (1, kv_heads, 0, dim)
+        sizes = [_rows(block, 0, 1).shape[1] for block in blocks]
+        ends = list(itertools.accumulate(sizes, initial=have))[1:]
         whole = next((i for i, end in enumerate(ends) if end > length), len(blocks))
-        start = ends[whole - 1] if whole else 0  # blocks before ``whole`` are taken whole
+        start = ends[whole - 1] if whole else have  # blocks before ``whole`` are taken whole
         for index, layer in enumerate(self.layers):
-            layer.make_room(length, like)
+            layer.make_room(length - have, like)
             buffers = (layer.key_buffer[0], layer.value_buffer[0])  # (kv_heads, room, dim)
             for kind, buffer in enumerate(buffers):
                 if whole:  # every whole block's rows in one call
-                    rows = [block[index, kind] for block in blocks[:whole]]
-                    torch.cat(rows, dim=1, out=buffer[:, :start])
+                    rows = [_rows(block, index, kind) for block in blocks[:whole]]
+                    torch.cat(rows, dim=1, out=buffer[:, have:start])
                 if start < length:  # then the first positions of one more
-                    buffer[:, start:length] = blocks[whole][index, kind, :, : length - start]
-            layer.advance(length)
+                    buffer[:, start:length] = _rows(blocks[whole], index, kind)[:, : length - start]
+            layer.advance(length - have)
 
 
 def growing_cache(
