@@ -19,7 +19,8 @@ from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.grammar import engine_tokenizer
 from promptlookup.server import ServerSettings, create_app
-from promptlookup.server.tools import ToolPlan, ToolStream, parse, prompt_messages
+from promptlookup.server.reading import ToolStream, parse
+from promptlookup.server.tools import ToolPlan, prompt_messages
 
 WEATHER = {
     "type": "object",
