@@ -38,7 +38,7 @@ Policies:
 - *Keep-alive*: a stream sends a keep-alive (an SSE comment, or Anthropic's ``ping`` event)
   whenever nothing has gone out for ``--stream-keepalive`` seconds, and begins (200) after
   that long in the queue, so that no client's idle timer fires on a request that waits or
-  prefills (:func:`.serving.keep_alive`). A whole (non-streamed) answer sends nothing
+  prefills (:func:`.streams.keep_alive`). A whole (non-streamed) answer sends nothing
   until it is done, as llama-server and vLLM do.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
