@@ -16,8 +16,8 @@ from promptlookup.prefix_cache import PrefixCache
 from promptlookup.prompts import apply_chat_template
 from promptlookup.rendering import answer_starts, cuts_safely, segmented_ids
 from promptlookup.server.openai.protocol import ChatCompletionRequest
+from promptlookup.server.reading import read_answer
 from promptlookup.server.tool_template import detect, encode
-from promptlookup.server.tools import read_answer
 
 #: ChatML without tools: tools go through the generic format.
 CHATML = (

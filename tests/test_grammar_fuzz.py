@@ -18,7 +18,8 @@ from test_grammar_schemas import TEMPLATE, keys, one_line
 from test_server_tools import ascii_lm
 
 from promptlookup import Grammar, GrammarError, GrammarFailed
-from promptlookup.server.tools import NO_PARAMETERS, ToolPlan, parse
+from promptlookup.server.reading import parse
+from promptlookup.server.tools import NO_PARAMETERS, ToolPlan
 
 lm = functools.cache(ascii_lm)
 FUZZ = settings(

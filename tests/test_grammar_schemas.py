@@ -22,9 +22,10 @@ from test_server_tools import ascii_lm
 from promptlookup import Grammar, GrammarError, GrammarFailed, json_schemas
 from promptlookup.grammar import engine_tokenizer
 from promptlookup.json_schemas import closed, satisfiable
+from promptlookup.server.reading import parse
 from promptlookup.server.tool_schemas import Tool
 from promptlookup.server.tool_template import CLOSE_TAG, OPEN_TAG, TemplateFormat
-from promptlookup.server.tools import NO_PARAMETERS, ToolPlan, parse
+from promptlookup.server.tools import NO_PARAMETERS, ToolPlan
 
 lm = functools.cache(ascii_lm)
 #: The Hermes format without newlines (the tiny tokenizer has none).

@@ -12,6 +12,8 @@ from _server import FIXED, MESSAGES, MODEL, RunningServer, tiny_lm
 from pydantic import BaseModel
 
 from promptlookup.server import ServerSettings, bodies, create_app
+from promptlookup.server.anthropic import bodies as anthropic_bodies
+from promptlookup.server.responses import bodies as responses_bodies
 
 GOOD = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
 
@@ -241,4 +243,62 @@ def test_every_answer_is_a_documented_body(server):
     for model, body in answers:
         assert model.__name__ in documented
         assert _extras(model.model_validate(body)) == [], (model.__name__, body)
+        assert bodies.dump(model.model_validate(body)) == body  # nothing added or lost
+
+
+#: Each API's answer and error models, as its routes declare them (their own shapes).
+API_BODIES = {
+    "/v1/chat/completions": (bodies.ChatCompletion, bodies.ErrorResponse),
+    "/v1/completions": (bodies.Completion, bodies.ErrorResponse),
+    "/v1/messages": (anthropic_bodies.AnthropicMessage, anthropic_bodies.AnthropicError),
+    "/v1/messages/count_tokens": (
+        anthropic_bodies.MessageTokenCount,
+        anthropic_bodies.AnthropicError,
+    ),
+    "/v1/responses": (responses_bodies.ResponseObject, bodies.ErrorResponse),
+}
+
+
+def test_each_api_documents_its_answers_and_its_own_errors(server):
+    """/openapi.json names each API's answer (200) and error models (its 4xx and 5xx), and
+    holds those models' own schemas (no other model of the same name in their place); the
+    answers the server sends are those models, nothing added or lost."""
+    doc = httpx.get(server.url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+
+    def named(response: dict) -> str:
+        return response["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+
+    for path, (answer, error) in API_BODIES.items():
+        responses = doc["paths"][path]["post"]["responses"]
+        assert named(responses["200"]) == answer.__name__
+        errors = {status: named(body) for status, body in responses.items() if status != "200"}
+        assert {"400", "413", "500", "503"} <= set(errors) and "401" not in errors  # no keys
+        assert set(errors.values()) == {error.__name__}
+        for model in (answer, error):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, part in {**schema.pop("$defs", {}), model.__name__: schema}.items():
+                assert schemas[name] == part, (path, name)
+    streamed = doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]
+    assert "message_start" in streamed["text/event-stream"]["schema"]["description"]
+    anthropic_error = schemas["AnthropicError"]["properties"]
+    assert anthropic_error["type"]["const"] == "error" and "error" in anthropic_error
+
+    def post(path, body):
+        return httpx.post(server.url + path, json={"model": MODEL, **body}, timeout=60)
+
+    message = {"max_tokens": 4, "messages": MESSAGES, "temperature": 0}
+    answers = [
+        ("/v1/messages", post("/v1/messages", message)),
+        ("/v1/messages", post("/v1/messages", {"messages": MESSAGES})),  # no max_tokens
+        ("/v1/messages/count_tokens", post("/v1/messages/count_tokens", message)),
+        ("/v1/messages/count_tokens", post("/v1/messages/count_tokens", {"messages": 1})),
+        ("/v1/responses", post("/v1/responses", {"input": "abcd", "max_output_tokens": 4})),
+        ("/v1/responses", post("/v1/responses", {"input": "abcd", "max_output_tokens": 0})),
+    ]
+    assert [response.status_code for _, response in answers] == [200, 400] * 3
+    for path, response in answers:
+        model = API_BODIES[path][response.status_code != 200]
+        body = response.json()
+        assert _extras(model.model_validate(body)) == [], (path, body)
         assert bodies.dump(model.model_validate(body)) == body  # nothing added or lost

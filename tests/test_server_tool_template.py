@@ -21,8 +21,9 @@ from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.openai.protocol import ChatCompletionRequest
+from promptlookup.server.reading import ToolStream, parse
 from promptlookup.server.tool_template import TemplateFormat, detect, encode
-from promptlookup.server.tools import ToolPlan, ToolStream, parse
+from promptlookup.server.tools import ToolPlan
 
 #: A template in Qwen2.5's manner: tools listed in the system message, calls in ``<tool_call>``.
 HERMES_TEMPLATE = """\
@@ -346,8 +347,7 @@ def test_text_before_a_call_streams_first_to_both_apis():
     from types import SimpleNamespace
 
     from promptlookup.server.anthropic.serving import EventWriter
-    from promptlookup.server.openai.answers import ChunkWriter
-    from promptlookup.server.openai.serving import chunk_events
+    from promptlookup.server.openai.answers import ChunkEvents
 
     template = TemplateFormat()
     plan = ToolPlan([{"name": "f", "parameters": {"type": "object"}}], "auto", True, template)
@@ -356,18 +356,21 @@ def test_text_before_a_call_streams_first_to_both_apis():
     events = asyncio.Queue()
     for piece in pieces:
         events.put_nowait(("delta", (0, piece, None)))
-    result = SimpleNamespace(finish_reason="stop", prompt_ids=[], text=answer)
+    stats = SimpleNamespace(cached_tokens=0)
+    result = SimpleNamespace(finish_reason="stop", prompt_ids=[], text=answer, stats=stats)
     events.put_nowait(("choice", SimpleNamespace(index=0, result=result, tokens=9)))
     events.put_nowait(("done", []))
     job = SimpleNamespace(events=events, cancel=lambda: None)
-    writer = ChunkWriter({"id": "x", "created": 0, "model": "tiny"}, True, "fp", False)
+    writer = ChunkEvents({"id": "x", "created": 0, "model": "tiny"}, True, "fp", False, plan)
 
-    async def chunks():
-        return [c async for c in chunk_events(job, writer, 1, False, None, plan)]
+    async def stream():
+        return "".join([c async for c in writer.events(job)])
 
-    deltas = [
-        json.loads(c[6:])["choices"][0]["delta"] for c in asyncio.run(chunks())[:-1] if c.strip()
-    ]
+    streamed = asyncio.run(stream()).split("\n\n")
+    assert streamed[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(c[6:])["choices"][0] for c in streamed[:-2]]
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    deltas = [c["delta"] for c in chunks]
     content = "".join(d.get("content") or "" for d in deltas)
     first_call = next(i for i, d in enumerate(deltas) if d.get("tool_calls"))
     assert (
@@ -379,7 +382,7 @@ def test_text_before_a_call_streams_first_to_both_apis():
     )
     assert json.loads(arguments) == {"a": 1}
     writer = EventWriter("msg", "tiny", 3, plan)
-    streamed = "".join(writer.feed(piece) for piece in pieces)
+    streamed = "".join(writer.delta(0, piece, None) for piece in pieces)
     kinds = [
         json.loads(line[6:]).get("content_block", {}).get("type")
         for line in streamed.splitlines()

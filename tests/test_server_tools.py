@@ -19,7 +19,9 @@ from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.grammar import engine_tokenizer
 from promptlookup.server import ServerSettings, create_app
-from promptlookup.server.tools import ToolPlan, ToolStream, parse, prompt_messages
+from promptlookup.server.openai.answers import ChunkEvents
+from promptlookup.server.reading import ToolStream, parse
+from promptlookup.server.tools import ToolPlan, prompt_messages
 
 WEATHER = {
     "type": "object",
@@ -209,6 +211,33 @@ def test_a_streamed_answer_adds_up_to_the_whole_one(step):
     answer, stream = '{"response": "caf\\u00e9 \\n ok"}', ToolStream()
     pieces = [stream.feed(answer[i : i + step])[0] for i in range(0, len(answer), step)]
     assert "".join(pieces) == "caf\u00e9 \n ok" == parse(answer)[0]
+
+
+def test_openai_chunks_say_each_delta_as_the_tool_stream_reads_it():
+    """A streamed chat answer's chunks (:class:`ChunkEvents`, from the pieces every API
+    streams) carry each delta's tool call deltas as :meth:`ToolStream.feed` reads them, wherever
+    the deltas are cut: one that ends a call's arguments and begins the next call included."""
+    answer = (
+        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+        '{"name": "f", "arguments": {}}]}'
+    )
+    plan = ToolPlan([{"name": "get_weather"}, {"name": "f"}])
+    meta = {"id": "x", "created": 0, "model": "tiny"}
+
+    def said(call: dict) -> dict:  # the ids are each reader's own
+        return {**{key: value for key, value in call.items() if key != "id"}, "new": "id" in call}
+
+    for cut in range(1, len(answer)):
+        for length in (1, 9, 30):
+            pieces = [answer[:cut], answer[cut : cut + length], answer[cut + length :]]
+            chunks, reader = ChunkEvents(meta, True, "fp", False, plan), ToolStream()
+            for piece in pieces:
+                content, expected = reader.feed(piece)
+                sent = chunks.delta(0, piece, None).split("\n\n")[:-1]
+                deltas = [json.loads(e.removeprefix("data: "))["choices"][0]["delta"] for e in sent]
+                assert len(deltas) == (1 if expected else 0) and content == ""
+                calls = [call for delta in deltas for call in delta["tool_calls"]]
+                assert list(map(said, calls)) == list(map(said, expected)), (cut, length)
 
 
 def test_the_generic_format_in_the_prompt():

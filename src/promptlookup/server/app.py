@@ -38,7 +38,7 @@ Policies:
 - *Keep-alive*: a stream sends a keep-alive (an SSE comment, or Anthropic's ``ping`` event)
   whenever nothing has gone out for ``--stream-keepalive`` seconds, and begins (200) after
   that long in the queue, so that no client's idle timer fires on a request that waits or
-  prefills (:func:`.serving.keep_alive`). A whole (non-streamed) answer sends nothing
+  prefills (:func:`.streams.keep_alive`). A whole (non-streamed) answer sends nothing
   until it is done, as llama-server and vLLM do.
 - *Errors* use OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``; once a stream
   has begun, the same JSON goes out as an ``event: error`` message, then ``data: [DONE]``.
@@ -61,13 +61,25 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..drafters import check_drafter_spec
+from .anthropic.bodies import COUNT_ANSWERS, MESSAGE_ANSWERS
 from .anthropic.serving import count_message_tokens, serve_messages
-from .bodies import Health, HealthPrefixCache, HealthQueue, ModelList, dump
+from .bodies import (
+    CHAT_ANSWERS,
+    COMPLETION_ANSWERS,
+    Health,
+    HealthPrefixCache,
+    HealthQueue,
+    ModelCard,
+    ModelList,
+    documented,
+    dump,
+)
 from .edge import APIKeyGate, install_error_handlers
 from .metrics import CONTENT_TYPE_LATEST, RequestCounter
 from .openai.serving import serve_completions
 from .openapi import install_openapi
 from .request_base import APIError
+from .responses.bodies import RESPONSE_ANSWERS
 from .responses.serving import serve_responses
 from .settings import ServerSettings
 from .state import ModelOrLoader, ServerState
@@ -134,12 +146,14 @@ def create_app(
     async def detokenize_tokens(request: Request):
         return await detokenize(state, request)
 
-    @v1.get("/models")
+    @v1.get("/models", responses=documented(ModelList, statuses=(401, 500, 503)))
     async def models():
         state.ready_model()
         return dump(ModelList(object="list", data=[state.model_card()]))
 
-    @v1.get("/models/{model_id:path}")
+    @v1.get(
+        "/models/{model_id:path}", responses=documented(ModelCard, statuses=(401, 404, 500, 503))
+    )
     async def model(model_id: str):
         state.ready_model()
         if not state.serves(model_id):
@@ -151,23 +165,26 @@ def create_app(
             )
         return dump(state.model_card())
 
-    @v1.post("/chat/completions")
+    @v1.post(
+        "/chat/completions",
+        responses=CHAT_ANSWERS,
+    )
     async def chat_completions(request: Request):
         return await serve_completions(state, request, chat=True)
 
-    @v1.post("/completions")
+    @v1.post("/completions", responses=COMPLETION_ANSWERS)
     async def completions(request: Request):
         return await serve_completions(state, request, chat=False)
 
-    @v1.post("/messages")
+    @v1.post("/messages", responses=MESSAGE_ANSWERS)
     async def messages(request: Request):
         return await serve_messages(state, request)
 
-    @v1.post("/messages/count_tokens")
+    @v1.post("/messages/count_tokens", responses=COUNT_ANSWERS)
     async def message_tokens(request: Request):
         return await count_message_tokens(state, request)
 
-    @v1.post("/responses")
+    @v1.post("/responses", responses=RESPONSE_ANSWERS)
     async def responses(request: Request):
         return await serve_responses(state, request)
 

@@ -12,8 +12,8 @@
 - *Ignored fields*: a ``/v1`` request's parsing notes what it ignored (:mod:`.ignored`); the
   response's headers say it (``x-promptlookup-ignored-fields``, ``-tools``).
 - *Errors* are OpenAI's JSON (:class:`~.request_base.APIError`), Starlette's own (404, 405) too;
-  an unexpected exception is a 500 with its traceback logged once; a client that leaves
-  while sending its body is one line in the log.
+  an unexpected exception is a 500 with its traceback logged once (in Anthropic's JSON under
+  ``/v1/messages``); a client that leaves while sending its body is one line in the log.
 """
 
 from __future__ import annotations
@@ -129,6 +129,5 @@ async def _client_left(request: Request, exc: ClientDisconnect) -> Response:
 
 async def _internal_error_response(request: Request, exc: Exception) -> Response:
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(
-        APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
-    )
+    error = APIError(500, f"internal server error: {type(exc).__name__}", type="server_error")
+    return _anthropic_error(error) if _anthropic(request.url.path) else error_response(error)

@@ -1,9 +1,12 @@
-"""``GET /openapi.json``: the real request bodies (the validating models of :mod:`.openai.protocol`)
-and the response bodies (the models of :mod:`.bodies`, from which the answers are built), so
-that clients and fuzzers can read them.
+"""``GET /openapi.json``: the real request bodies (the validating models of :mod:`.openai.protocol`,
+:mod:`.anthropic.protocol`, :mod:`.responses.protocol`) and the response bodies (the models
+the answers are built from, :mod:`.bodies`, :mod:`.anthropic.bodies`,
+:mod:`.responses.bodies`: each API's routes declare theirs, its own error shape included, with
+``responses=``), so that clients and fuzzers can read them.
 
-The routes read their bodies themselves (for the size limit, the body timeout and OpenAI's
-error JSON), so FastAPI cannot infer the bodies; :func:`install_openapi` writes them in.
+The routes read their bodies themselves (for the size limit, the body timeout and each API's
+error JSON), so FastAPI cannot infer the request bodies; :func:`install_openapi` writes them
+in, and the operators' endpoints' answers. A 401 is documented only where the server has keys.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from ..limits import MIN_TEMPERATURE
+from .anthropic import bodies as anthropic_bodies
 from .anthropic.protocol import MessagesRequest
-from .bodies import RESPONSE_MODELS
+from .bodies import ERROR_STATUSES, READ, RESPONSE_MODELS
 from .edge import KEYED
 from .openai.protocol import ChatCompletionRequest, CompletionRequest
+from .responses import bodies as responses_bodies
 from .responses.protocol import ResponsesRequest
 from .tokenize import DetokenizeRequest, TokenizeRequest
 
@@ -27,17 +32,9 @@ _MODELS = (
     TokenizeRequest,
     DetokenizeRequest,
     *RESPONSE_MODELS,
+    *anthropic_bodies.RESPONSE_MODELS,
+    *responses_bodies.RESPONSE_MODELS,
 )
-_ERRORS = {
-    "400": "invalid request",
-    "401": "missing or wrong API key",
-    "404": "unknown model or path",
-    "408": "the request body did not arrive in time",
-    "413": "request body too large",
-    "429": "queue full (see Retry-After)",
-    "500": "internal error",
-    "503": "loading or shutting down (see Retry-After)",
-}
 
 
 def _ref(name: str) -> dict:
@@ -48,8 +45,8 @@ def _json(name: str, description: str = "OK") -> dict:
     return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
 
 
-def _errors(*codes: str) -> dict:
-    return {code: _json("ErrorResponse", _ERRORS[code]) for code in codes}
+def _errors(*codes: int) -> dict:
+    return {str(code): _json("ErrorResponse", ERROR_STATUSES[code]) for code in codes}
 
 
 def build_openapi(app: FastAPI) -> dict:
@@ -61,6 +58,7 @@ def build_openapi(app: FastAPI) -> dict:
         routes=app.routes,
     )
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    # The models' own schemas (FastAPI's copies of the routes' declared ones drop defaults).
     for model in _MODELS:
         mode = (
             "validation" if model in (ChatCompletionRequest, CompletionRequest) else "serialization"
@@ -86,48 +84,33 @@ def build_openapi(app: FastAPI) -> dict:
     if secured:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     paths = doc["paths"]
-    v1_errors = ("401", "500", "503") if secured else ("500", "503")
-    for path, request, response, chunk in (
-        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletion", "ChatCompletionChunk"),
-        ("/v1/completions", "CompletionRequest", "Completion", "CompletionChunk"),
+    # The routes read their bodies themselves: the request models are written in here. Each
+    # API's routes declare their answers (responses=, the models of .bodies and the APIs'
+    # folders); the operators' endpoints' are written in below.
+    for path, request in (
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/messages", "MessagesRequest"),
+        ("/v1/messages/count_tokens", "MessagesRequest"),
+        ("/v1/responses", "ResponsesRequest"),
+        ("/tokenize", "TokenizeRequest"),
+        ("/detokenize", "DetokenizeRequest"),
     ):
-        operation = paths[path]["post"]
-        operation["requestBody"] = {
+        paths[path]["post"]["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": _ref(request)}},
         }
-        ok = _json(response)
-        events = f"with stream: server-sent events, 'data: ' and a {chunk} each, then [DONE]"
-        ok["content"]["text/event-stream"] = {"schema": {"type": "string", "description": events}}
-        operation["responses"] = {"200": ok, **_errors("400", "408", "413", "429", *v1_errors)}
-    # The other APIs' bodies: their requests validated as these models, their answers written
-    # in their own shapes (docs/server.md); and the operators' /tokenize and /detokenize.
-    read = ("400", "408", "413", *v1_errors)  # a body read and checked
-    queued = (*read, "429")
-    for path, request, answer, errors in (
-        ("/v1/messages", "MessagesRequest", "Anthropic's message; with stream, its events", queued),
-        ("/v1/messages/count_tokens", "MessagesRequest", '{"input_tokens": n}', queued),
-        ("/v1/responses", "ResponsesRequest", "a response object; with stream, its events", queued),
-        ("/tokenize", "TokenizeRequest", '{"tokens", "count", "max_model_len"}', read),
-        ("/detokenize", "DetokenizeRequest", '{"content": text, "prompt": text}', read),
+    for path, answer in (
+        ("/tokenize", '{"tokens", "count", "max_model_len"}'),
+        ("/detokenize", '{"content": text, "prompt": text}'),
     ):
-        operation = paths[path]["post"]
-        operation["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(request)}},
-        }
-        operation["responses"] = {"200": {"description": answer}, **_errors(*errors)}
-    paths["/v1/models"]["get"]["responses"] = {"200": _json("ModelList"), **_errors(*v1_errors)}
-    paths["/v1/models/{model_id}"]["get"]["responses"] = {
-        "200": _json("ModelCard"),
-        **_errors("404", *v1_errors),
-    }
+        paths[path]["post"]["responses"] = {"200": {"description": answer}, **_errors(*READ)}
     paths["/metrics"]["get"]["responses"] = {
         "200": {
             "description": "Prometheus' text format (docs/server.md lists the metrics)",
             "content": {"text/plain": {"schema": {"type": "string"}}},
         },
-        **_errors(*(("401",) if secured else ())),
+        **_errors(401),
     }
     paths["/health"]["get"]["responses"] = {
         "200": _json("Health"),
@@ -136,6 +119,8 @@ def build_openapi(app: FastAPI) -> dict:
     for path, item in paths.items():
         for operation in item.values():
             operation.get("responses", {}).pop("422", None)
+            if not secured:  # no key to miss
+                operation.get("responses", {}).pop("401", None)
             if secured and (path.startswith("/v1/") or path in KEYED):
                 operation["security"] = [{"bearer": []}]
     return doc

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 from fastapi.responses import StreamingResponse
 
+from .reading import ToolStream, read_choice, stream_pieces
 from .request_base import APIError
-from .tools import stream_pieces
-from .worker import GenerationJob
+from .tools import ToolPlan
+from .worker import GenerationJob, cancelled
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -83,45 +84,64 @@ async def keep_alive(
 
 
 class APIEvents:
-    """One streamed answer in another API's events (:mod:`.anthropic.serving`, :mod:`.responses.serving`):
-    the job's text deltas read through the request's tool format (``stream``, None without
-    tools) into text, call and argument pieces, each a subclass's events. Subclasses write
-    ``start``, ``text``, ``call``, ``arguments``, ``finish`` (the choice, its finish reason as
-    the whole answer's), ``end`` and ``error``."""
+    """One streamed answer in an API's events, one loop (:meth:`events`) over a job's events
+    for every API (:mod:`.openai.answers`, :mod:`.anthropic.serving`,
+    :mod:`.responses.serving`), whose hooks each API writes in its own shape:
 
-    stream = None  # a .tools.ToolStream where the request has tools
+    - ``start()``: the events that open the stream (sent at once);
+    - ``delta(index, text, infos)``: a text delta of choice ``index`` (with its tokens'
+      logprobs, ``infos``); by default read through the request's tool format into pieces
+      (:func:`.reading.stream_pieces`), each a hook of its own: ``text(piece)``,
+      ``call(id, name)`` and ``arguments(piece)``. A new kind of piece (reasoning, say) is a
+      new hook of that name;
+    - ``finish(index, answer)``: a choice has ended (:func:`.reading.read_choice`: its finish
+      reason as the whole answer's, its token counts);
+    - ``end(choices)``: the job is done; ``error(error)``: it ended with an
+      :class:`APIError` (a cancelled job with :func:`.worker.cancelled`'s);
+    - ``last``: what follows the last event (OpenAI's ``data: [DONE]``).
 
-    def feed(self, delta: str) -> str:
-        """The events for a text delta of the answer."""
-        events = ""
-        for kind, *value in stream_pieces(self.stream, delta):
-            events += getattr(self, kind)(*value)
-        return events
+    Each hook returns the events' text (empty: nothing to send)."""
 
-    def reason(self, choice) -> str:
-        """The choice's finish reason, as the whole answer's (calls cut are ``length``)."""
-        reason = choice.result.finish_reason
-        return reason if self.stream is None else self.stream.finish_reason(reason)
+    last = ""
+
+    def __init__(self, plan: ToolPlan | None, n: int = 1) -> None:
+        """``plan``: how the request may call tools (None: all text); ``n``: its choices."""
+        self.plan = plan
+        self.streams = [ToolStream(plan.template) if plan else None for _ in range(n)]
+
+    def pieces(self, index: int, text: str) -> list[tuple[str, ...]]:
+        """Choice ``index``'s text delta as the pieces a streaming API sends, in order."""
+        return stream_pieces(self.streams[index], text)
+
+    def delta(self, index: int, text: str, infos) -> str:
+        return "".join(getattr(self, kind)(*value) for kind, *value in self.pieces(index, text))
+
+    def end(self, choices: list) -> str:
+        return ""
 
     async def events(self, job: GenerationJob):
+        """The stream's events. If the client disconnects, Starlette cancels this generator;
+        its ``finally`` cancels the job."""
         try:
-            yield self.start()
+            if events := self.start():
+                yield events
             while True:
                 kind, value = await job.events.get()
                 if kind == "started":  # a stream begun while its job was queued
                     continue
                 if kind == "delta":
-                    if events := self.feed(value[1]):
-                        yield events
+                    events = self.delta(*value)
                 elif kind == "choice":
-                    yield self.finish(value)
+                    events = self.finish(value.index, read_choice(value, self.plan))
                 elif kind == "done":
-                    if events := self.end():
-                        yield events
-                    break
+                    events = self.end(value)
                 else:
-                    cancelled = APIError(503, "the generation was cancelled")
-                    yield self.error(value if kind == "error" else cancelled)
+                    events = self.error(value if kind == "error" else cancelled())
+                if events:
+                    yield events
+                if kind not in ("delta", "choice"):
                     break
+            if self.last:
+                yield self.last
         finally:
             job.cancel()  # no effect once the job has ended

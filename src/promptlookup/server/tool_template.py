@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from ..grammar import JSON_LAYOUT, Grammar, engine_tokenizer, prepared_schema
 from ..prompts import apply_chat_template
-from .tools import Scan, loads_arguments, read_calls
+from .reading import read_calls
+from .tools import Scan, loads_arguments
 
 if TYPE_CHECKING:
     from .tools import ToolPlan

@@ -1,7 +1,7 @@
-"""Tool calls in the generic format: how the tools reach the prompt, the JSON schema the output
-must match (enforced by the grammar, :mod:`promptlookup.grammar`), and how the output is read
-back into tool calls, whole or as it streams. A chat template with a call format of its own
-goes through :mod:`.tool_template` instead (a :class:`CallFormat`, with this module's reader).
+"""Tool calls in the generic format: how the tools reach the prompt and the JSON schema the
+output must match (enforced by the grammar, :mod:`promptlookup.grammar`); the output is read
+back into tool calls, whole or as it streams, by :mod:`.reading`. A chat template with a call
+format of its own goes through :mod:`.tool_template` instead (a :class:`CallFormat`).
 
 The format (after llama.cpp's server for chat templates without tools) is one JSON object:
 
@@ -24,7 +24,6 @@ completions, Anthropic's messages) hand this module the same plain shapes: a too
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,8 +48,14 @@ def dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=separators)
 
 
-def call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+@dataclass
+class Scan:
+    """What an answer's text says so far: its text (decoded; None when it has none, or has not
+    said yet; a template's format may have text before calls) and its calls, ``(name,
+    arguments text so far, complete)``."""
+
+    content: str | None = None
+    calls: list[tuple[str, str, bool]] = field(default_factory=list)
 
 
 class CallFormat(Protocol):
@@ -219,182 +224,3 @@ def loads_arguments(arguments: str):
         return json.loads(arguments)
     except ValueError:
         return arguments  # written back as the client sent it
-
-
-@dataclass
-class Scan:
-    """What an answer's text says so far: its text (decoded; None when it has none, or has not
-    said yet; a template's format may have text before calls) and its calls, ``(name,
-    arguments text so far, complete)``."""
-
-    content: str | None = None
-    calls: list[tuple[str, str, bool]] = field(default_factory=list)
-
-
-def scan(text: str, template: CallFormat | None = None) -> Scan:
-    """Read a (partial) answer in the generic format, as laid out by the grammar, or in the
-    chat template's format (:meth:`.tool_template.TemplateFormat.scan`)."""
-    if template is not None:
-        return template.scan(text)
-    if text.startswith(RESPONSE_START):
-        return Scan(content=_string_prefix(text, len(RESPONSE_START)))
-    if text.startswith(ANSWER_START):  # the value's JSON text, as far as it is written
-        stop = _value_end(text, len(ANSWER_START))
-        return Scan(content=text[len(ANSWER_START) : stop])
-    if not text.startswith(CALLS_START):
-        return Scan()
-    return Scan(calls=read_calls(text, len(CALLS_START), NEXT_CALL))
-
-
-def read_calls(text: str, pos: int, between: str) -> list[tuple[str, str, bool]]:
-    """The calls written from ``pos`` on, each ``{"name": "NAME", "arguments": VALUE``, then
-    ``between`` before the next one: ``(name, arguments text so far, complete)``."""
-    calls = []
-    while text.startswith(CALL_START, pos):
-        end = _string_end(text, pos + len(CALL_START))
-        if end is None or not text.startswith(ARGUMENTS_START, end + 1):
-            break  # the name (or what follows it) is still being written
-        name = json.loads(text[pos + len(CALL_START) - 1 : end + 1])
-        start = end + 1 + len(ARGUMENTS_START)
-        stop = _value_end(text, start)
-        calls.append((name, text[start : stop or len(text)], stop is not None))
-        if stop is None or not text.startswith(between, stop):
-            break
-        pos = stop + len(between)
-    return calls
-
-
-def parse(text: str, template: CallFormat | None = None) -> tuple[str | None, list[dict]]:
-    """A whole answer: ``(content, tool_calls)`` in OpenAI's shape. An answer the grammar did
-    not get to finish (``finish_reason: "length"``) is returned as text."""
-    if template is None:
-        try:
-            json.loads(text)
-        except ValueError:
-            return text, []
-    elif not template.complete(text):
-        return text, []
-    found = scan(text, template)
-    calls = [
-        {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
-        for name, args, _ in found.calls
-    ]
-    if not calls:  # a text answer
-        return (text if template is not None else found.content or ""), []
-    return found.content or None, calls  # the template's format may have text before calls
-
-
-def read_answer(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dict]]:
-    """A whole answer as ``(content, tool_calls)``: read in the plan's format (:func:`parse`),
-    or all text where the request has no tools."""
-    return parse(text, plan.template) if plan else (text, [])
-
-
-class ToolStream:
-    """Turns an answer's text deltas into what OpenAI streams: content deltas (the decoded
-    text of a ``response``) and tool call deltas (a call's id and name once its name is
-    complete, then its arguments as they come)."""
-
-    def __init__(self, template: CallFormat | None = None) -> None:
-        self.template = template  # None: the generic format
-        self.text, self.sent_content = "", 0
-        self.sent: list[tuple[str, int]] = []  # per call begun: its id, argument chars sent
-
-    def feed(self, delta: str) -> tuple[str, list[dict]]:
-        """``(new content, new tool call deltas)`` after ``delta``."""
-        self.text += delta
-        found = scan(self.text, self.template)
-        content = ""
-        if found.content is not None:
-            content = found.content[self.sent_content :]
-            self.sent_content = len(found.content)
-        deltas = []
-        for index, (name, args, _) in enumerate(found.calls):
-            if index == len(self.sent):  # a new call: its id and name first
-                self.sent.append((call_id(), 0))
-                ident, sent = self.sent[index]
-                function = {"name": name, "arguments": args}
-                deltas.append(
-                    {"index": index, "id": ident, "type": "function", "function": function}
-                )
-            else:
-                ident, sent = self.sent[index]
-                if len(args) > sent:
-                    deltas.append({"index": index, "function": {"arguments": args[sent:]}})
-            self.sent[index] = (ident, len(args))
-        return content, deltas
-
-    def finish_reason(self, reason: str) -> str:
-        """The stream's finish reason, as the whole answer's (:func:`parse`): ``tool_calls``
-        where the answer is complete calls, else ``reason`` (a call cut at ``max_tokens``
-        was streamed in part, and ends with ``length``)."""
-        return "tool_calls" if parse(self.text, self.template)[1] else reason
-
-
-def stream_pieces(stream: ToolStream | None, delta: str) -> list[tuple[str, ...]]:
-    """A text delta of the answer as what a streaming API sends, in order: ``("text",
-    piece)``, ``("call", id, name)`` where a call begins, ``("arguments", piece)``; through
-    ``stream`` where the request has tools (None: all text)."""
-    if stream is None:
-        return [("text", delta)] if delta else []
-    content, calls = stream.feed(delta)
-    pieces: list[tuple[str, ...]] = [("text", content)] if content else []
-    for call in calls:
-        function = call["function"]
-        if "id" in call:
-            pieces.append(("call", call["id"], function["name"]))
-        if function["arguments"]:
-            pieces.append(("arguments", function["arguments"]))
-    return pieces
-
-
-def _string_end(text: str, start: int) -> int | None:
-    """The index of the quote that closes the JSON string whose characters begin at
-    ``start``, or None when it is not closed yet."""
-    i = start
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == '"':
-            return i
-        i += 1
-    return None
-
-
-def _string_prefix(text: str, start: int) -> str:
-    """The decoded characters of the JSON string that begins at ``start``, as far as they are
-    complete (an escape cut short waits for the next delta)."""
-    end = _string_end(text, start)
-    body = text[start:end] if end is not None else text[start:]
-    while body:
-        try:
-            return json.loads(f'"{body}"')
-        except ValueError:
-            body = body[:-1]  # an escape cut short
-    return ""
-
-
-def _value_end(text: str, start: int) -> int | None:
-    """The index just after the JSON value that begins at ``start``, or None if it is not
-    complete yet."""
-    depth, i = 0, start
-    while i < len(text):
-        char = text[i]
-        if char == '"':
-            end = _string_end(text, i + 1)
-            if end is None:
-                return None
-            i = end
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            if depth == 0:
-                return i  # a scalar's end: the call's closing brace
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif char == "," and depth == 0:
-            return i
-        i += 1
-    return None

@@ -51,6 +51,12 @@ log = logging.getLogger("promptlookup.server")
 FLOOR_LOGPROB = -9999.0
 
 
+def cancelled() -> APIError:
+    """What a job's ``"cancelled"`` event is answered with (a whole answer's 503, a stream's
+    error event)."""
+    return APIError(503, "the generation was cancelled", type="server_error", code="cancelled")
+
+
 class QueueFull(Exception):
     """Every queue slot is taken; the request should be answered with 429."""
 
@@ -174,7 +180,7 @@ def _raise_if_ended(kind: str, value) -> None:
     if kind == "error":
         raise value
     if kind == "cancelled":
-        raise APIError(503, "the generation was cancelled", type="server_error", code="cancelled")
+        raise cancelled()
 
 
 class GenerationWorker:

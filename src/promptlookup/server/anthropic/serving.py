@@ -20,11 +20,22 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..bodies import dump
 from ..openai.protocol import ChatCompletionRequest
+from ..reading import Answer, read_choice
 from ..request_base import APIError, parse_request, read_json
 from ..serving import count_tokens, serve_as_chat
 from ..streams import APIEvents, event_stream
-from ..tools import ToolPlan, ToolStream, read_answer
+from ..tools import ToolPlan
+from .bodies import (
+    AnthropicError,
+    AnthropicErrorDetail,
+    AnthropicMessage,
+    MessageTokenCount,
+    MessageUsage,
+    OutputTextBlock,
+    OutputToolUseBlock,
+)
 from .protocol import MessagesRequest
 
 #: Anthropic's error type for each status.
@@ -42,7 +53,9 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 def error_body(error: APIError) -> dict:
     kind = ERROR_TYPES.get(error.status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return dump(
+        AnthropicError(type="error", error=AnthropicErrorDetail(type=kind, message=error.message))
+    )
 
 
 async def serve_messages(state, request: Request) -> Response:
@@ -62,38 +75,53 @@ async def serve_messages(state, request: Request) -> Response:
         cached = cache.held(prompt[:-1], tenant) if cache is not None else 0
         writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached)
         return event_stream(writer.events(job), state, PING)
-    result = choices[0].result
-    content, calls = read_answer(result.text, tools)
-    blocks = [{"type": "text", "text": content}] if content or not calls else []
-    for call in calls:
+    answer = read_choice(choices[0], tools)
+    reason = STOP_REASONS.get(answer.finish_reason, "end_turn")
+    message = _message(message_id, state.model_id, _blocks(answer), reason, _usage(answer))
+    return JSONResponse(dump(message))
+
+
+def _blocks(answer: Answer) -> list[OutputTextBlock | OutputToolUseBlock]:
+    """The answer's content: its text (an empty one where it has no calls either), its calls."""
+    blocks = [_text(answer.content)] if answer.content or not answer.calls else []
+    for call in answer.calls:
         function = call["function"]
-        use = {
-            "id": call["id"],
-            "name": function["name"],
-            "input": json.loads(function["arguments"]),
-        }
-        blocks.append({"type": "tool_use", **use})
-    reason = "tool_calls" if calls else result.finish_reason
-    usage = {**_input_usage(result), "output_tokens": choices[0].tokens}
-    return JSONResponse(
-        {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": state.model_id,
-            "content": blocks,
-            "stop_reason": STOP_REASONS.get(reason, "end_turn"),
-            "stop_sequence": None,
-            "usage": usage,
-        }
+        arguments = json.loads(function["arguments"])
+        blocks.append(_tool_use(call["id"], function["name"], arguments))
+    return blocks
+
+
+def _text(text: str) -> OutputTextBlock:
+    return OutputTextBlock(type="text", text=text)
+
+
+def _tool_use(call_id: str, name: str, arguments: dict) -> OutputToolUseBlock:
+    return OutputToolUseBlock(type="tool_use", id=call_id, name=name, input=arguments)
+
+
+def _message(
+    message_id: str, model: str, blocks: list, reason, usage: MessageUsage
+) -> AnthropicMessage:
+    return AnthropicMessage(
+        id=message_id,
+        type="message",
+        role="assistant",
+        model=model,
+        content=blocks,
+        stop_reason=reason,
+        stop_sequence=None,
+        usage=usage,
     )
 
 
-def _input_usage(result) -> dict:
-    """Anthropic's input counts: the prompt tokens the prefix cache held are
+def _usage(answer: Answer) -> MessageUsage:
+    """Anthropic's counts: the prompt tokens the prefix cache held are
     ``cache_read_input_tokens``, the others ``input_tokens`` (their sum is the prompt)."""
-    cached = result.stats.cached_tokens
-    return {"input_tokens": len(result.prompt_ids) - cached, "cache_read_input_tokens": cached}
+    return MessageUsage(
+        input_tokens=answer.prompt_tokens - answer.cached_tokens,
+        cache_read_input_tokens=answer.cached_tokens,
+        output_tokens=answer.output_tokens,
+    )
 
 
 async def count_message_tokens(state, request: Request) -> Response:
@@ -107,7 +135,8 @@ async def count_message_tokens(state, request: Request) -> Response:
             body = {"max_tokens": 1, **body, "stream": False}
         anthropic_request = parse_request(MessagesRequest, body)
         req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
-        return JSONResponse({"input_tokens": await count_tokens(state, req)})
+        count = MessageTokenCount(input_tokens=await count_tokens(state, req))
+        return JSONResponse(dump(count))
     except APIError as error:
         return JSONResponse(error_body(error), error.status, headers=error.headers)
 
@@ -123,7 +152,7 @@ PING = _event("ping", {})
 
 class EventWriter(APIEvents):
     """The events of one streamed message: content blocks opened and closed as the answer's
-    text and tool calls come (:class:`.tools.ToolStream` reads the tool format)."""
+    text and tool calls come (:class:`.reading.ToolStream` reads the tool format)."""
 
     def __init__(
         self,
@@ -134,27 +163,18 @@ class EventWriter(APIEvents):
         cached: int = 0,
     ) -> None:
         """``cached``: how many of the prompt's tokens the prefix cache holds."""
-        self.message = {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": prompt_tokens - cached,
-                "cache_read_input_tokens": cached,
-                "output_tokens": 0,
-            },
-        }
-        self.stream = ToolStream(tools.template) if tools else None
+        usage = MessageUsage(
+            input_tokens=prompt_tokens - cached, cache_read_input_tokens=cached, output_tokens=0
+        )
+        self.message = dump(_message(message_id, model, [], None, usage))
+        super().__init__(tools)
         self.index, self.open = -1, None  # the current block's index and type
 
-    def _start(self, block: dict) -> str:
+    def _start(self, block: OutputTextBlock | OutputToolUseBlock) -> str:
         events = self._stop()
-        self.index, self.open = self.index + 1, block["type"]
-        return events + _event("content_block_start", {"index": self.index, "content_block": block})
+        self.index, self.open = self.index + 1, block.type
+        data = {"index": self.index, "content_block": dump(block)}
+        return events + _event("content_block_start", data)
 
     def _stop(self) -> str:
         if self.open is None:
@@ -166,11 +186,11 @@ class EventWriter(APIEvents):
         return _event("content_block_delta", {"index": self.index, "delta": delta})
 
     def text(self, piece: str) -> str:
-        events = "" if self.open == "text" else self._start({"type": "text", "text": ""})
+        events = "" if self.open == "text" else self._start(_text(""))
         return events + self._delta({"type": "text_delta", "text": piece})
 
     def call(self, call_id: str, name: str) -> str:
-        return self._start({"type": "tool_use", "id": call_id, "name": name, "input": {}})
+        return self._start(_tool_use(call_id, name, {}))
 
     def arguments(self, piece: str) -> str:
         return self._delta({"type": "input_json_delta", "partial_json": piece})
@@ -178,15 +198,15 @@ class EventWriter(APIEvents):
     def start(self) -> str:
         return _event("message_start", {"message": self.message})
 
-    def finish(self, choice) -> str:
+    def finish(self, index: int, answer: Answer) -> str:
         # An empty answer still has its text block.
-        events = self._start({"type": "text", "text": ""}) if self.index < 0 else ""
-        reason = STOP_REASONS.get(self.reason(choice), "end_turn")
+        events = self._start(_text("")) if self.index < 0 else ""
+        reason = STOP_REASONS.get(answer.finish_reason, "end_turn")
         delta = {"stop_reason": reason, "stop_sequence": None}
-        usage = {**_input_usage(choice.result), "output_tokens": choice.tokens}
-        return events + self._stop() + _event("message_delta", {"delta": delta, "usage": usage})
+        data = {"delta": delta, "usage": dump(_usage(answer))}
+        return events + self._stop() + _event("message_delta", data)
 
-    def end(self) -> str:
+    def end(self, choices) -> str:
         return _event("message_stop", {})
 
     def error(self, error: APIError) -> str:

@@ -1,5 +1,6 @@
 """OpenAI's response bodies, built from the models of :mod:`.bodies`: completions, streaming
-chunks, usage, logprobs, server-sent events.
+chunks (:class:`ChunkEvents`, the stream's hooks of :class:`.streams.APIEvents`), usage,
+logprobs.
 
 Logprobs follow OpenAI's two shapes: chat's ``{"content": [{"token", "logprob", "bytes",
 "top_logprobs"}], "refusal"}`` and the legacy completions' ``{"tokens", "token_logprobs",
@@ -12,7 +13,10 @@ those that only spell a stop string the text was cut at (see :mod:`.shown`).
 from __future__ import annotations
 
 from .. import bodies as B
-from ..tools import ToolPlan, read_answer
+from ..reading import Answer, read_choice
+from ..request_base import APIError
+from ..streams import APIEvents, sse, sse_error
+from ..tools import ToolPlan
 from ..worker import Choice, TokenInfo
 
 
@@ -56,14 +60,34 @@ def completion_logprobs(
     )
 
 
-class ChunkWriter:
-    """The chunks of one streamed response; keeps each choice's text offset for logprobs."""
+class ChunkEvents(APIEvents):
+    """The chunks of one streamed response (:class:`.streams.APIEvents`): chat's role first,
+    each choice's text as content and tool call deltas, its logprobs (keeping each choice's
+    text offset), its finish, the usage last (with ``include_usage``), then ``[DONE]``."""
 
-    def __init__(self, meta: dict, chat: bool, fingerprint: str, logprobs: bool) -> None:
+    last = "data: [DONE]\n\n"
+
+    def __init__(
+        self,
+        meta: dict,
+        chat: bool,
+        fingerprint: str,
+        logprobs: bool,
+        plan: ToolPlan | None = None,
+        n: int = 1,
+        *,
+        include_usage: bool = False,
+        prediction_tokens: int | None = None,
+    ) -> None:
+        """``include_usage``: a last chunk with the usage (``stream_options``);
+        ``prediction_tokens``: the prediction's, for ``usage.completion_tokens_details``."""
+        super().__init__(plan, n)
         self.meta, self.chat, self.fingerprint, self.logprobs = meta, chat, fingerprint, logprobs
+        self.n, self.include_usage, self.prediction_tokens = n, include_usage, prediction_tokens
         self._offsets: dict[int, int] = {}
+        self._calls = [-1] * n  # per choice, the index of its last call begun
 
-    def _chunk(self, choices: list, **usage) -> dict:
+    def _chunk(self, choices: list, **usage) -> str:
         if self.chat:
             chunk = B.ChatCompletionChunk(
                 **self.meta,
@@ -80,7 +104,7 @@ class ChunkWriter:
                 choices=choices,
                 **usage,
             )
-        return B.dump(chunk)
+        return sse(B.dump(chunk))
 
     def _choice(self, index: int, text: str, infos=None, finish_reason=None, delta=None):
         """One choice of a chunk: ``text`` (chat: the delta's content, unless ``delta`` is
@@ -101,24 +125,49 @@ class ChunkWriter:
             finish_reason=finish_reason,
         )
 
-    def role(self, index: int) -> dict:
+    def start(self) -> str:
         first = B.ChatDelta(role="assistant", content="")
-        return self._chunk([self._choice(index, "", delta=first)])
+        roles = [self._chunk([self._choice(i, "", delta=first)]) for i in range(self.n)]
+        return "".join(roles) if self.chat else ""
 
-    def delta(self, index: int, text: str, infos: list[TokenInfo]) -> dict:
-        return self._chunk([self._choice(index, text, infos if self.logprobs else None)])
+    def delta(self, index: int, text: str, infos: list[TokenInfo]) -> str:
+        """The choice's content, then its tool call deltas (one chunk each, the logprobs
+        with the last; a delta of logprobs only is a chunk of its own)."""
+        content, calls = "", []
+        for kind, *value in self.pieces(index, text):
+            if kind == "text":
+                content += value[0]
+            elif kind == "call":  # a new call: its id and name first
+                self._calls[index] += 1
+                function = {"name": value[1], "arguments": ""}
+                calls.append({"index": self._calls[index], "id": value[0], "type": "function"})
+                calls[-1]["function"] = function
+            elif kind == "arguments":  # the arguments of the last call begun
+                if not calls:
+                    calls.append({"index": self._calls[index], "function": {"arguments": ""}})
+                calls[-1]["function"]["arguments"] += value[0]
+            else:  # a new kind of piece (.reading.stream_pieces) needs its chunk here
+                raise NotImplementedError(f"OpenAI's chunks do not say {kind!r} pieces")
+        shown = infos if self.logprobs else None
+        events = self._chunk([self._choice(index, content)]) if calls and content else ""
+        if calls:
+            delta = B.ChatDelta(tool_calls=[B.ToolCallDelta(**call) for call in calls])
+            events += self._chunk([self._choice(index, "", shown, delta=delta)])
+        elif content or infos:
+            events += self._chunk([self._choice(index, content, shown)])
+        return events
 
-    def tool_calls(self, index: int, calls: list[dict], infos=None) -> dict:
-        """Tool call deltas (:class:`.tools.ToolStream`'s) of one choice."""
-        delta = B.ChatDelta(tool_calls=[B.ToolCallDelta(**call) for call in calls])
-        infos = infos if self.logprobs else None
-        return self._chunk([self._choice(index, "", infos, delta=delta)])
+    def finish(self, index: int, answer: Answer) -> str:
+        delta = B.ChatDelta()
+        return self._chunk([self._choice(index, "", None, answer.finish_reason, delta=delta)])
 
-    def finish(self, index: int, finish_reason: str) -> dict:
-        return self._chunk([self._choice(index, "", None, finish_reason, delta=B.ChatDelta())])
+    def end(self, choices: list[Choice]) -> str:
+        if not self.include_usage:
+            return ""
+        return self._chunk([], usage=usage(choices, self.prediction_tokens))
 
-    def usage(self, choices: list[Choice], prediction_tokens: int | None) -> dict:
-        return self._chunk([], usage=usage(choices, prediction_tokens))
+    def error(self, error: APIError) -> str:
+        return sse_error(error)
 
 
 def completion_body(
@@ -130,13 +179,14 @@ def completion_body(
     tools: ToolPlan | None = None,
 ) -> dict:
     """The whole answer; with ``tools``, each choice's text read back into content or tool
-    calls in the plan's format (:func:`.tools.parse`)."""
+    calls in the plan's format (:func:`.reading.read_choice`)."""
     common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
+    answers = [read_choice(c, tools) for c in choices]
     if chat:
         body = B.ChatCompletion(
             **common,
             object="chat.completion",
-            choices=[_chat_choice(c, tools) for c in choices],
+            choices=[_chat_choice(c, a) for c, a in zip(choices, answers, strict=True)],
         )
     else:
         body = B.Completion(
@@ -145,30 +195,25 @@ def completion_body(
             choices=[
                 B.CompletionChoice(
                     index=c.index,
-                    text=c.result.text,
+                    text=a.content,
                     logprobs=completion_logprobs(c.logprobs),
-                    finish_reason=c.result.finish_reason,
+                    finish_reason=a.finish_reason,
                 )
-                for c in choices
+                for c, a in zip(choices, answers, strict=True)
             ],
         )
     return B.dump(body)
 
 
-def _chat_choice(choice: Choice, tools: ToolPlan | None) -> B.ChatChoice:
-    result, calls = choice.result, None
-    finish_reason = result.finish_reason
-    content, found = read_answer(result.text, tools)
-    if found:
-        calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
-    message = B.AssistantMessage(role="assistant", content=content, refusal=None)
-    if calls:
-        message.tool_calls = calls
+def _chat_choice(choice: Choice, answer: Answer) -> B.ChatChoice:
+    message = B.AssistantMessage(role="assistant", content=answer.content, refusal=None)
+    if answer.calls:
+        message.tool_calls = [B.ToolCall(**call) for call in answer.calls]
     return B.ChatChoice(
         index=choice.index,
         message=message,
         logprobs=chat_logprobs(choice.logprobs),
-        finish_reason=finish_reason,
+        finish_reason=answer.finish_reason,
     )
 
 

@@ -10,13 +10,11 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..request_base import APIError, parse_request, read_json
+from ..request_base import parse_request, read_json
 from ..serving import start_job, started_soon, unless_disconnected
 from ..state import ServerState
-from ..streams import event_stream, sse, sse_error
-from ..tools import ToolPlan, ToolStream
-from ..worker import GenerationJob
-from .answers import ChunkWriter, completion_body
+from ..streams import event_stream
+from .answers import ChunkEvents, completion_body
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -41,66 +39,20 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
         started, _ = await unless_disconnected(started_soon(job, state), job, request)
         if not started:
             return Response(status_code=499)
-        writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = chunk_events(job, writer, req.choices, req.include_usage, prediction_tokens, tools)
-        return event_stream(events, state)
+        logprobs = req.top_logprobs_count is not None
+        chunks = ChunkEvents(
+            meta,
+            chat,
+            state.fingerprint,
+            logprobs,
+            tools,
+            req.choices,
+            include_usage=req.include_usage,
+            prediction_tokens=prediction_tokens,
+        )
+        return event_stream(chunks.events(job), state)
     finished, choices = await unless_disconnected(job.outcome(), job, request)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     body = completion_body(meta, chat, choices, state.fingerprint, prediction_tokens, tools)
     return JSONResponse(body)
-
-
-async def chunk_events(
-    job: GenerationJob,
-    writer: ChunkWriter,
-    n: int,
-    include_usage: bool,
-    prediction_tokens,
-    tools: ToolPlan | None = None,
-):
-    """The stream's server-sent events (with ``tools``, each choice's text read into content
-    and tool call deltas as it comes, :class:`.tools.ToolStream`). If the client disconnects,
-    Starlette cancels this generator; its ``finally`` cancels the job."""
-    streams = [ToolStream(tools.template) for _ in range(n)] if tools else None
-    try:
-        if writer.chat:
-            for index in range(n):
-                yield sse(writer.role(index))
-        while True:
-            kind, value = await job.events.get()
-            if kind == "started":  # a stream begun while its job was queued
-                continue
-            if kind == "delta":
-                index, text, infos = value
-                calls = []
-                if streams is not None:
-                    text, calls = streams[index].feed(text)
-                if calls and text:  # the text before a call, then the call
-                    yield sse(writer.delta(index, text, None))
-                if calls:
-                    yield sse(writer.tool_calls(index, calls, infos))
-                elif text or infos:
-                    yield sse(writer.delta(index, text, infos))
-            elif kind == "choice":
-                finish_reason = value.result.finish_reason
-                if streams is not None:
-                    finish_reason = streams[value.index].finish_reason(finish_reason)
-                yield sse(writer.finish(value.index, finish_reason))
-            elif kind == "done":
-                if include_usage:
-                    yield sse(writer.usage(value, prediction_tokens))
-                break
-            else:
-                error = (
-                    value
-                    if kind == "error"
-                    else APIError(
-                        503, "the generation was cancelled", type="server_error", code="cancelled"
-                    )
-                )
-                yield sse_error(error)
-                break
-        yield "data: [DONE]\n\n"
-    finally:
-        job.cancel()  # no effect once the job has ended

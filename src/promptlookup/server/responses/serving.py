@@ -23,10 +23,13 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..bodies import dump
+from ..reading import Answer, read_choice
 from ..request_base import APIError
 from ..serving import serve_as_chat
 from ..streams import APIEvents, event_stream
-from ..tools import ToolPlan, ToolStream, read_answer
+from ..tools import ToolPlan
+from . import bodies as R
 from .protocol import ResponsesRequest
 
 
@@ -43,99 +46,100 @@ async def serve_responses(state, request: Request) -> Response:
     shell, spaces = _shell(state.model_id, asked), asked.namespaces()
     if req.stream:
         return event_stream(ResponseEvents(shell, tools, spaces).events(job), state)
-    result = choices[0].result
-    content, calls = read_answer(result.text, tools)
-    output = [_message(content)] if content or not calls else []
-    for call in calls:
+    answer = read_choice(choices[0], tools)
+    output = [_message(answer.content)] if answer.content or not answer.calls else []
+    for call in answer.calls:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
         output.append(_call(call["id"], name, arguments, namespace=spaces.get(name)))
-    cut = result.finish_reason == "length" and not calls
-    return JSONResponse(_finished(shell, output, result, choices[0].tokens, cut))
+    return JSONResponse(dump(_finished(shell, output, answer)))
 
 
-def _shell(model: str, asked: ResponsesRequest) -> dict:
+def _shell(model: str, asked: ResponsesRequest) -> R.ResponseObject:
     """The response object before its output: the request's settings said back."""
     choice = asked.tool_choice
     text_format = asked.text.format if asked.text is not None else None
-    return {
-        "id": _id("resp"),
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "in_progress",
-        "error": None,
-        "incomplete_details": None,
-        "instructions": asked.instructions,
-        "max_output_tokens": asked.max_output_tokens,
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": asked.parallel_tool_calls is not False,
-        "previous_response_id": None,
-        "temperature": 1.0 if asked.temperature is None else asked.temperature,
-        "top_p": 1.0 if asked.top_p is None else asked.top_p,
-        "tool_choice": choice.model_dump() if hasattr(choice, "model_dump") else choice or "auto",
-        "tools": [tool.model_dump(exclude_none=True) for tool in asked.tools or ()],
-        "text": {
-            "format": text_format.model_dump(by_alias=True, exclude_none=True)
+    return R.ResponseObject(
+        id=_id("resp"),
+        object="response",
+        created_at=int(time.time()),
+        status="in_progress",
+        error=None,
+        incomplete_details=None,
+        instructions=asked.instructions,
+        max_output_tokens=asked.max_output_tokens,
+        model=model,
+        output=[],
+        parallel_tool_calls=asked.parallel_tool_calls is not False,
+        previous_response_id=None,
+        temperature=1.0 if asked.temperature is None else asked.temperature,
+        top_p=1.0 if asked.top_p is None else asked.top_p,
+        tool_choice=choice.model_dump() if hasattr(choice, "model_dump") else choice or "auto",
+        tools=[tool.model_dump(exclude_none=True) for tool in asked.tools or ()],
+        text=R.ResponseText(
+            format=text_format.model_dump(by_alias=True, exclude_none=True)
             if text_format is not None
             else {"type": "text"}
-        },
-        "store": False,
-        "usage": None,
-    }
+        ),
+        store=False,
+        usage=None,
+    )
 
 
-def _message(text: str, status: str = "completed") -> dict:
-    part = {"type": "output_text", "text": text, "annotations": []}
-    return {
-        "type": "message",
-        "id": _id("msg"),
-        "status": status,
-        "role": "assistant",
-        "content": [part],
-    }
+def _message(text: str, status: str = "completed") -> R.ResponseOutputMessage:
+    part = R.ResponseOutputText(type="output_text", text=text, annotations=[])
+    return R.ResponseOutputMessage(
+        type="message", id=_id("msg"), status=status, role="assistant", content=[part]
+    )
 
 
 def _call(
     call_id: str, name: str, arguments: str, status: str = "completed", namespace=None
-) -> dict:
+) -> R.ResponseFunctionCall:
     """A ``function_call`` item; a namespace tool's (Codex's) says its ``namespace``."""
-    call = {
-        "type": "function_call",
-        "id": _id("fc"),
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-    return call if namespace is None else {**call, "namespace": namespace}
+    call = R.ResponseFunctionCall(
+        type="function_call",
+        id=_id("fc"),
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        status=status,
+    )
+    if namespace is not None:
+        call.namespace = namespace
+    return call
 
 
-def _finished(shell: dict, output: list[dict], result, output_tokens: int, cut: bool) -> dict:
+def _finished(shell: R.ResponseObject, output: list, answer: Answer) -> R.ResponseObject:
     """The response once its answer is in: ``incomplete`` when ``max_output_tokens`` cut it."""
-    prompt = len(result.prompt_ids)
-    usage = {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": result.stats.cached_tokens},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + output_tokens,
-    }
-    return {
-        **shell,
-        "status": "incomplete" if cut else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": output,
-        "usage": usage,
-    }
+    cut = answer.finish_reason == "length"
+    usage = R.ResponseUsage(
+        input_tokens=answer.prompt_tokens,
+        input_tokens_details=R.InputTokensDetails(cached_tokens=answer.cached_tokens),
+        output_tokens=answer.output_tokens,
+        output_tokens_details=R.OutputTokensDetails(reasoning_tokens=0),
+        total_tokens=answer.prompt_tokens + answer.output_tokens,
+    )
+    incomplete = R.IncompleteDetails(reason="max_output_tokens") if cut else None
+    return shell.model_copy(
+        update={
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": incomplete,
+            "output": output,
+            "usage": usage,
+        }
+    )
 
 
 class ResponseEvents(APIEvents):
     """The events of one streamed response: output items opened and closed as the answer's
-    text and calls come (:class:`.tools.ToolStream` reads the tool format)."""
+    text and calls come (:class:`.reading.ToolStream` reads the tool format)."""
 
-    def __init__(self, shell: dict, tools: ToolPlan | None, spaces: dict[str, str]) -> None:
-        self.shell, self.items, self.spaces = shell, [], spaces
-        self.stream = ToolStream(tools.template) if tools else None
+    def __init__(
+        self, shell: R.ResponseObject, tools: ToolPlan | None, spaces: dict[str, str]
+    ) -> None:
+        super().__init__(tools)
+        self.shell, self.spaces = shell, spaces
+        self.items: list[R.ResponseOutputMessage | R.ResponseFunctionCall] = []
         self.number = 0  # the next event's sequence_number
 
     def _event(self, kind: str, data: dict) -> str:
@@ -144,80 +148,65 @@ class ResponseEvents(APIEvents):
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     def _where(self) -> dict:
-        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+        return {"item_id": self.items[-1].id, "output_index": len(self.items) - 1}
 
-    def _open(self, item: dict) -> str:
+    def _open(self, item: R.ResponseOutputMessage | R.ResponseFunctionCall) -> str:
         events = self._close()
         self.items.append(item)
-        events += self._event(
-            "response.output_item.added", {"output_index": len(self.items) - 1, "item": item}
-        )
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
-            events += self._event(
-                "response.content_part.added", {**self._where(), "content_index": 0, "part": part}
-            )
+        data = {"output_index": len(self.items) - 1, "item": dump(item)}
+        events += self._event("response.output_item.added", data)
+        if item.type == "message":
+            part = dump(item.content[0])
+            data = {**self._where(), "content_index": 0, "part": part}
+            events += self._event("response.content_part.added", data)
         return events
 
     def _close(self) -> str:
         """The ``.done`` events of the open item, if any."""
-        if not self.items or self.items[-1]["status"] == "completed":
+        if not self.items or self.items[-1].status == "completed":
             return ""
         item, where = self.items[-1], self._where()
-        item["status"] = "completed"
-        if item["type"] == "message":
-            part = item["content"][0]
-            events = self._event(
-                "response.output_text.done", {**where, "content_index": 0, "text": part["text"]}
-            )
-            events += self._event(
-                "response.content_part.done", {**where, "content_index": 0, "part": part}
-            )
+        item.status = "completed"
+        if item.type == "message":
+            part = item.content[0]
+            data = {**where, "content_index": 0, "text": part.text}
+            events = self._event("response.output_text.done", data)
+            data = {**where, "content_index": 0, "part": dump(part)}
+            events += self._event("response.content_part.done", data)
         else:
-            events = self._event(
-                "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
-            )
-        return events + self._event(
-            "response.output_item.done", {"output_index": where["output_index"], "item": item}
-        )
+            data = {**where, "arguments": item.arguments}
+            events = self._event("response.function_call_arguments.done", data)
+        data = {"output_index": where["output_index"], "item": dump(item)}
+        return events + self._event("response.output_item.done", data)
 
     def text(self, piece: str) -> str:
-        opened = self.items and self.items[-1]["type"] == "message"
-        events = (
-            ""
-            if opened and self.items[-1]["status"] != "completed"
-            else self._open(_message("", status="in_progress"))
-        )
-        self.items[-1]["content"][0]["text"] += piece
-        return events + self._event(
-            "response.output_text.delta", {**self._where(), "content_index": 0, "delta": piece}
-        )
+        last = self.items[-1] if self.items else None
+        opened = last is not None and last.type == "message" and last.status != "completed"
+        events = "" if opened else self._open(_message("", status="in_progress"))
+        self.items[-1].content[0].text += piece
+        data = {**self._where(), "content_index": 0, "delta": piece}
+        return events + self._event("response.output_text.delta", data)
 
     def call(self, call_id: str, name: str) -> str:
         return self._open(_call(call_id, name, "", "in_progress", self.spaces.get(name)))
 
     def arguments(self, piece: str) -> str:
-        self.items[-1]["arguments"] += piece
-        return self._event(
-            "response.function_call_arguments.delta", {**self._where(), "delta": piece}
-        )
+        self.items[-1].arguments += piece
+        data = {**self._where(), "delta": piece}
+        return self._event("response.function_call_arguments.delta", data)
 
     def start(self) -> str:
-        return self._event("response.created", {"response": self.shell}) + self._event(
-            "response.in_progress", {"response": self.shell}
-        )
+        shell = dump(self.shell)
+        created = self._event("response.created", {"response": shell})
+        return created + self._event("response.in_progress", {"response": shell})
 
-    def finish(self, choice) -> str:
+    def finish(self, index: int, answer: Answer) -> str:
         # An empty answer still has its message.
         events = self._open(_message("", status="in_progress")) if not self.items else ""
         events += self._close()
-        cut = self.reason(choice) == "length"
-        done = _finished(self.shell, self.items, choice.result, choice.tokens, cut)
-        name = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
-        return events + self._event(name, {"response": done})
-
-    def end(self) -> str:
-        return ""
+        done = _finished(self.shell, self.items, answer)
+        name = "response.incomplete" if done.status == "incomplete" else "response.completed"
+        return events + self._event(name, {"response": dump(done)})
 
     def error(self, error: APIError) -> str:
         body = {"code": error.code, "message": error.message, "param": error.param}
