@@ -35,12 +35,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..backend_names import backend_name
 from ..errors import InvalidParameterError
 from ..limits import SamplingParams
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
 BACKEND_MODULES = {
-    "transformers": "promptlookup.bench.transformers_methods",
+    "torch": "promptlookup.bench.torch_methods",
     "llama.cpp": "promptlookup.bench.llamacpp_methods",
 }
 
@@ -124,6 +125,7 @@ _BACKENDS: dict[str, Backend] = {}
 def register_backend(name: str, load: Callable | None = None) -> Backend:
     """Declare a backend (idempotent); ``load(model, dtype, device, threads)`` returns the
     bench model described in the module docstring."""
+    name = backend_name(name)
     backend = _BACKENDS.setdefault(name, Backend(name, None, {}))
     if load is not None:
         backend.load = load
@@ -140,6 +142,7 @@ def register_method(
 
 
 def get_backend(name: str) -> Backend:
+    name = backend_name(name)
     if name not in _BACKENDS or not _BACKENDS[name].factories:
         module = BACKEND_MODULES.get(name)
         if module is None:

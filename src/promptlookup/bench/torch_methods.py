@@ -1,4 +1,4 @@
-"""Benchmark methods of the ``transformers`` backend (registered on import).
+"""Benchmark methods of the ``torch`` backend (registered on import).
 
 - ``plain``: ``model.generate`` with no assistance, the baseline.
 - ``hf-pld``: ``model.generate(prompt_lookup_num_tokens=10)`` with transformers' default n-gram
@@ -47,7 +47,7 @@ from .methods import (
     register_method,
 )
 
-BACKEND = "transformers"
+BACKEND = "torch"
 
 
 class ForwardTrace:
