@@ -1,4 +1,4 @@
-"""The transformers target's prompt: its last chunk waits for the first forward pass, so a
+"""The torch target's prompt: its last chunk waits for the first forward pass, so a
 request's prefill and first step are one pass (as ``model.generate``'s prefill also gives the
 first token), with the logits of a prompt fed up front."""
 

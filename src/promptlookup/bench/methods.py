@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..backend_names import backend_name
+from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from ..limits import SamplingParams
 
@@ -257,7 +258,25 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
     return out
 
 
-#: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
+#: The spec keys of promptlookup's own lookup methods, every backend's: the drafter's options
+#: (short and long names) and ``speculation``.
+LOOKUP_PARAMS = {**BENCH_PARAMS, "speculation": "speculation"}
+
+
+def lookup_factory(lm_of: Callable = lambda lm: lm) -> MethodFactory:
+    """The factory of promptlookup's loop with its default drafter (the spec's options checked,
+    keys :data:`LOOKUP_PARAMS`) on ``lm_of(lm)``."""
+    return lambda lm, options: PromptLookupMethod(
+        lm_of(lm), "prompt-lookup", check_int_options("promptlookup", options)
+    )
+
+
+def register_own_methods(backend: str) -> None:
+    """Register promptlookup's own methods for ``backend``, whose bench model is a
+    :class:`~promptlookup.LanguageModel`: ``promptlookup`` (the default drafter) and
+    ``promptlookup-none`` (no drafter: the loop's own overhead)."""
+    register_method(backend, "promptlookup", lookup_factory(), params=LOOKUP_PARAMS)
+    register_method(backend, OWN_PLAIN, lambda lm, options: PromptLookupMethod(lm, "none"))
 
 
 def check_int_options(method: str, options: dict) -> dict:
