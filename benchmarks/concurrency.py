@@ -103,7 +103,7 @@ def server_command(
     llama_server: str | None = None,
     ctx_per_slot: int = 4096,
     spec_args: tuple[str, ...] = NGRAM_ARGS,
-    backend: str = "transformers",
+    backend: str = "torch",
 ) -> list[str]:
     """The command line that starts ``method``'s server with room for ``slots`` requests at
     once (for ``promptlookup serve``: ``slots`` sequences in every forward pass)."""
@@ -493,8 +493,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--backend",
-        choices=["transformers", "llama.cpp"],
-        default="transformers",
+        choices=["torch", "llama.cpp"],
+        default="torch",
         help="promptlookup serve --backend",
     )
     parser.add_argument(

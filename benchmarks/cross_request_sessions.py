@@ -1,4 +1,4 @@
-"""Session benchmark: the cross-request index off, per key and global, on request sequences
+"""Session benchmark: the cross-request index off, per tenant and global, on request sequences
 whose later answers repeat earlier ones (:mod:`promptlookup.bench.sessions.workload`: extraction to a
 fixed JSON shape, unit tests, an agent loop's tool calls, repeated edits of one file, all
 built at run time from the installed Python standard library's sources).

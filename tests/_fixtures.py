@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import promptlookup
+from promptlookup.backend_names import backend_name
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,7 +30,7 @@ def cached_default_model(monkeypatch, default_lm):
             model is None
             and dtype == "auto"
             and device == "cpu"
-            and kwargs.get("backend", "transformers") == "transformers"
+            and backend_name(kwargs.get("backend", "torch")) == "torch"
         ):
             return default_lm
         return real_load(model, dtype=dtype, device=device, **kwargs)

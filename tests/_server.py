@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TinyTokenizer, tiny_llama
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import Server
 
@@ -95,7 +95,7 @@ def tiny_lm(
     gated: bool = False, row_by_row: bool = False, max_context: int | None = None
 ) -> LanguageModel:
     model = tiny_llama()
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     if row_by_row:
         target = RowByRowTarget(target)
     if gated:

@@ -106,7 +106,7 @@ def test_report_adds_agreed_prefix_speeds_only_when_outputs_part(tiny_lm, tmp_pa
     assert "agreed prefixes" not in console_tables(same_records, summarize(same_records))
 
     parted = tmp_path / "parted"
-    changed = ChangedLastToken(make_method("transformers", "promptlookup", tiny_lm))
+    changed = ChangedLastToken(make_method("torch", "promptlookup", tiny_lm))
     run_bench(
         tiny_lm,
         rows(2),

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "promptlookup"
 LAYERS = [
     ["_version", "errors", "limits", "machine", "cache_files", "text", "rendering", "prompts"],
     [
+        "backend_names",
         "sampling",
         "rejection",
         "cost_model",

@@ -6,19 +6,19 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.backends.inexact.attention import NAME, verification_attention
 
 
-def _own_forward_target(model) -> TransformersTarget:
+def _own_forward_target(model) -> TorchTarget:
     """A target whose passes all run the model's own forward (as every model but a plain Llama
     does; a Llama's passes are written out, see test_decoder_pass.py)."""
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     target.decoder_pass = None
     return target
 
 
-def _verification_logits(target: TransformersTarget, prompt, draft):
+def _verification_logits(target: TorchTarget, prompt, draft):
     target.reset()
     target.extend(prompt)
     return target.forward(draft)  # (len(draft), vocab)
@@ -161,7 +161,7 @@ def test_bfloat16_prompt_chunks_keep_sdpa_where_it_was_timed_faster(monkeypatch)
     calls = []
     monkeypatch.setattr(attention, "blocked_attention", lambda *args: calls.append(args))
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     target.attention.choice = "sdpa"  # as timed on a Xeon with AMX
     target.extend([(7 * i) % 61 + 1 for i in range(90)])
     chunk = target.extend([(5 * i) % 61 + 1 for i in range(70)]).float()

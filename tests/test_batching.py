@@ -13,7 +13,7 @@ from conftest import TinyTokenizer, tiny_llama
 from test_decoder_pass import _tiny
 
 import promptlookup
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.batching import BatchDecoder, BatchSequence, default_max_batch
 from promptlookup.drafters import make_drafter
 from promptlookup.errors import InvalidParameterError, UnsupportedModelError
@@ -82,7 +82,7 @@ def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(
     architecture, dtype, attention_path
 ):
     model = _tiny(architecture, vocab_size=32, seed=1, layers=2).to(dtype)
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     rng = random.Random(2)
     prompts = [[rng.randrange(1, 32) for _ in range(n)] for n in (1, 5, 63, 64, 130)]
     news = [[rng.randrange(1, 32) for _ in range(n)] for n in (1, 7, 2, 16, 3)]
@@ -106,7 +106,7 @@ def test_each_sequence_of_a_batched_pass_gets_the_logits_it_gets_alone(
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_greedy_equals_single_stream_with_ragged_acceptance(seed, attention_path):
-    target = TransformersTarget(tiny_llama(seed=seed))
+    target = TorchTarget(tiny_llama(seed=seed))
     prompts = repetitive_prompts(seed, 7)
     want = [alone(target, prompt) for prompt in prompts]
     got, sequences = batched(target, prompts)  # 7 sequences through 3 slots: join and leave
@@ -117,7 +117,7 @@ def test_batched_greedy_equals_single_stream_with_ragged_acceptance(seed, attent
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_batched_seeded_sampling_equals_single_stream(seed):
-    target = TransformersTarget(tiny_llama(seed=seed))
+    target = TorchTarget(tiny_llama(seed=seed))
     prompts = repetitive_prompts(10 + seed, 5)
     params = SamplingParams(temperature=0.9, top_k=8, repetition_penalty=1.1, seed=seed)
     want = [alone(target, prompt, params=params) for prompt in prompts]
@@ -126,7 +126,7 @@ def test_batched_seeded_sampling_equals_single_stream(seed):
 
 
 def test_a_sequence_that_meets_eos_leaves_and_the_others_go_on():
-    target = TransformersTarget(tiny_llama(seed=3))
+    target = TorchTarget(tiny_llama(seed=3))
     prompts = repetitive_prompts(3, 4)
     free = [alone(target, prompt, max_new_tokens=24) for prompt in prompts]
     eos = (free[0][5],)  # the first sequence's sixth token ends it
@@ -139,7 +139,7 @@ def test_a_sequence_that_meets_eos_leaves_and_the_others_go_on():
 
 def four_sequences():
     """Four prompts, their tokens alone, and a decoder with the four queued (32 tokens each)."""
-    target = TransformersTarget(tiny_llama(seed=4))
+    target = TorchTarget(tiny_llama(seed=4))
     prompts = repetitive_prompts(4, 4)
     want = [alone(target, prompt) for prompt in prompts]
     decoder = BatchDecoder(target, SpeculationPolicy(), max_batch=4)
@@ -205,7 +205,7 @@ def test_a_sequence_whose_own_step_raises_ends_alone_and_the_others_go_on(fails_
 
 
 def test_a_failing_forward_pass_ends_the_step():
-    target = TransformersTarget(tiny_llama())
+    target = TorchTarget(tiny_llama())
     decoder = BatchDecoder(target, None, max_batch=2)
     decoder.add(BatchSequence([3, 4, 5], 16))
 
@@ -245,7 +245,7 @@ class PlainTarget:
 
 
 def test_a_target_of_one_sequence_at_a_time_runs_on_the_batch_decoder_as_the_loop_does():
-    target = PlainTarget(TransformersTarget(tiny_llama(seed=2)))
+    target = PlainTarget(TorchTarget(tiny_llama(seed=2)))
     lm = promptlookup.LanguageModel(target, TinyTokenizer(32))
     for prompt in repetitive_prompts(2, 3):
         want = alone(target, prompt, drafter="prompt-lookup", eos=lm.eos_token_ids)
@@ -256,7 +256,7 @@ def test_a_target_of_one_sequence_at_a_time_runs_on_the_batch_decoder_as_the_loo
 
 
 def test_should_stop_ends_a_sequence_before_its_next_pass():
-    target = TransformersTarget(tiny_llama())
+    target = TorchTarget(tiny_llama())
     decoder = BatchDecoder(target, None, max_batch=2)
     sequence = decoder.add(BatchSequence([3, 4, 5], 16, should_stop=lambda: True))
     assert list(decoder.run()) == [(sequence, [])]
@@ -264,7 +264,7 @@ def test_should_stop_ends_a_sequence_before_its_next_pass():
 
 
 def test_long_prompts_are_prefilled_in_chunks_while_others_decode(monkeypatch):
-    target = TransformersTarget(tiny_llama())
+    target = TorchTarget(tiny_llama())
     passes: list[list[int]] = []
     real = target.forward_batch
 
@@ -375,7 +375,7 @@ def test_generate_batch_needs_a_target_that_batches():
 def test_default_max_batch_is_bounded_by_cores_and_memory(monkeypatch):
     from promptlookup import machine
 
-    target = TransformersTarget(tiny_llama())
+    target = TorchTarget(tiny_llama())
     monkeypatch.setattr(machine, "default_threads", lambda: 2)
     assert default_max_batch(target) == 8
     per_sequence = target.kv_bytes_per_token * target.max_context

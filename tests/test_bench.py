@@ -33,7 +33,7 @@ from promptlookup.bench.summary import (
     speedup_parts,
     summarize,
 )
-from promptlookup.bench.transformers_methods import ForwardTrace
+from promptlookup.bench.torch_methods import ForwardTrace
 from promptlookup.cli import main
 from promptlookup.errors import InvalidParameterError, PromptLookupError
 
@@ -61,8 +61,8 @@ def write_jsonl(path: Path, task: str = "edit", n: int = 2) -> Path:
 
 @pytest.fixture
 def tiny_backend(tiny_lm, monkeypatch):
-    """The CLI's transformers backend, loading the tiny model instead of the default one."""
-    backend = get_backend("transformers")
+    """The CLI's torch backend, loading the tiny model instead of the default one."""
+    backend = get_backend("torch")
     monkeypatch.setattr(backend, "load", lambda model, dtype, device, threads: tiny_lm)
     return tiny_lm
 
@@ -270,7 +270,7 @@ class Perturbed:
 
 
 def test_identity_check_detects_a_changed_output(tiny_lm):
-    perturbed = Perturbed(make_method("transformers", "promptlookup", tiny_lm))
+    perturbed = Perturbed(make_method("torch", "promptlookup", tiny_lm))
     result = run_bench(tiny_lm, rows(2), ["plain", perturbed], FAST)
     flags = [r["identical_to_plain"] for r in result.records if r["method"] == "perturbed"]
     assert flags == [False, True]
@@ -294,7 +294,7 @@ def test_methods_run_in_a_balanced_order_prompt_by_prompt(tiny_lm):
     # always meet the same neighbouring methods.
     log: list[str] = []
     names = ["plain", "hf-pld", "promptlookup"]
-    methods = [Logged(make_method("transformers", name, tiny_lm), log) for name in names]
+    methods = [Logged(make_method("torch", name, tiny_lm), log) for name in names]
     result = run_bench(tiny_lm, rows(4), methods, FAST, warmup=False)
     assert log == [names[i] for index in range(4) for i in method_order(3, index)]
     assert log[:6] == names + names[1:] + names[:1]
@@ -424,9 +424,9 @@ def test_forward_trace_agrees_with_the_loops_own_counters(tiny_lm):
 
 def test_plain_generate_counts_one_forward_pass_per_token(tiny_lm):
     prompt = tiny_lm.encode([{"role": "user", "content": TEXTS[1]}])
-    out = make_method("transformers", "plain", tiny_lm).run(prompt, FAST)
+    out = make_method("torch", "plain", tiny_lm).run(prompt, FAST)
     assert out.forward_passes == len(out.token_ids) and out.drafted_tokens == 0
-    pld = make_method("transformers", "hf-pld:k=4", tiny_lm).run(prompt, FAST)
+    pld = make_method("torch", "hf-pld:k=4", tiny_lm).run(prompt, FAST)
     assert pld.token_ids == out.token_ids
     assert pld.accepted_tokens == len(pld.token_ids) - pld.forward_passes
     assert 0 <= pld.accepted_tokens <= pld.drafted_tokens
@@ -446,15 +446,15 @@ def test_method_specs_parse_with_parameters():
 
 
 def test_method_parameters_reach_the_drafter(tiny_lm):
-    method = make_method("transformers", "promptlookup:k=4,min=2,max=8", tiny_lm)
+    method = make_method("torch", "promptlookup:k=4,min=2,max=8", tiny_lm)
     assert method.name == "promptlookup:k=4,min=2,max=8"
     assert method.options == {"num_tokens": 4, "min_match": 2, "max_match": 8}
     with pytest.raises(InvalidParameterError, match="unknown parameter.*depth"):
-        make_method("transformers", "promptlookup:depth=3", tiny_lm)
+        make_method("torch", "promptlookup:depth=3", tiny_lm)
     with pytest.raises(InvalidParameterError, match="num_tokens must be an integer, got .big."):
-        make_method("transformers", "promptlookup:k=big", tiny_lm)
+        make_method("torch", "promptlookup:k=big", tiny_lm)
     with pytest.raises(PromptLookupError):
-        make_method("transformers", "promptlookup:k=0", tiny_lm)
+        make_method("torch", "promptlookup:k=0", tiny_lm)
 
 
 def test_sweep_decode_ratio_is_the_default_over_the_best_fixed_setting_by_decode():
@@ -647,7 +647,7 @@ def test_prompt_too_long_names_the_row(tiny_lm):
 
 @pytest.mark.slow
 def test_smoke_on_the_default_model(default_lm, shared_data, tmp_path, monkeypatch):
-    monkeypatch.setattr(get_backend("transformers"), "load", lambda *args: default_lm)
+    monkeypatch.setattr(get_backend("torch"), "load", lambda *args: default_lm)
     out = tmp_path / "out"
     result = invoke(
         "--data",
@@ -670,7 +670,7 @@ def test_smoke_on_the_default_model(default_lm, shared_data, tmp_path, monkeypat
 def test_drafter_method_runs_a_drafter_spec_as_a_method(tiny_lm):
     from promptlookup.bench.race import register_drafter_method
 
-    name = register_drafter_method("transformers", "lookup-chain=prompt-lookup,none")
+    name = register_drafter_method("torch", "lookup-chain=prompt-lookup,none")
     result = run_bench(tiny_lm, rows(2), ["plain", name], FAST, warmup=False)
     mine = [r for r in result.records if r["method"] == name]
     assert len(mine) == 2 and all(r["identical_to_plain"] for r in mine)

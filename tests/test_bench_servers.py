@@ -156,7 +156,7 @@ def test_a_refused_cache_prompt_is_retried_when_a_concurrent_request_dropped_it_
 
 
 def test_cli_against_reports_the_server_and_its_process(tiny_lm, monkeypatch, tmp_path):
-    monkeypatch.setattr(get_backend("transformers"), "load", lambda *args: tiny_lm)
+    monkeypatch.setattr(get_backend("torch"), "load", lambda *args: tiny_lm)
     data = tmp_path / "d.jsonl"
     data.write_text(
         "\n".join(json.dumps({"id": r.id, "task": "t", "messages": r.messages}) for r in ROWS)
@@ -190,7 +190,7 @@ def test_cli_against_reports_the_server_and_its_process(tiny_lm, monkeypatch, tm
 )
 def test_bad_servers_fail_with_one_line_before_the_model_loads(tiny_lm, monkeypatch, args, message):
     loads = []
-    monkeypatch.setattr(get_backend("transformers"), "load", lambda *a: loads.append(1) or tiny_lm)
+    monkeypatch.setattr(get_backend("torch"), "load", lambda *a: loads.append(1) or tiny_lm)
     result = CliRunner().invoke(main, ["bench", "--no-progress", "--quick", *args, "--out", "x"])
     assert result.exit_code != 0 and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and not loads

@@ -11,7 +11,7 @@ import pytest
 from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import AsciiTokenizer, tiny_llama
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.bench import BenchRow, Settings, run_bench
 from promptlookup.bench.structured import (
     EXTRACTION,
@@ -60,7 +60,7 @@ def test_valid_checks_answers_against_their_schema():
 def ascii_lm():
     warnings.filterwarnings("ignore", "tiny has no chat template", RuntimeWarning)
     model = tiny_llama(vocab_size=AsciiTokenizer.vocab_size, seed=2, context=2048)
-    return LanguageModel(TransformersTarget(model), AsciiTokenizer(), name="tiny", model=model)
+    return LanguageModel(TorchTarget(model), AsciiTokenizer(), name="tiny", model=model)
 
 
 def test_a_structured_run_is_valid_and_identical_across_plain_none_and_promptlookup(ascii_lm):

@@ -107,7 +107,7 @@ def short_suite(calls: list):
 def test_bench_without_data_runs_the_suite_and_quick_is_short(tiny_lm, monkeypatch, tmp_path):
     calls: list = []
     monkeypatch.setattr(suite_module, "suite_rows", short_suite(calls))
-    monkeypatch.setattr(get_backend("transformers"), "load", lambda *args: tiny_lm)
+    monkeypatch.setattr(get_backend("torch"), "load", lambda *args: tiny_lm)
     out = tmp_path / "quick"
     result = CliRunner().invoke(
         main,

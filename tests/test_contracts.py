@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_llama
 
 from promptlookup.backends.base import Target
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.drafters import ChainDrafter, Draft, NoDrafter, PromptLookupDrafter, make_drafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.policy import NO_POLICY
@@ -19,7 +19,7 @@ PROMPT = [3, 5, 7, 9, 11, 3, 5, 7, 9, 11, 3, 5]
 
 def generate(drafter, policy=NO_POLICY, chooser=None, max_new_tokens=20):
     stats = GenerationStats()
-    target = TransformersTarget(tiny_llama(seed=1))
+    target = TorchTarget(tiny_llama(seed=1))
     tokens = list(
         speculative_generate(
             target,
@@ -111,7 +111,7 @@ def test_a_draft_model_receives_its_sampler_when_built_and_its_policy_from_the_s
 
 def test_every_backend_declares_prepare():
     assert "prepare" in Target.__dict__
-    assert isinstance(TransformersTarget(tiny_llama(seed=1)), Target)
+    assert isinstance(TorchTarget(tiny_llama(seed=1)), Target)
     from promptlookup.backends.llamacpp.target import LlamaCppTarget
 
     assert callable(LlamaCppTarget.prepare)

@@ -8,7 +8,7 @@ from conftest import tiny_llama
 
 from promptlookup.backends.gguf.decoder_pass import DecoderPass, supports
 from promptlookup.backends.hf import target as hf_target
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 
 def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
@@ -48,7 +48,7 @@ def _tiny(architecture: str, vocab_size: int, seed: int, layers: int, **config):
     return model.eval()
 
 
-def _passes(target: TransformersTarget, prompt, steps) -> list[torch.Tensor]:
+def _passes(target: TorchTarget, prompt, steps) -> list[torch.Tensor]:
     """Logits of a prompt fed in chunks, then of each step (a list of tokens) in turn, some of
     them cropped away again as rejected drafts would be."""
     target.reset()
@@ -68,7 +68,7 @@ def test_written_out_passes_give_the_models_own_logits(monkeypatch, dtype, archi
     # draft-sized path with a mask) all occur in a 200-token prompt.
     monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 80)
     model = _tiny(architecture, vocab_size=48, seed=11, layers=3).to(dtype)
-    written, own = TransformersTarget(model), TransformersTarget(model)
+    written, own = TorchTarget(model), TorchTarget(model)
     own.decoder_pass = None
     assert isinstance(written.decoder_pass, DecoderPass)
     prompt = [(5 * i) % 47 + 1 for i in range(200)]
@@ -90,7 +90,7 @@ def test_float32_one_token_passes_keep_the_models_own_forward_only_in_the_fastes
     transformers' own forward; every other pass is written out."""
     calls = []
     for dtype in (torch.float32, torch.bfloat16):
-        target = TransformersTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
+        target = TorchTarget(tiny_llama(seed=12).to(dtype), row_invariant=row_invariant)
         written = target.decoder_pass
         target.decoder_pass = lambda input_ids, *args, dtype=dtype, written=written: (
             calls.append((dtype, input_ids.shape[1])) or written(input_ids, *args)
@@ -121,8 +121,8 @@ def test_bfloat16_prompt_chunks_take_the_blocks_where_they_were_timed_faster(mon
 
     monkeypatch.setattr(attention, "blocked_attention", spy)
     model = tiny_llama(vocab_size=64, seed=6).to(torch.bfloat16)
-    target = TransformersTarget(model, row_invariant=False)
-    reference = TransformersTarget(model)
+    target = TorchTarget(model, row_invariant=False)
+    reference = TorchTarget(model)
     reference.decoder_pass = None
     prompt = [(7 * i) % 61 + 1 for i in range(90)]
     logits = {}
@@ -155,7 +155,7 @@ def test_only_a_plain_llama_qwen2_or_mistral_on_the_cpu_is_written_out():
     unusual = tiny_llama(seed=13)
     unusual.model.layers[0].mlp = torch.nn.Identity()
     assert not supports(unusual)
-    assert TransformersTarget(unusual).decoder_pass is None
+    assert TorchTarget(unusual).decoder_pass is None
     # A sliding window hides old keys, which the written-out pass would attend to.
     assert supports(_tiny("mistral", 32, 13, 2)) and supports(_tiny("qwen2", 32, 13, 2))
     assert not supports(_tiny("mistral", 32, 13, 2, sliding_window=64))
@@ -171,7 +171,7 @@ def test_hooks_and_kernel_switches_on_the_linear_modules(monkeypatch):
 
     monkeypatch.setattr(LinearKernels, "_fastest", lambda self, modules, rows: "weight_first")
     model = tiny_llama(seed=14).to(torch.bfloat16)
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     seen = []
     handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(
         lambda module, args, output: seen.append(output.shape)
@@ -220,7 +220,7 @@ def test_element_wise_steps_round_as_the_models_own_functions(dtype):
     assert torch.equal(rotary(query, cos, sin), expected_query)
     assert torch.equal(rotary(key, cos, sin), expected_key)
     weights = {name: value.clone() for name, value in model.state_dict().items()}
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     target.extend([i % 31 + 1 for i in range(39)])
     target.forward([3, 4, 5])
     assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())

@@ -11,7 +11,7 @@ from conftest import tiny_llama
 from scipy.stats import chisquare
 
 import promptlookup.rejection as rejection
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.drafters import (
     CallableDrafter,
     ChainDrafter,
@@ -59,7 +59,7 @@ def run(model, prompt, drafter=None, chooser=None, max_new_tokens=32, policy=NO_
     stats = GenerationStats()
     tokens = list(
         speculative_generate(
-            TransformersTarget(model),
+            TorchTarget(model),
             prompt,
             drafter=drafter,
             chooser=chooser,

@@ -22,7 +22,7 @@ from test_quantized_layers import assert_sequences_get_their_own_rows
 import promptlookup
 from promptlookup.backends.gguf import quantized, quantized_layers
 from promptlookup.backends.gguf.loader import RecurrentModelError, load_quantized
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.errors import UnsupportedModelError
 
 pytestmark = pytest.mark.skipif(not quantized.available(), reason="no C compiler here")
@@ -127,9 +127,9 @@ def test_each_family_reads_its_own_metadata(models):
     assert phi.partial_rotary_factor == 0.75 and phi.original_max_position_embeddings == 1024
     for arch, model in models.items():
         assert type(model).__name__ == "GgufForCausalLM"
-        target = TransformersTarget(model)
+        target = TorchTarget(model)
         assert target.row_invariant and target.decoder_pass.quantized_layers is not None, arch
-    layers = TransformersTarget(models["gemma3"]).decoder_pass.layers
+    layers = TorchTarget(models["gemma3"]).decoder_pass.layers
     assert [(layer.window, layer.rope) for layer in layers] == [(WINDOW, 1), (0, 0)] * 2
     assert models["phi3"].model.rotary_emb.attention_scaling == pytest.approx(1.19)
 
@@ -141,7 +141,7 @@ def test_every_row_of_a_pass_is_a_one_token_passs_row(models, arch, threads, one
     """Passes of 1 to 17 rows after a prompt, each also run longer and cropped first (a
     rejected draft), equal one-token passes bit for bit: far past Gemma 3's window too."""
     torch.set_num_threads(threads)
-    target = TransformersTarget(models[arch], layers_in_one_call=one_call)
+    target = TorchTarget(models[arch], layers_in_one_call=one_call)
     rng = random.Random(threads)
     prompt = [rng.randrange(1, VOCAB) for _ in range(40)]
     tokens = [rng.randrange(1, VOCAB) for _ in range(40)]
@@ -164,7 +164,7 @@ def test_every_row_of_a_pass_is_a_one_token_passs_row(models, arch, threads, one
 def test_a_pass_longer_than_the_kernels_slice_gives_shorter_passes_rows(models, arch):
     """A 1,100-row pass (the C layers take 512 rows at a time: Gemma 3's two rotary tables and
     windows across slices) gives the rows of 300-row passes, bit for bit."""
-    target = TransformersTarget(models[arch])
+    target = TorchTarget(models[arch])
     tokens = [(11 * i + 5) % VOCAB for i in range(1100)]
     whole = target.forward(tokens)
     target.reset()
@@ -175,7 +175,7 @@ def test_a_pass_longer_than_the_kernels_slice_gives_shorter_passes_rows(models, 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_sequences_sharing_a_pass_get_their_own_rows(models, arch):
     prompts = [[1, 2, 3, 4, 5, 6] * 3, [9, 8, 7], [60, 61, 62, 63, 1, 2, 3, 4, 5, 6, 7] * 2]
-    assert_sequences_get_their_own_rows(TransformersTarget(models[arch]), prompts)
+    assert_sequences_get_their_own_rows(TorchTarget(models[arch]), prompts)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -186,13 +186,11 @@ def test_the_c_layers_the_python_layers_and_transformers_compute_one_model(model
     model = models[arch]
     tokens = [(7 * i + 3) % VOCAB for i in range(30)]  # past Gemma 3's window
     # float32 keys and values, as the fastest kernels and transformers keep them
-    in_c = TransformersTarget(model, kv_dtype="float32").forward(tokens)
-    in_python = TransformersTarget(model, layers_in_one_call=False, kv_dtype="float32").forward(
-        tokens
-    )
+    in_c = TorchTarget(model, kv_dtype="float32").forward(tokens)
+    in_python = TorchTarget(model, layers_in_one_call=False, kv_dtype="float32").forward(tokens)
     scale = in_python.abs().max()
     assert torch.allclose(in_c, in_python, rtol=0, atol=1e-5 * scale)
-    fastest = TransformersTarget(model, row_invariant=False)  # masks by window, SDPA
+    fastest = TorchTarget(model, row_invariant=False)  # masks by window, SDPA
     assert not fastest.row_invariant
     steps = torch.cat([fastest.forward(tokens[:20]), *(fastest.forward([t]) for t in tokens[20:])])
     assert torch.allclose(steps, in_python, rtol=0, atol=1e-4 * scale)
@@ -209,10 +207,10 @@ def test_the_window_is_what_keeps_gemma_exact(models, tmp_path):
     """The harness has teeth for windows: the same file without its sliding window gives
     other logits once the sequence is longer than the window."""
     tokens = [(5 * i + 1) % VOCAB for i in range(3 * WINDOW)]
-    windowed = TransformersTarget(models["gemma3"]).forward(tokens)
+    windowed = TorchTarget(models["gemma3"]).forward(tokens)
     unwindowed = family_model(tmp_path, "gemma3", **{"attention.sliding_window": 0})
     assert unwindowed.config.layer_types == ["full_attention"] * LAYERS
-    whole = TransformersTarget(unwindowed).forward(tokens)
+    whole = TorchTarget(unwindowed).forward(tokens)
     assert torch.equal(windowed[:WINDOW], whole[:WINDOW])  # within the window: the same
     assert not torch.allclose(windowed[-1], whole[-1], atol=1e-3)
 

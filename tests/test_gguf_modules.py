@@ -16,7 +16,7 @@ import torch
 
 from promptlookup.backends.gguf import modules as gguf_modules
 from promptlookup.backends.gguf.loader import NAMES, load_quantized
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 T = gguf.GGMLQuantizationType
 VALUES = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -84,13 +84,13 @@ def test_our_modules_compute_the_transformers_models_bits(tmp_path, monkeypatch,
     assert ours.config.max_position_embeddings == theirs.config.max_position_embeddings
     steps = [[3, 9, 27, 5, 60, 1, 7], [11], [12, 13, 14, 15], [2]]
     for one_call in (True, False):
-        targets = [TransformersTarget(m, layers_in_one_call=one_call) for m in (ours, theirs)]
+        targets = [TorchTarget(m, layers_in_one_call=one_call) for m in (ours, theirs)]
         assert all(t.row_invariant for t in targets)
         for tokens in steps:
             logits = [t.forward(tokens) for t in targets]
             assert torch.equal(logits[0], logits[1])
     # Exactness off: our model still runs (written out; it has no forward of its own).
-    fastest = TransformersTarget(ours, row_invariant=False)
+    fastest = TorchTarget(ours, row_invariant=False)
     assert fastest.forward([3, 9, 27]).shape == (3, 64) and fastest.forward([5]).shape == (1, 64)
 
 
@@ -118,7 +118,7 @@ def test_as_transformers_shares_the_modules_and_generates(tmp_path):
     assert twin not in list(ours.modules())  # not a submodule: no second state dict entry
     ids = torch.tensor([[3, 9, 27, 5, 60, 1]])
     # float32 keys and values, as transformers' own model keeps them
-    own_pass = TransformersTarget(ours, layers_in_one_call=False, kv_dtype="float32").forward(
+    own_pass = TorchTarget(ours, layers_in_one_call=False, kv_dtype="float32").forward(
         ids[0].tolist()
     )
     with torch.inference_mode():
@@ -151,7 +151,7 @@ def test_a_files_rope_freqs_divide_the_frequencies_as_llama3_scales_them(tmp_pat
     unscaled, _ = load_quantized(write_tiny_gguf(tmp_path, "llama"), tmp_path / "llama.json")
     tokens = [3, 9, 27, 5, 60, 1, 7]
     assert not torch.equal(
-        TransformersTarget(model).forward(tokens), TransformersTarget(unscaled).forward(tokens)
+        TorchTarget(model).forward(tokens), TorchTarget(unscaled).forward(tokens)
     )
     short = write_tiny_gguf(tmp_path, "llama", freq_factors=factors[:5], stem="short")
     with pytest.raises(ModelLoadError, match="5 factors for 8"):

@@ -16,7 +16,7 @@ from promptlookup.backends.gguf.linear import (
     packs,
     weight_first_linear,
 )
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.backends.inexact.fastest import FastestKernels
 from promptlookup.drafters import PromptLookupDrafter
 
@@ -97,7 +97,7 @@ def test_switch_lasts_only_for_our_own_passes(monkeypatch, kernel):
                 calls.append((name, x.shape[1])) or real(module, x, *args)
             ),
         )
-    target = TransformersTarget(model, row_invariant=False)
+    target = TorchTarget(model, row_invariant=False)
     target.forward([5])  # one float32 token: never switched
     assert calls == []
     target.forward([6, 7, 8])
@@ -142,7 +142,7 @@ def test_calibration_chooses_kernels_before_timing_passes(monkeypatch):
     from promptlookup.calibration import time_passes
     from promptlookup.cost_store import QUICK_CALIBRATION_SIZES
 
-    target = TransformersTarget(tiny_llama(seed=2))
+    target = TorchTarget(tiny_llama(seed=2))
     target.extend([1, 2, 3])  # (chooses for 3 rows)
     timed_before_forward = []
     real_forward = target.forward
@@ -211,7 +211,7 @@ def test_the_loop_lets_the_target_set_up_each_pass_size_before_timing_it(monkeyp
     from promptlookup.loop import speculative_generate
     from promptlookup.policy import SpeculationPolicy
 
-    target = TransformersTarget(tiny_llama(seed=3))
+    target = TorchTarget(tiny_llama(seed=3))
     calls = []
     real_prepare, real_forward = target.prepare, target.forward
     monkeypatch.setattr(
@@ -245,7 +245,7 @@ def test_the_loop_lets_the_target_set_up_each_pass_size_before_timing_it(monkeyp
 def test_packed_copies_follow_changes_to_the_weights(monkeypatch):
     _force(monkeypatch, "packed")
     model = tiny_llama(seed=2)
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     target.extend([1, 2, 3])
     target.forward([4, 5])
     target.crop(3)

@@ -12,7 +12,7 @@ from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from conftest import TinyTokenizer, tiny_llama
 
 import promptlookup
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser
@@ -56,7 +56,7 @@ def run(model, prompt, drafter, max_new_tokens=MAX_NEW, eos=(), chooser=None):
     stats = GenerationStats()
     tokens = list(
         speculative_generate(
-            TransformersTarget(model),
+            TorchTarget(model),
             prompt,
             max_new_tokens=max_new_tokens,
             drafter=drafter,

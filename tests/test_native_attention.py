@@ -13,7 +13,7 @@ from promptlookup.backends.gguf import native_attention
 from promptlookup.backends.gguf.decoder_pass import DecoderPass
 from promptlookup.backends.gguf.native_attention import PassRows, kernel
 from promptlookup.backends.hf.cache import GrowingLayer
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 pytestmark = pytest.mark.skipif(kernel() is None, reason="no C compiler on this machine")
 
@@ -108,7 +108,7 @@ def test_without_the_kernel_passes_take_the_blas_path(monkeypatch):
     monkeypatch.setattr(native_attention, "kernel", native_attention.kernel.__wrapped__)
     model = _tiny("llama", vocab_size=32, seed=0, layers=1)
     assert not DecoderPass(model).native_attention
-    target = TransformersTarget(model)
+    target = TorchTarget(model)
     assert target.row_invariant and not target.decoder_pass.native_attention
     target.extend([1, 2, 3])
     assert target.cache.layers[0].key_storage.stride(-1) == 1  # keys not transposed
@@ -123,7 +123,7 @@ def test_shapes_beyond_the_kernels_bounds_take_the_blas_path():
 
 
 def test_passes_use_the_kernel_and_transposed_keys_when_it_is_built():
-    target = TransformersTarget(_tiny("llama", vocab_size=32, seed=0, layers=1))
+    target = TorchTarget(_tiny("llama", vocab_size=32, seed=0, layers=1))
     assert target.decoder_pass.native_attention
     target.extend([1, 2, 3])
     layer = target.cache.layers[0]

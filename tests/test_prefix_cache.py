@@ -133,10 +133,10 @@ def test_the_models_default_cache_is_used_unless_turned_off():
 
 
 def test_targets_without_row_invariant_passes_reuse_nothing():
-    from promptlookup.backends.hf.target import TransformersTarget
+    from promptlookup.backends.hf.target import TorchTarget
 
     lm = tiny("float32")
-    lm.target = TransformersTarget(lm.model, row_invariant=False)
+    lm.target = TorchTarget(lm.model, row_invariant=False)
     assert not PrefixCache.applies(lm.target)
     cache, prompt = PrefixCache(mib=8, block_tokens=16), list(range(1, 31)) * 2
     lm.generate(prompt, max_new_tokens=4, prefix_cache=cache)

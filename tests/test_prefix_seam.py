@@ -53,12 +53,12 @@ class TupleTarget:
 def test_the_transformers_target_and_its_caches_speak_the_seam():
     from conftest import tiny_llama
 
-    from promptlookup.backends.hf.target import TransformersTarget
+    from promptlookup.backends.hf.target import TorchTarget
 
-    target = TransformersTarget(tiny_llama(seed=1))
+    target = TorchTarget(tiny_llama(seed=1))
     assert isinstance(target, PrefixTarget) and isinstance(target.new_sequence(), BlockCache)
     assert target.reuses_prefixes and PrefixCache.applies(target)
-    assert not PrefixCache.applies(TransformersTarget(tiny_llama(seed=1), row_invariant=False))
+    assert not PrefixCache.applies(TorchTarget(tiny_llama(seed=1), row_invariant=False))
     assert isinstance(TupleTarget().new_sequence(), BlockCache)
 
 

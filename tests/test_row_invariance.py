@@ -16,7 +16,7 @@ import promptlookup
 from promptlookup.backends.gguf import row_invariant
 from promptlookup.backends.gguf.row_invariant import key_length, row_invariant_attention
 from promptlookup.backends.hf import target as hf_target
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -40,9 +40,7 @@ def default_shaped(dtype: torch.dtype, seed: int = 0, layers: int = 2):
     return LlamaForCausalLM(config).eval().to(dtype)
 
 
-def one_token_rows(
-    target: TransformersTarget, prompt: list[int], tokens: list[int]
-) -> torch.Tensor:
+def one_token_rows(target: TorchTarget, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """Logits of ``tokens`` fed one forward pass each after ``prompt``: (len(tokens), vocab)."""
     target.reset()
     target.prefill(prompt)
@@ -80,7 +78,7 @@ def test_every_row_of_a_pass_is_the_one_token_pass_row(
     # Short prompt chunks: a chunk after a cache and a waiting last chunk run in the first pass.
     monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 48)
     rng = random.Random(seed)
-    target = TransformersTarget(_tiny(architecture, vocab_size=48, seed=seed, layers=2).to(dtype))
+    target = TorchTarget(_tiny(architecture, vocab_size=48, seed=seed, layers=2).to(dtype))
     assert target.row_invariant
     assert target.decoder_pass.native_attention == (attention_path == "native")
     prompt = [rng.randrange(1, 48) for _ in range(rng.randint(60, 140))]
@@ -92,7 +90,7 @@ def test_every_row_of_a_pass_is_the_one_token_pass_row(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_passes_of_the_default_models_widths_are_row_invariant(dtype, attention_path):
-    target = TransformersTarget(default_shaped(dtype))
+    target = TorchTarget(default_shaped(dtype))
     rng = random.Random(5)
     prompt = [rng.randrange(49152) for _ in range(90)]
     tokens = [rng.randrange(49152) for _ in range(24)]
@@ -104,7 +102,7 @@ def test_passes_of_the_default_models_widths_are_row_invariant(dtype, attention_
 def test_the_fastest_kernels_are_caught_rounding_rows_differently():
     """The harness has teeth: without row-invariant kernels (the bench's
     ``promptlookup-fastest``), rows of a pass part from one-token passes."""
-    target = TransformersTarget(default_shaped(torch.float32), row_invariant=False)
+    target = TorchTarget(default_shaped(torch.float32), row_invariant=False)
     assert not target.row_invariant
     rng = random.Random(5)
     prompt = [rng.randrange(49152) for _ in range(90)]
@@ -206,6 +204,6 @@ def test_row_invariant_passes_never_time_the_prompt_attention(monkeypatch):
     from promptlookup.backends.inexact.attention import PromptAttention
 
     monkeypatch.setattr(PromptAttention, "_fastest", lambda self: pytest.fail("timed"))
-    target = TransformersTarget(_tiny("llama", vocab_size=48, seed=0, layers=2).to(torch.bfloat16))
+    target = TorchTarget(_tiny("llama", vocab_size=48, seed=0, layers=2).to(torch.bfloat16))
     target.extend(list(range(1, 48)) * 3)  # a prompt chunk of 141 rows
     assert target.attention.choice is None

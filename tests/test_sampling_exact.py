@@ -23,7 +23,7 @@ from conftest import TinyTokenizer, tiny_llama
 from scipy.stats import chi2_contingency, chisquare
 
 import promptlookup
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.drafters import CallableDrafter, NoDrafter, PromptLookupDrafter
 from promptlookup.loop import GenerationStats, speculative_generate
 from promptlookup.sampling import SamplingParams, TokenChooser, logits_processors
@@ -276,7 +276,7 @@ def test_seeded_sampling_equals_transformers_with_the_same_seed(config):
     chooser = TokenChooser.from_params(SamplingParams(seed=99, **options))
     ours = list(
         speculative_generate(
-            TransformersTarget(model),
+            TorchTarget(model),
             prompt,
             max_new_tokens=30,
             drafter=PromptLookupDrafter(num_tokens=8),

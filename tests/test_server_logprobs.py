@@ -8,7 +8,7 @@ import math
 from _server import RowByRowTarget
 from conftest import TinyTokenizer, tiny_llama
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.generation import LanguageModel
 
 PROMPT = "abcd abcd abcd abcd"
@@ -17,7 +17,7 @@ PROMPT = "abcd abcd abcd abcd"
 def row_invariant_lm() -> LanguageModel:
     model = tiny_llama()
     return LanguageModel(
-        RowByRowTarget(TransformersTarget(model)), TinyTokenizer(32), name="tiny", model=model
+        RowByRowTarget(TorchTarget(model)), TinyTokenizer(32), name="tiny", model=model
     )
 
 
@@ -63,7 +63,7 @@ def test_logprobs_are_the_processed_distribution_most_likely_first():
 
 def test_logprobs_from_stock_transformers_passes_match_plain_decoding_closely():
     model = tiny_llama()
-    lm = LanguageModel(TransformersTarget(model), TinyTokenizer(32), name="tiny", model=model)
+    lm = LanguageModel(TorchTarget(model), TinyTokenizer(32), name="tiny", model=model)
     plain = lm.generate(PROMPT, max_new_tokens=24, drafter="none", logprobs=1)
     drafted = lm.generate(
         PROMPT, max_new_tokens=24, logprobs=1, speculation="fixed", reference_text=plain.text

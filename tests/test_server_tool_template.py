@@ -17,7 +17,7 @@ from _server import FIXED, RunningServer
 from conftest import AsciiTokenizer, tiny_llama
 from test_server_tools import MESSAGES, TOOLS, WEATHER, streamed
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.openai.protocol import ChatCompletionRequest
@@ -112,7 +112,7 @@ class TemplateTokenizer(AsciiTokenizer):
 def template_lm(template: str = HERMES_TEMPLATE) -> LanguageModel:
     model = tiny_llama(vocab_size=TemplateTokenizer.vocab_size, seed=5, context=2048)
     tokenizer = TemplateTokenizer(template)
-    return LanguageModel(TransformersTarget(model), tokenizer, name="tiny", model=model)
+    return LanguageModel(TorchTarget(model), tokenizer, name="tiny", model=model)
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +308,7 @@ def bpe_lm() -> LanguageModel:
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])  # not special: decoded as text
     tokenizer.chat_template = HERMES_TEMPLATE
     model = tiny_llama(vocab_size=len(tokenizer), seed=3, context=2048)
-    return LanguageModel(TransformersTarget(model), tokenizer, name="bpe", model=model)
+    return LanguageModel(TorchTarget(model), tokenizer, name="bpe", model=model)
 
 
 def test_tags_that_are_tokens_are_matched_as_those_tokens():

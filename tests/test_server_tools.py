@@ -15,7 +15,7 @@ from _server import FIXED, RunningServer
 from conftest import AsciiTokenizer, tiny_llama
 
 from promptlookup import Grammar
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.grammar import engine_tokenizer
 from promptlookup.server import ServerSettings, create_app
@@ -56,7 +56,7 @@ SELF_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required
 
 def ascii_lm() -> LanguageModel:
     model = tiny_llama(vocab_size=AsciiTokenizer.vocab_size, seed=5, context=2048)
-    return LanguageModel(TransformersTarget(model), AsciiTokenizer(), name="tiny", model=model)
+    return LanguageModel(TorchTarget(model), AsciiTokenizer(), name="tiny", model=model)
 
 
 @pytest.fixture(scope="module")

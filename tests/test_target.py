@@ -1,4 +1,4 @@
-"""The transformers target's prompt: its last chunk waits for the first forward pass, so a
+"""The torch target's prompt: its last chunk waits for the first forward pass, so a
 request's prefill and first step are one pass (as ``model.generate``'s prefill also gives the
 first token), with the logits of a prompt fed up front."""
 
@@ -9,10 +9,10 @@ import torch
 from conftest import tiny_llama
 
 from promptlookup.backends.hf import target as hf_target
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 
-def _spied(target: TransformersTarget) -> list[tuple[int, int]]:
+def _spied(target: TorchTarget) -> list[tuple[int, int]]:
     """(tokens, logits kept) of each pass ``target`` runs from now on."""
     runs = []
     run = target._run
@@ -25,7 +25,7 @@ def _spied(target: TransformersTarget) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_and_the_first_step_are_one_pass(dtype):
     model = tiny_llama(vocab_size=40, seed=21).to(dtype)
-    waiting, eager = TransformersTarget(model), TransformersTarget(model)
+    waiting, eager = TorchTarget(model), TorchTarget(model)
     prompt = [(3 * i) % 39 + 1 for i in range(30)]
     runs = _spied(waiting)
     waiting.prefill(prompt)
@@ -45,7 +45,7 @@ def test_a_prompt_and_the_first_step_are_one_pass(dtype):
 
 def test_a_prompt_longer_than_a_chunk_runs_its_whole_chunks_at_once(monkeypatch):
     monkeypatch.setattr(hf_target, "PREFILL_CHUNK", 8)
-    target = TransformersTarget(tiny_llama(seed=22))
+    target = TorchTarget(tiny_llama(seed=22))
     runs = _spied(target)
     target.prefill(list(range(1, 21)))  # 20 tokens: two chunks now, four wait
     assert runs == [(8, 1), (8, 1)] and target.cache_length == 20
@@ -62,7 +62,7 @@ def test_a_prompt_longer_than_a_chunk_runs_its_whole_chunks_at_once(monkeypatch)
 
 def test_crop_may_drop_waiting_prompt_tokens():
     model = tiny_llama(vocab_size=40, seed=23)
-    target, eager = TransformersTarget(model), TransformersTarget(model)
+    target, eager = TorchTarget(model), TorchTarget(model)
     prompt = list(range(1, 13))
     target.prefill(prompt)
     target.crop(9)

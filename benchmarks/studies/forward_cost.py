@@ -23,14 +23,14 @@ import time
 import torch
 from transformers import DynamicCache
 
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.models import load_pretrained
 
 SIZES = (1, 2, 4, 8, 16, 32)
 MODES = ("stock", "own-forward", "fastest", "blas-attention", "promptlookup")
 
 
-class StockTarget(TransformersTarget):
+class StockTarget(TorchTarget):
     """The same target with transformers' own ``DynamicCache``, ``sdpa`` attention and
     ``nn.Linear`` products."""
 
@@ -57,10 +57,10 @@ def measure(model, context: int, rounds: int, repeats: int) -> dict[tuple[str, i
     ids = torch.randint(100, 40000, (context + max(SIZES),), generator=generator).tolist()
     targets = {
         "stock": StockTarget(model),
-        "own-forward": TransformersTarget(model),
-        "fastest": TransformersTarget(model, row_invariant=False),
-        "blas-attention": TransformersTarget(model),
-        "promptlookup": TransformersTarget(model),
+        "own-forward": TorchTarget(model),
+        "fastest": TorchTarget(model, row_invariant=False),
+        "blas-attention": TorchTarget(model),
+        "promptlookup": TorchTarget(model),
     }
     targets["own-forward"].decoder_pass = None
     targets["blas-attention"].decoder_pass.native_attention = False

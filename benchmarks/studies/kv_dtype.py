@@ -48,7 +48,7 @@ SEVEN_B = (512, 256, 28, 28, 4, 1024, True)
 
 def seven_b_target(folder: Path, kv_dtype: str):
     from promptlookup.backends.gguf.loader import load_quantized
-    from promptlookup.backends.hf.target import TransformersTarget
+    from promptlookup.backends.hf.target import TorchTarget
 
     quantized_shapes.SHAPES["7b-attention"] = SEVEN_B
     quantized_shapes.HEAD_DIMS["7b-attention"] = 128
@@ -57,7 +57,7 @@ def seven_b_target(folder: Path, kv_dtype: str):
         values = quantized_shapes.write_gguf(path, "7b-attention", "Q4_0")
         config.write_text(json.dumps({**values, "head_dim": 128}))
     model, _ = load_quantized(path, config)
-    return TransformersTarget(model, kv_dtype=kv_dtype)
+    return TorchTarget(model, kv_dtype=kv_dtype)
 
 
 def held_per_position(target, prompt_tokens: int) -> float:

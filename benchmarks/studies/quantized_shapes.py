@@ -145,7 +145,7 @@ MEASURE = r"""
 import json, resource, statistics, sys, time
 import psutil, torch
 from promptlookup.backends.gguf.loader import load_quantized
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 path, config, contexts, threads = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(threads)
 rss = lambda: psutil.Process().memory_info().rss / 2**20
@@ -153,7 +153,7 @@ start = time.perf_counter()
 model, formats = load_quantized(path, __import__("pathlib").Path(config))
 loaded = {"load_s": time.perf_counter() - start, "rss_loaded_mib": rss(),
           "peak_loading_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-target = TransformersTarget(model)
+target = TorchTarget(model)
 passes = {}
 for context in contexts:
     target.reset()

@@ -13,7 +13,10 @@ from ._version import __version__
 
 #: The libraries whose versions key a backend's measurements: a new release of any of them may
 #: change what a forward pass costs.
-BACKEND_LIBRARIES = {"transformers": ("torch", "transformers"), "llama.cpp": ("llama_cpp_python",)}
+BACKEND_LIBRARIES = {"torch": ("torch", "transformers"), "llama.cpp": ("llama_cpp_python",)}
+#: The name a backend's files keep where it differs from the backend's: the torch backend was
+#: ``transformers`` before 0.15, and its measurements are found where they were.
+FILE_NAMES = {"torch": "transformers"}
 
 
 def cache_root() -> Path:
@@ -57,7 +60,8 @@ def cost_file_for(
     versions = [f"v{__version__}"] + [
         f"{library}{_version(library)}" for library in BACKEND_LIBRARIES.get(backend, ())
     ]
-    parts = [name, backend, dtype, str(device).split(":")[0], f"{threads}threads"]
+    label = FILE_NAMES.get(backend, backend)  # the backend's name in its files
+    parts = [name, label, dtype, str(device).split(":")[0], f"{threads}threads"]
     key = "-".join(parts + ([variant] if variant else []) + versions)
     return cache_root() / "costs" / (key.replace("/", "_").replace("+", "_") + ".json")
 

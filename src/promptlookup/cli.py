@@ -10,6 +10,7 @@ import sys
 import click
 
 from ._version import __version__
+from .backend_names import ALIASES, BACKENDS, DEFAULT_BACKEND
 from .errors import PromptLookupError
 
 # Subcommands living in their own modules, imported only when used (keeps --help fast).
@@ -100,11 +101,12 @@ def model_options(func):
 #: --backend, shared by generate and serve.
 backend_option = click.option(
     "--backend",
-    type=click.Choice(["transformers", "llama.cpp"]),
-    default="transformers",
+    type=click.Choice([*BACKENDS, *ALIASES]),
+    default=DEFAULT_BACKEND,
     show_default=True,
-    help="llama.cpp runs a .gguf model with llama-cpp-python in its own quantization "
-    "(fast on CPUs; --dtype is ignored).",
+    help="torch: our torch modules and C kernels (a .gguf in its own quantization, or any "
+    "transformers model; 'transformers', its name before 0.15, is taken too). llama.cpp runs "
+    "a .gguf model with llama-cpp-python in its own quantization (--dtype is ignored).",
 )
 
 

@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from .backends.hf.target import TransformersTarget
+from .backends.hf.target import TorchTarget
 from .drafters import DrafterSpec, NoDrafter, make_drafter
 from .errors import InvalidParameterError, UnsupportedModelError
 from .hf_batch import decode_batch
-from .loading import transformers_cost_file
+from .loading import torch_cost_file
 from .loop import GenerationStats
 from .policy import NO_POLICY, SpeculationPolicy, policy_for_speculation
 from .text import eos_token_ids
@@ -84,11 +84,11 @@ def policy_for(model: torch.nn.Module) -> SpeculationPolicy:
     else measured once per model object."""
     policy = _POLICIES.get(model)
     if policy is None:
-        policy = _POLICIES[model] = SpeculationPolicy(cost_file=transformers_cost_file(model))
+        policy = _POLICIES[model] = SpeculationPolicy(cost_file=torch_cost_file(model))
     return policy
 
 
-def target_for(model: torch.nn.Module) -> TransformersTarget:
+def target_for(model: torch.nn.Module) -> TorchTarget:
     """A fresh target (an empty cache) over ``model`` that reuses the kernel and attention
     choices measured in earlier calls with the same model object (on disk too, beside the cost
     curve, when the model has a name). Layer by layer in Python even over quantized weights,
@@ -100,13 +100,13 @@ def target_for(model: torch.nn.Module) -> TransformersTarget:
     kv_dtype = str(weight.dtype).removeprefix("torch.")
     kept = _CHOICES.get(model)
     if kept is not None and kept[0] == (weight.dtype, weight.device):
-        return TransformersTarget(  # sets eval mode
+        return TorchTarget(  # sets eval mode
             model, kernels=kept[1], attention=kept[2], layers_in_one_call=False, kv_dtype=kv_dtype
         )
-    target = TransformersTarget(
+    target = TorchTarget(
         model, layers_in_one_call=False, kv_dtype=kv_dtype
     )  # new, or moved or cast since
-    cost_file = transformers_cost_file(model)
+    cost_file = torch_cost_file(model)
     if cost_file is not None:
         target.use_choice_files(cost_file)
     _CHOICES[model] = ((weight.dtype, weight.device), target.kernels, target.attention)

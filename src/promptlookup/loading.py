@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from . import cache_files, tokenizer_cache
+from .backend_names import BACKENDS, DEFAULT_BACKEND, backend_name
 from .errors import InvalidParameterError, ModelLoadError, UnsupportedModelError
 from .generation import LanguageModel
 from .models import _converted_folder, _quiet, load_pretrained, resolve_model
@@ -24,7 +25,7 @@ __all__ = [
     "gguf_tokenizer",
     "load_llamacpp",
     "load_model",
-    "transformers_cost_file",
+    "torch_cost_file",
 ]
 
 
@@ -33,7 +34,7 @@ def load_model(
     *,
     dtype: str = "auto",
     device: str = "cpu",
-    backend: str = "transformers",
+    backend: str = DEFAULT_BACKEND,
     kv_dtype: str = "auto",
 ) -> LanguageModel:
     """Load a model for generation.
@@ -43,7 +44,8 @@ def load_model(
     id. ``dtype``: ``"auto"`` (the default) runs a GGUF file in its own quantization on the CPU
     (:mod:`~promptlookup.backends.gguf.loader`; float32 activations) and anything else in
     float32; ``"float32"`` or ``"bfloat16"`` dequantize a GGUF. ``device``: cpu or cuda.
-    ``backend``: ``"transformers"``, or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
+    ``backend``: ``"torch"`` (our torch modules and C kernels; ``"transformers"``, its name
+    before 0.15, is taken too), or ``"llama.cpp"`` (a GGUF file run by llama-cpp-python on
     the CPU in its own quantization; ``dtype`` is then ignored).
     ``kv_dtype``: how keys and values are cached: ``"auto"`` (float16 for a GGUF in its own
     quantization, else the activations' dtype), ``"float16"``, ``"bfloat16"`` or ``"float32"``
@@ -53,16 +55,15 @@ def load_model(
     from .backends.gguf.decoder_pass import check_kv_dtype
 
     check_kv_dtype(kv_dtype)  # before the (slow) load
+    backend = backend_name(backend)
     if backend == "llama.cpp":
         if not device.startswith("cpu"):
             raise InvalidParameterError(
                 f"the llama.cpp backend runs on the cpu, got device {device!r}"
             )
         return load_llamacpp(model)
-    if backend != "transformers":
-        raise InvalidParameterError(
-            f"unknown backend {backend!r}; choose transformers or llama.cpp"
-        )
+    if backend != "torch":
+        raise InvalidParameterError(f"unknown backend {backend!r}; choose {' or '.join(BACKENDS)}")
     try:
         quantized = _quantized_gguf(model, dtype, device)
         if quantized is not None:
@@ -76,7 +77,7 @@ def load_model(
             raise
         raise unsupported from error.__cause__
     lm = from_transformers(model_obj, tokenizer, name=name, kv_dtype=kv_dtype)
-    lm.policy.cost_file = transformers_cost_file(model_obj)
+    lm.policy.cost_file = torch_cost_file(model_obj)
     # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
     lm.target.use_choice_files(lm.policy.cost_file)
     return lm
@@ -139,19 +140,19 @@ def from_transformers(
 ) -> LanguageModel:
     """Wrap an already loaded ``transformers`` causal LM and its tokenizer.
     ``row_invariant=False``: the fastest kernels whatever their rounding; ``kv_dtype``: as
-    :func:`load_model`'s (see :class:`~promptlookup.backends.hf.target.TransformersTarget`)."""
-    from .backends.hf.target import TransformersTarget
+    :func:`load_model`'s (see :class:`~promptlookup.backends.hf.target.TorchTarget`)."""
+    from .backends.hf.target import TorchTarget
 
     return LanguageModel(
-        TransformersTarget(model, row_invariant=row_invariant, kv_dtype=kv_dtype),
+        TorchTarget(model, row_invariant=row_invariant, kv_dtype=kv_dtype),
         tokenizer,
         name=name or getattr(model.config, "_name_or_path", "model"),
         model=model,
     )
 
 
-def transformers_cost_file(model) -> Path | None:
-    """Where a ``transformers`` model's cost curve is cached (by :func:`load_model` and by
+def torch_cost_file(model) -> Path | None:
+    """Where a ``transformers`` model's (or our GGUF modules') cost curve is cached (by :func:`load_model` and by
     ``custom_generate`` alike); None when the model has no name (``config._name_or_path``)."""
     name_or_path = getattr(model.config, "_name_or_path", "")
     if not name_or_path:
@@ -163,7 +164,7 @@ def transformers_cost_file(model) -> Path | None:
     packed = sorted(getattr(model.config, "gguf_formats", None) or ())
     if packed:  # quantized weights: their formats say what a pass costs
         dtype = "gguf-" + "-".join(kind for kind in packed if not kind.startswith(("F", "BF")))
-    return cache_files.cost_file_for(name, "transformers", dtype, weight.device.type)
+    return cache_files.cost_file_for(name, "torch", dtype, weight.device.type)
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------
@@ -257,7 +258,7 @@ def gguf_tokenizer(path: str | os.PathLike):
     cached = _tokenizer_folder(source)
     if tokenizer_cache.is_lean(cached):
         return tokenizer_cache.load(cached)
-    converted = _converted_folder(source)  # the transformers backend's cache, if made
+    converted = _converted_folder(source)  # the torch backend's cache, if made
     _quiet()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

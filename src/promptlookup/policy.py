@@ -13,7 +13,7 @@ on average ``1 + E[accepted | k]`` tokens, so the policy picks
 
 and ``k* = 0`` (a plain decoding step) whenever drafting does not pay. Where wide passes are
 dear (llama.cpp on a CPU: a pass over 2 tokens costs far more than over one), that means
-drafting only on long, trusted matches; where 8 tokens cost about one (the transformers target,
+drafting only on long, trusted matches; where 8 tokens cost about one (the torch target,
 on CPUs and GPUs), it means drafting long drafts freely.
 
     E[accepted | k] = sum_{i=1..k} prod_{j=1..i} a(bucket, j)

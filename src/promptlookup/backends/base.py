@@ -46,7 +46,7 @@ class Target(Protocol):
 
     def prepare(self, sizes: Sequence[int]) -> None:
         """Set up for forward passes over these numbers of tokens, before they are timed (the
-        transformers target chooses its kernels); a no-op for a backend with nothing to set up.
+        torch target chooses its kernels); a no-op for a backend with nothing to set up.
         The loop calls it before every pass, the cost calibration before its passes."""
 
     @property

@@ -8,7 +8,7 @@
 
 Layout: :mod:`.data` reads prompt files, :mod:`.suite` generates the built-in suite,
 :mod:`.methods` is the method registry (and how a backend adds methods),
-:mod:`.transformers_methods` the transformers backend's methods, :mod:`.servers` races
+:mod:`.torch_methods` the torch backend's methods, :mod:`.servers` races
 OpenAI-compatible servers, :mod:`.runner` runs and records (:mod:`.memory`: peak RSS),
 :mod:`.report` summarizes and draws, :mod:`.command` is the CLI, which runs the prompt race
 (:mod:`.race`) or the session mode (:mod:`.sessions`).

@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from ..backend_names import DEFAULT_BACKEND
 from ..cli import friendly_errors, model_options
 from .race import CONSTRAINED_METHODS, DEFAULT_METHODS, prompt_rows, race
 from .suite import DEFAULT_PER_TASK
@@ -162,9 +163,10 @@ def sampling_options(func):
 @model_options
 @click.option(
     "--backend",
-    default="transformers",
+    default=DEFAULT_BACKEND,
     show_default=True,
-    help="transformers, or llama.cpp when its bench methods are installed.",
+    help="torch ('transformers', its name before 0.15, is taken too), or llama.cpp when its "
+    "bench methods are installed.",
 )
 @click.option(
     "--threads",
@@ -222,7 +224,7 @@ def bench(
     generation per method. Greedy outputs are checked token by token against plain's.
 
     \b
-    Methods (transformers backend):
+    Methods (torch backend):
       plain              model.generate, no assistance (the baseline)
       hf-pld             model.generate(prompt_lookup_num_tokens=10)   [k=, ngram=]
       promptlookup       promptlookup's loop, default drafter          [k=, min=, max=,

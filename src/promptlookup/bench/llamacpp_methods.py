@@ -27,17 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from .methods import (
     MethodOutput,
-    PromptLookupMethod,
     Settings,
     Timer,
-    check_int_options,
     cut_after_eos,
     register_backend,
     register_method,
+    register_own_methods,
 )
 
 BACKEND = "llama.cpp"
@@ -138,14 +136,4 @@ def load_for_bench(model: str | None, dtype: str, device: str, threads: int | No
 register_backend(BACKEND, load=load_for_bench)
 register_method(BACKEND, "plain", lambda lm, options: LlamaGenerate(lm))
 register_method(BACKEND, "llamacpp-pld", _llamacpp_pld, params={"k": "num_pred_tokens"})
-register_method(
-    BACKEND,
-    "promptlookup",
-    lambda lm, options: PromptLookupMethod(
-        lm, "prompt-lookup", check_int_options("promptlookup", options)
-    ),
-    params={**BENCH_PARAMS, "speculation": "speculation"},
-)
-register_method(
-    BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none", {})
-)
+register_own_methods(BACKEND)

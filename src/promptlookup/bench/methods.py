@@ -35,12 +35,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..backend_names import backend_name
+from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from ..limits import SamplingParams
 
 #: Modules that register a backend's methods when imported (lazily, on first use).
 BACKEND_MODULES = {
-    "transformers": "promptlookup.bench.transformers_methods",
+    "torch": "promptlookup.bench.torch_methods",
     "llama.cpp": "promptlookup.bench.llamacpp_methods",
 }
 
@@ -124,6 +126,7 @@ _BACKENDS: dict[str, Backend] = {}
 def register_backend(name: str, load: Callable | None = None) -> Backend:
     """Declare a backend (idempotent); ``load(model, dtype, device, threads)`` returns the
     bench model described in the module docstring."""
+    name = backend_name(name)
     backend = _BACKENDS.setdefault(name, Backend(name, None, {}))
     if load is not None:
         backend.load = load
@@ -140,6 +143,7 @@ def register_method(
 
 
 def get_backend(name: str) -> Backend:
+    name = backend_name(name)
     if name not in _BACKENDS or not _BACKENDS[name].factories:
         module = BACKEND_MODULES.get(name)
         if module is None:
@@ -254,7 +258,25 @@ def cut_after_eos(token_ids: Sequence[int], eos_token_ids: Sequence[int]) -> lis
     return out
 
 
-#: Bench parameters of promptlookup's lookup methods -> drafter options (both backends).
+#: The spec keys of promptlookup's own lookup methods, every backend's: the drafter's options
+#: (short and long names) and ``speculation``.
+LOOKUP_PARAMS = {**BENCH_PARAMS, "speculation": "speculation"}
+
+
+def lookup_factory(lm_of: Callable = lambda lm: lm) -> MethodFactory:
+    """The factory of promptlookup's loop with its default drafter (the spec's options checked,
+    keys :data:`LOOKUP_PARAMS`) on ``lm_of(lm)``."""
+    return lambda lm, options: PromptLookupMethod(
+        lm_of(lm), "prompt-lookup", check_int_options("promptlookup", options)
+    )
+
+
+def register_own_methods(backend: str) -> None:
+    """Register promptlookup's own methods for ``backend``, whose bench model is a
+    :class:`~promptlookup.LanguageModel`: ``promptlookup`` (the default drafter) and
+    ``promptlookup-none`` (no drafter: the loop's own overhead)."""
+    register_method(backend, "promptlookup", lookup_factory(), params=LOOKUP_PARAMS)
+    register_method(backend, OWN_PLAIN, lambda lm, options: PromptLookupMethod(lm, "none"))
 
 
 def check_int_options(method: str, options: dict) -> dict:

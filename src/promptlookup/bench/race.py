@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from ..backend_names import backend_name
 from ..errors import InvalidParameterError
 from ..machine import default_threads
 from .methods import Settings
@@ -65,8 +66,8 @@ def register_drafter_method(backend: str, item: str) -> str:
             f"--drafter-method {item!r}: expected NAME=SPEC, e.g. "
             "chain=prompt-lookup,draft-model:default"
         )
-    if backend != "transformers":
-        raise click.UsageError("--drafter-method is available with --backend transformers")
+    if backend_name(backend) != "torch":
+        raise click.UsageError("--drafter-method is available with --backend torch")
     check_drafter_spec(spec)
     register_method(
         backend, name, lambda lm, options, spec=spec: PromptLookupMethod(lm, spec), params={}
@@ -148,6 +149,7 @@ def race(
     from .runner import run_bench
 
     # Every check before the slow model load.
+    backend = backend_name(backend)  # its current name in meta.json
     constrained = any(row.request for row in rows)
     specs = method_specs(methods, constrained, sweep, backend, drafter_methods)
     racing = server_methods(against, specs)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..backend_names import DEFAULT_BACKEND
 from ..errors import InvalidParameterError, PromptLookupError, PromptTooLongError
 from .data import BenchRow
 from .memory import PeakMeter
@@ -59,7 +60,7 @@ class BenchResult:
     out_dir: Path | None = None
 
 
-def resolve_methods(model, methods: Sequence, backend: str = "transformers") -> list[Method]:
+def resolve_methods(model, methods: Sequence, backend: str = DEFAULT_BACKEND) -> list[Method]:
     """Method objects for specs (strings) or ready methods, ``plain`` first, names unique."""
     resolved = [make_method(backend, m, model) if isinstance(m, str) else m for m in methods]
     names = [m.name for m in resolved]
@@ -132,7 +133,7 @@ def run_bench(
     methods: Sequence,
     settings: Settings = Settings(),
     *,
-    backend: str = "transformers",
+    backend: str = DEFAULT_BACKEND,
     out_dir: str | Path | None = None,
     warmup: bool = True,
     progress: bool = False,
@@ -143,7 +144,7 @@ def run_bench(
 ) -> BenchResult:
     """Benchmark ``methods`` (specs like ``"promptlookup:k=4"`` or method objects) on ``rows``
     with an already loaded ``model`` (a :class:`~promptlookup.LanguageModel` for the
-    transformers backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
+    torch backend). With ``out_dir``, writes results.jsonl, summary.json, report.md,
     meta.json and figures there. ``repeat``: runs per method and prompt, the fastest kept.
     Returns the records and the summary."""
     from .report import write_outputs

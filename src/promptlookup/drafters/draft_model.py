@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..backends.hf.target import TransformersTarget
+from ..backends.hf.target import TorchTarget
 from ..errors import UnsupportedModelError
 from ..prefix_tree import common_prefix_length
 from .base import Draft
@@ -93,7 +93,7 @@ class DraftModelDrafter:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chooser = chooser
         #: The draft model's own cache and forward passes, the same as a target's.
-        self.draft_target = TransformersTarget(self.model)
+        self.draft_target = TorchTarget(self.model)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         #: A :class:`~promptlookup.policy.Speculation` sizing drafts by cost, or None.
         self.policy = policy

@@ -1,6 +1,6 @@
 """Our engine: a GGUF file's model in modules of our own, and the row-invariant pass over them.
 
-A pass goes :class:`~promptlookup.backends.hf.target.TransformersTarget` ->
+A pass goes :class:`~promptlookup.backends.hf.target.TorchTarget` ->
 :class:`~.decoder_pass.DecoderPass` (our pass, layer by layer in
 :mod:`.decoder_layer`) -> :class:`~.quantized_layers.QuantizedLayers` (every layer in one C
 call, where the model's weights are quantized) -> ``native/``.

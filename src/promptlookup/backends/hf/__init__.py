@@ -1,2 +1,2 @@
-"""The target over a ``transformers`` causal LM (:mod:`.target`) and its growing KV cache
-(:mod:`.cache`)."""
+"""The torch backend's target, ``TorchTarget``, over a ``transformers`` causal LM or our GGUF
+modules (:mod:`.target`), and its growing KV cache (:mod:`.cache`)."""

@@ -7,7 +7,7 @@ For plain Llama, Qwen2 and Mistral models and our GGUF modules on the CPU
 :class:`~promptlookup.backends.gguf.decoder_pass.DecoderPass` runs, and every pass is
 row-invariant: each row's logits are bit for bit those of a one-token pass over
 the same cache, whatever the number of rows, so no drafter, draft length or policy decision can
-change a token (:attr:`TransformersTarget.row_invariant`). Other models run through the model's
+change a token (:attr:`TorchTarget.row_invariant`). Other models run through the model's
 own forward, whose multi-token passes may round differently from one-token passes.
 """
 
@@ -54,12 +54,13 @@ class WindowLayer(GrowingLayer):
         self.sliding_window = sliding_window
 
 
-#: Cache layers that :meth:`TransformersTarget.crop` can crop.
+#: Cache layers that :meth:`TorchTarget.crop` can crop.
 CROPPABLE = (GrowingLayer, WindowLayer)
 
 
-class TransformersTarget:
-    """A ``transformers`` causal LM as a :class:`~promptlookup.backends.base.Target`."""
+class TorchTarget:
+    """The torch backend's :class:`~promptlookup.backends.base.Target`: a ``transformers``
+    causal LM, or a GGUF file's model in our own modules, run in torch and our C kernels."""
 
     def __init__(
         self,
@@ -307,3 +308,18 @@ class TransformersTarget:
             )
         self._pending = []
         self.cache.crop(length)
+
+
+def __getattr__(name: str):
+    """``TransformersTarget``, the name :class:`TorchTarget` had before 0.15 (it also runs GGUF
+    files on our own modules and C kernels), still importable with a DeprecationWarning."""
+    if name == "TransformersTarget":
+        import warnings
+
+        warnings.warn(
+            "TransformersTarget is now TorchTarget (promptlookup.backends.hf.target)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return TorchTarget
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ afterwards): the output is then identical with and without drafting, and plain s
 
 Tokens are the GGUF's own vocabulary: the tokenizer is ``transformers``' reading of the same GGUF
 (its ids agree with llama.cpp's tokenizer; a test checks this), so drafters, chat templates and
-detokenization work exactly as with the transformers backend.
+detokenization work exactly as with the torch backend.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark methods of the ``transformers`` backend (registered on import).
+"""Benchmark methods of the ``torch`` backend (registered on import).
 
 - ``plain``: ``model.generate`` with no assistance, the baseline.
 - ``hf-pld``: ``model.generate(prompt_lookup_num_tokens=10)`` with transformers' default n-gram
@@ -33,21 +33,22 @@ from collections.abc import Sequence
 import torch
 from transformers import LogitsProcessorList
 
-from ..drafters.options import BENCH_PARAMS
 from ..errors import InvalidParameterError
 from ..grammar import GrammarLogitsProcessor, grammar_state
 from .methods import (
+    LOOKUP_PARAMS,
     MethodOutput,
-    PromptLookupMethod,
     Settings,
     Timer,
     check_int_options,
     cut_after_eos,
+    lookup_factory,
     register_backend,
     register_method,
+    register_own_methods,
 )
 
-BACKEND = "transformers"
+BACKEND = "torch"
 
 
 class ForwardTrace:
@@ -221,38 +222,6 @@ def _hf_pld(lm, options: dict) -> HFGenerate:
     return HFGenerate(lm, extra)
 
 
-register_method(BACKEND, "plain", lambda lm, options: HFGenerate(lm))
-register_method(
-    BACKEND,
-    "hf-pld",
-    _hf_pld,
-    params={"k": "prompt_lookup_num_tokens", "ngram": "max_matching_ngram_size"},
-)
-register_method(
-    BACKEND,
-    "promptlookup",
-    lambda lm, options: PromptLookupMethod(
-        lm, "prompt-lookup", check_int_options("promptlookup", options)
-    ),
-    params={**BENCH_PARAMS, "speculation": "speculation"},
-)
-register_method(BACKEND, "promptlookup-none", lambda lm, options: PromptLookupMethod(lm, "none"))
-register_method(
-    BACKEND,
-    "promptlookup-fastest",
-    lambda lm, options: PromptLookupMethod(
-        fastest_twin(lm), "prompt-lookup", check_int_options("promptlookup", options)
-    ),
-    params={**BENCH_PARAMS, "speculation": "speculation"},
-)
-register_method(
-    BACKEND,
-    "hf-custom",
-    lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
-    params={**BENCH_PARAMS, "speculation": "speculation"},
-)
-
-
 def fastest_twin(lm):
     """``lm``'s model behind a target that keeps the fastest kernels by timing, row-invariant
     or not (what exactness costs), with a policy of its own; same weights, no copy."""
@@ -274,3 +243,18 @@ def load_for_bench(model: str | None, dtype: str, device: str, threads: int | No
 
 
 register_backend(BACKEND, load=load_for_bench)
+register_method(BACKEND, "plain", lambda lm, options: HFGenerate(lm))
+register_method(
+    BACKEND,
+    "hf-pld",
+    _hf_pld,
+    params={"k": "prompt_lookup_num_tokens", "ngram": "max_matching_ngram_size"},
+)
+register_own_methods(BACKEND)
+register_method(BACKEND, "promptlookup-fastest", lookup_factory(fastest_twin), params=LOOKUP_PARAMS)
+register_method(
+    BACKEND,
+    "hf-custom",
+    lambda lm, options: HFCustomGenerate(lm, check_int_options("hf-custom", options)),
+    params=LOOKUP_PARAMS,
+)
