@@ -14,29 +14,33 @@ number of CPU threads (default: all cores), on free 127.0.0.1 ports:
 Every server is started once, with room for the largest concurrency, and stays up for the whole
 sweep; except llama-server-ngram, restarted before each level, because its n-gram table is
 shared by all requests and would otherwise draft from earlier levels' answers to the same
-prompts (``--keep-ngram-state`` keeps it up). For each concurrency level the methods run one after another (their order, and the
-levels', alternate between repeats, to spread drift and noise); each method sends the same requests with N in
-flight at once (N client threads over one list): streaming chat completions, greedy
-(temperature 0), ``max_tokens`` fixed, ``stream_options.include_usage`` on, and
-``"cache_prompt": false`` for llama-server so that repeated prompts are not answered from its
-cache. The requests cycle through the bench's five tasks (code edits, summaries, extraction
-questions, chat rewrites, open-ended), from its built-in suite (generated from the Python
-standard library) or from TASK.jsonl files in ``--data-dir``; ``--tasks`` picks the
-ones to cycle through.
+prompts (``--keep-ngram-state`` keeps it up). For each concurrency level the methods run one
+after another (their order, and the levels', alternate between repeats, to spread drift and
+noise); each method sends the same requests with N in flight at once (N client threads over one
+list): streaming chat completions, greedy (temperature 0), ``max_tokens`` fixed,
+``stream_options.include_usage`` on, and ``"cache_prompt": false`` for llama-server so that
+repeated prompts are not answered from its cache. The requests cycle through the bench's five
+tasks (code edits, summaries, extraction questions, chat rewrites, open-ended), from its
+built-in suite (generated from the Python standard library) or from TASK.jsonl files in
+``--data-dir``; ``--tasks`` picks the ones to cycle through. promptlookup serve's cross-request
+index drafts from earlier answers, so a level after the first meets prompts whose answers it
+has seen: ``--serve-args "--cross-request off"`` keeps every level's requests unseen.
 
 Recorded per request: time to first token, inter-token latency (the time from the first to the
 last content chunk over the completion tokens after the first, tokens counted by the final
 usage), total latency, completion tokens and the text. Per method and level: aggregate tokens/s
 (all completion tokens over the level's wall time; the median over repeats), its speed-up over
 the same method at the lowest level (of the medians, and per repeat: the ratio within one
-repeat is the one to trust on a loaded machine; each level's load average is recorded), p50 TTFT / ITL / latency, and how many texts are identical
-to the same method's text for the same request at the lowest level (one by one).
+repeat is the one to trust on a loaded machine; each level's load average is recorded), p50
+TTFT / ITL / latency, and how many texts are identical to the same method's text for the same
+request at the lowest level (one by one).
 
     python benchmarks/concurrency.py --llama-server /path/to/llama-server --out runs/conc
     python benchmarks/concurrency.py --methods promptlookup,llama-server \\
         --concurrency 1,2 --requests 2 --max-tokens 16          # a smoke test
     python benchmarks/concurrency.py --methods promptlookup --concurrency 1,8 --repeat 4 \\
-        --tasks code_edit,open_ended --data-dir DATA --serve-args "--prefix-cache-mib 0"
+        --tasks code_edit,open_ended --data-dir DATA \\
+        --serve-args "--prefix-cache-mib 0 --cross-request off"   # issue 53's round
 
 ``--out DIR`` writes concurrency.json (every request's record and the summary), concurrency.md
 (the table) and concurrency.png (tokens/s against concurrency, one line per method). The table
