@@ -14,25 +14,33 @@ number of CPU threads (default: all cores), on free 127.0.0.1 ports:
 Every server is started once, with room for the largest concurrency, and stays up for the whole
 sweep; except llama-server-ngram, restarted before each level, because its n-gram table is
 shared by all requests and would otherwise draft from earlier levels' answers to the same
-prompts (``--keep-ngram-state`` keeps it up). For each concurrency level the methods run one after another (their order alternates
-between repeats, to spread drift and noise); each method sends the same requests with N in
-flight at once (N client threads over one list): streaming chat completions, greedy
-(temperature 0), ``max_tokens`` fixed, ``stream_options.include_usage`` on, and
-``"cache_prompt": false`` for llama-server so that repeated prompts are not answered from its
-cache. The requests cycle through the bench's five tasks (code edits, summaries, extraction
-questions, chat rewrites, open-ended), from its built-in suite (generated from the Python
-standard library) or from TASK.jsonl files in ``--data-dir``.
+prompts (``--keep-ngram-state`` keeps it up). For each concurrency level the methods run one
+after another (their order, and the levels', alternate between repeats, to spread drift and
+noise); each method sends the same requests with N in flight at once (N client threads over one
+list): streaming chat completions, greedy (temperature 0), ``max_tokens`` fixed,
+``stream_options.include_usage`` on, and ``"cache_prompt": false`` for llama-server so that
+repeated prompts are not answered from its cache. The requests cycle through the bench's five
+tasks (code edits, summaries, extraction questions, chat rewrites, open-ended), from its
+built-in suite (generated from the Python standard library) or from TASK.jsonl files in
+``--data-dir``; ``--tasks`` picks the ones to cycle through. promptlookup serve's cross-request
+index drafts from earlier answers, so a level after the first meets prompts whose answers it
+has seen: ``--serve-args "--cross-request off"`` keeps every level's requests unseen.
 
 Recorded per request: time to first token, inter-token latency (the time from the first to the
 last content chunk over the completion tokens after the first, tokens counted by the final
 usage), total latency, completion tokens and the text. Per method and level: aggregate tokens/s
 (all completion tokens over the level's wall time; the median over repeats), its speed-up over
-the same method at the lowest level, p50 TTFT / ITL / latency, and how many texts are identical
-to the same method's text for the same request at the lowest level (one by one).
+the same method at the lowest level (of the medians, and per repeat: the ratio within one
+repeat is the one to trust on a loaded machine; each level's load average is recorded), p50
+TTFT / ITL / latency, and how many texts are identical to the same method's text for the same
+request at the lowest level (one by one).
 
     python benchmarks/concurrency.py --llama-server /path/to/llama-server --out runs/conc
     python benchmarks/concurrency.py --methods promptlookup,llama-server \\
         --concurrency 1,2 --requests 2 --max-tokens 16          # a smoke test
+    python benchmarks/concurrency.py --methods promptlookup --concurrency 1,8 --repeat 4 \\
+        --tasks code_edit,open_ended --data-dir DATA \\
+        --serve-args "--prefix-cache-mib 0 --cross-request off"   # issue 53's round
 
 ``--out DIR`` writes concurrency.json (every request's record and the summary), concurrency.md
 (the table) and concurrency.png (tokens/s against concurrency, one line per method). The table
@@ -76,14 +84,16 @@ STATEFUL = {"llama-server-ngram"}
 # Pure parts: requests, commands, statistics, the table
 
 
-def pick_requests(rows_by_task: dict[str, list], count: int) -> list[dict]:
-    """``count`` requests, cycling through :data:`TASK_CYCLE` and taking each task's rows in
+def pick_requests(
+    rows_by_task: dict[str, list], count: int, cycle: tuple[str, ...] = TASK_CYCLE
+) -> list[dict]:
+    """``count`` requests, cycling through the tasks of ``cycle`` and taking each task's rows in
     order: ``{"index", "task", "id", "messages"}``. Rows are ``BenchRow``-like (``task``,
     ``id``, ``messages``)."""
-    taken = {task: 0 for task in TASK_CYCLE}
+    taken = {task: 0 for task in cycle}
     requests = []
     for i in range(count):
-        task = TASK_CYCLE[i % len(TASK_CYCLE)]
+        task = cycle[i % len(cycle)]
         rows = rows_by_task[task]
         if taken[task] >= len(rows):
             raise ValueError(f"only {len(rows)} {task} rows for {count} requests")
@@ -104,6 +114,7 @@ def server_command(
     ctx_per_slot: int = 4096,
     spec_args: tuple[str, ...] = NGRAM_ARGS,
     backend: str = "torch",
+    serve_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The command line that starts ``method``'s server with room for ``slots`` requests at
     once (for ``promptlookup serve``: ``slots`` sequences in every forward pass)."""
@@ -160,7 +171,7 @@ def server_command(
     ]
     if method == "promptlookup-none":
         command += ["--drafter", "none"]
-    return command
+    return command + list(serve_args)
 
 
 def request_body(method: str, model_id: str, messages: list, max_tokens: int) -> dict:
@@ -236,6 +247,7 @@ def summarize(levels: list[dict], records: list[dict]) -> list[dict]:
             tps = median(runs)
             if base is None:
                 base = tps
+            pairs = repeat_speedups(levels, method, c)
             mine = [r for r in records if r["method"] == method and r["concurrency"] == c]
             ok = [r for r in mine if r["error"] is None]
             k, n = identical.get((method, c), (0, 0))
@@ -246,6 +258,7 @@ def summarize(levels: list[dict], records: list[dict]) -> list[dict]:
                     "tokens_per_second": tps,
                     "tokens_per_second_runs": runs,
                     "speedup": round(tps / base, 3) if tps is not None and base else None,
+                    "speedup_runs": pairs,
                     "ttft_p50": median(r["ttft"] for r in ok),
                     "itl_p50": median(r["itl"] for r in ok),
                     "latency_p50": median(r["latency"] for r in ok),
@@ -257,20 +270,36 @@ def summarize(levels: list[dict], records: list[dict]) -> list[dict]:
     return rows
 
 
+def repeat_speedups(levels: list[dict], method: str, concurrency: int) -> list[float | None]:
+    """Per repeat, ``method``'s tokens/s at ``concurrency`` over its tokens/s at its lowest
+    level in the same repeat (the two ran side by side: under a shared machine's drifting
+    load, the ratio to trust)."""
+    mine = [lv for lv in levels if lv["method"] == method]
+    lowest = min(lv["concurrency"] for lv in mine)
+    by_repeat = {(lv["repeat"], lv["concurrency"]): lv["tokens_per_second"] for lv in mine}
+    ratios = []
+    for repeat in sorted({lv["repeat"] for lv in mine}):
+        tps, base = by_repeat.get((repeat, concurrency)), by_repeat.get((repeat, lowest))
+        ratios.append(round(tps / base, 3) if tps and base else None)
+    return ratios
+
+
 def markdown_table(rows: list[dict]) -> str:
     def num(value, digits=2, scale=1.0, suffix=""):
         return "n/a" if value is None else f"{value * scale:.{digits}f}{suffix}"
 
     lines = [
         "| method | concurrency | tokens/s | speed-up vs 1 | p50 TTFT (ms) | p50 ITL (ms) "
-        "| identical to one-by-one |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| speed-up per repeat | identical to one-by-one |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['method']} | {row['concurrency']} | {num(row['tokens_per_second'], 1)} "
             f"| {num(row['speedup'], 2, suffix='x')} | {num(row['ttft_p50'], 0, 1000)} "
-            f"| {num(row['itl_p50'], 1, 1000)} | {row['identical']}/{row['requests']} |"
+            f"| {num(row['itl_p50'], 1, 1000)} "
+            f"| {', '.join(num(r, 2, suffix='x') for r in row.get('speedup_runs') or [])} "
+            f"| {row['identical']}/{row['requests']} |"
         )
     return "\n".join(lines)
 
@@ -517,8 +546,20 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        help="read TASK.jsonl files for the tasks from this folder [default: the bench's "
-        "built-in suite, generated from the Python standard library]",
+        help="read TASK.jsonl files for the tasks from this folder (a task without one: the "
+        "built-in suite's) [default: the bench's built-in suite, generated from the Python "
+        "standard library]",
+    )
+    parser.add_argument(
+        "--tasks",
+        default=",".join(TASK_CYCLE),
+        help="the tasks that requests cycle through, comma-separated [default: %(default)s]",
+    )
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more options for promptlookup serve, as one string "
+        "(e.g. '--prefix-cache-mib 0': every prompt computed afresh)",
     )
     parser.add_argument("--request-timeout", type=float, default=600)
     parser.add_argument("--startup-timeout", type=float, default=900)
@@ -549,14 +590,17 @@ def main(argv=None) -> int:
     from promptlookup.models import default_gguf_path
 
     model = str(Path(args.model).resolve()) if args.model else str(default_gguf_path())
-    tasks = tuple(dict.fromkeys(TASK_CYCLE))
-    if args.data_dir is not None:
-        rows_by_task = {task: load_rows(args.data_dir / f"{task}.jsonl") for task in tasks}
-    else:
-        per_task = -(-args.requests // len(TASK_CYCLE))
-        suite = suite_rows(per_task, tasks)
-        rows_by_task = {task: [row for row in suite if row.task == task] for task in tasks}
-    requests = pick_requests(rows_by_task, args.requests)
+    cycle = tuple(task.strip() for task in args.tasks.split(",") if task.strip())
+    if not cycle or set(cycle) - set(TASK_CYCLE):
+        parser.error(f"--tasks: choose from {', '.join(TASK_CYCLE)}")
+    tasks = tuple(dict.fromkeys(cycle))
+    files = {task: args.data_dir / f"{task}.jsonl" for task in tasks} if args.data_dir else {}
+    rows_by_task = {task: load_rows(path) for task, path in files.items() if path.exists()}
+    built_in = tuple(task for task in tasks if task not in rows_by_task)
+    if built_in:
+        suite = suite_rows(-(-args.requests // len(cycle)), built_in)
+        rows_by_task |= {task: [row for row in suite if row.task == task] for task in built_in}
+    requests = pick_requests(rows_by_task, args.requests, cycle)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
 
@@ -576,6 +620,7 @@ def main(argv=None) -> int:
             ctx_per_slot=args.ctx_per_slot,
             spec_args=spec_args,
             backend=args.backend,
+            serve_args=tuple(shlex.split(args.serve_args)),
         )
 
     try:
@@ -584,7 +629,7 @@ def main(argv=None) -> int:
         used: set[str] = set()
         for repeat in range(args.repeat):
             order = methods if repeat % 2 == 0 else methods[::-1]
-            for concurrency in levels:
+            for concurrency in levels if repeat % 2 == 0 else levels[::-1]:
                 for method in order:
                     if method in STATEFUL and method in used and not args.keep_ngram_state:
                         servers.start(method, command_for(method))  # forget earlier answers
@@ -600,12 +645,14 @@ def main(argv=None) -> int:
                         r.update(method=method, repeat=repeat, concurrency=concurrency)
                     records.extend(level_records)
                     level = level_result(method, repeat, concurrency, wall, level_records)
+                    level["load_average"] = round(os.getloadavg()[0], 2)
                     levels_done.append(level)
                     failed = sum(r["error"] is not None for r in level_records)
                     used.add(method)
                     print(
                         f"repeat {repeat} concurrency {concurrency} {method}: "
-                        f"{level['tokens_per_second']} tokens/s in {wall:.1f} s"
+                        f"{level['tokens_per_second']} tokens/s in {wall:.1f} s "
+                        f"(load average {level['load_average']})"
                         + (f", {failed} failed" if failed else ""),
                         file=sys.stderr,
                         flush=True,

@@ -145,8 +145,21 @@ def test_markdown_table_rows_and_units():
     ]
     lines = bench.markdown_table(rows).splitlines()
     assert len(lines) == 4 and lines[0].startswith("| method | concurrency | tokens/s")
-    assert lines[2] == "| llama-server | 1 | 51.2 | 1.00x | 123 | 19.1 | 8/8 |"
-    assert lines[3] == "| llama-server | 8 | n/a | n/a | n/a | n/a | 0/8 |"
+    assert lines[2] == "| llama-server | 1 | 51.2 | 1.00x | 123 | 19.1 |  | 8/8 |"
+    assert lines[3] == "| llama-server | 8 | n/a | n/a | n/a | n/a |  | 0/8 |"
+    rows[1]["speedup_runs"] = [0.91, None]
+    assert bench.markdown_table(rows).splitlines()[3].endswith("| 0.91x, n/a | 0/8 |")
+
+
+def test_speedups_per_repeat_pair_each_level_with_the_lowest_of_its_own_repeat():
+    levels = [
+        bench.level_result("m", r, c, wall, [record("m", c, 0, "t", tokens=100)])
+        for r, c, wall in [(0, 1, 10.0), (0, 8, 5.0), (1, 8, 8.0), (1, 1, 4.0), (2, 1, 1.0)]
+    ] + [bench.level_result("other", 0, 2, 1.0, [record("other", 2, 0, "t", tokens=100)])]
+    assert bench.repeat_speedups(levels, "m", 8) == [2.0, 0.5, None]  # repeat 2 lacks level 8
+    assert bench.repeat_speedups(levels, "m", 1) == [1.0, 1.0, 1.0]
+    rows = bench.summarize(levels, [record("m", 1, 0, "t"), record("m", 8, 0, "t")])
+    assert rows[1]["speedup_runs"] == [2.0, 0.5, None]
 
 
 def test_pick_requests_cycles_tasks_in_file_order():
@@ -165,6 +178,8 @@ def test_pick_requests_cycles_tasks_in_file_order():
     assert [r["index"] for r in picked] == list(range(8))
     with pytest.raises(ValueError, match="code_edit"):
         bench.pick_requests({**rows, "code_edit": rows["code_edit"][:1]}, 6)
+    picked = bench.pick_requests(rows, 4, ("code_edit", "open_ended"))  # --tasks
+    assert [r["id"] for r in picked] == ["code_edit0", "open_ended0", "code_edit1", "open_ended1"]
 
 
 def test_server_commands():
@@ -208,6 +223,15 @@ def test_server_commands():
     assert custom[-2:] == ["--spec-type", "x"] and "ngram-mod" not in custom
     with pytest.raises(ValueError):
         bench.server_command("llama-server", port=9, model="m", threads=2, slots=1)
+    extra = bench.server_command(
+        "promptlookup",
+        port=9,
+        model="m",
+        threads=2,
+        slots=8,
+        serve_args=("--prefix-cache-mib", "0"),
+    )
+    assert extra[-2:] == ["--prefix-cache-mib", "0"]
 
 
 def test_only_llama_server_gets_cache_prompt():
