@@ -53,6 +53,9 @@ def conversation(lm, context: str, turns: int, answer: int, cache) -> list[dict]
         result = lm.generate(
             messages, max_new_tokens=answer, temperature=0, prefix_cache=cache or False
         )
+        stats = result.stats
+        print(f"turn {turn + 1}: {stats.prompt_tokens} prompt tokens, ", end="")
+        print(f"{stats.cached_tokens} cached, peak {peak_rss_mib()} MiB", flush=True)
         rows.append(
             {
                 "turn": turn + 1,
@@ -105,9 +108,7 @@ def main(argv=None) -> int:
     rows = conversation(lm, context, args.turns, args.answer, cache)
     print("| turn | prompt tokens | cached | peak RSS (MiB) |\n|---:|---:|---:|---:|")
     for row in rows:
-        print(
-            f"| {row['turn']} | {row['prompt_tokens']} | {row['cached_tokens']} | {row['peak_mib']} |"
-        )
+        print("| {turn} | {prompt_tokens} | {cached_tokens} | {peak_mib} |".format(**row))
     peak = peak_rss_mib()
     summary = {"rss_before_mib": before, "peak_mib": peak, "peak_over_before_mib": None}
     if before is not None and peak is not None:
