@@ -257,3 +257,14 @@ def test_conversations_held_once_answer_as_without_the_cache(kind, concurrent, r
     cache = PrefixCache(mib=mib, block_tokens=16)
     assert conversations(lm, cache, 4, 4, concurrent) == without
     assert cache.used_bytes <= cache.budget_bytes
+
+
+def test_a_conversation_from_disk_and_memory_answers_as_without_the_cache(tmp_path):
+    """Memory holds about one sequence's buffers, the disk the rest: later turns take buffers
+    over or read blocks back from disk, and answer as with the cache off."""
+    lm = tiny("float32")
+    without = conversations(lm, False, 3, 3, concurrent=False)
+    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16, directory=tmp_path)
+    assert conversations(lm, cache, 3, 3, concurrent=False) == without
+    cache.flush()
+    assert cache.used_bytes <= cache.budget_bytes and list(tmp_path.iterdir())

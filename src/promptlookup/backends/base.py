@@ -101,8 +101,9 @@ class BlockCache(SequenceCache, Protocol):
         the last one shorter where the span is not a multiple; each in its own storage."""
 
     def write_prefix(self, blocks: Sequence[torch.Tensor], length: int) -> None:
-        """Fill this empty cache with the first ``length`` positions that ``blocks`` hold one
-        after another (as :meth:`read_blocks` gave them; the last possibly in part)."""
+        """Fill this cache's next positions, up to ``length``, with the positions that
+        ``blocks`` hold one after another (as :meth:`read_blocks` gave them; the last possibly
+        in part): an empty cache's first ``length``."""
 
 
 @runtime_checkable
