@@ -87,16 +87,30 @@ class APIEvents:
     the job's text deltas read through the request's tool format (``stream``, None without
     tools) into text, call and argument pieces, each a subclass's events. Subclasses write
     ``start``, ``text``, ``call``, ``arguments``, ``finish`` (the choice, its finish reason as
-    the whole answer's), ``end`` and ``error``."""
+    the whole answer's), ``end`` and ``error``; and ``reasoning`` where ``splitter`` is set
+    (a thinking model's reasoning, read apart first)."""
 
     stream = None  # a .tools.ToolStream where the request has tools
+    splitter = None  # a .reasoning.ReasoningSplitter where the answer's reasoning is apart
 
     def feed(self, delta: str) -> str:
-        """The events for a text delta of the answer."""
+        """The events for a text delta of the answer: its reasoning (a subclass's
+        ``reasoning``, :mod:`.reasoning`), then its text and calls."""
         events = ""
+        if self.splitter is not None:
+            thought, delta = self.splitter.feed(delta)
+            events += self.reasoning(thought) if thought else ""
         for kind, *value in stream_pieces(self.stream, delta):
             events += getattr(self, kind)(*value)
         return events
+
+    def held(self) -> str:
+        """The events for the text the reasoning splitter held back, once the answer ends."""
+        if self.splitter is None:
+            return ""
+        thought, text = self.splitter.finish()
+        events = self.reasoning(thought) if thought else ""
+        return events + "".join(getattr(self, k)(*v) for k, *v in stream_pieces(self.stream, text))
 
     def reason(self, choice) -> str:
         """The choice's finish reason, as the whole answer's (calls cut are ``length``)."""
@@ -114,7 +128,7 @@ class APIEvents:
                     if events := self.feed(value[1]):
                         yield events
                 elif kind == "choice":
-                    yield self.finish(value)
+                    yield self.held() + self.finish(value)
                 elif kind == "done":
                     if events := self.end():
                         yield events

@@ -6,8 +6,8 @@ then said again as a chat completions request (its ``as_chat``) and served by th
 (:func:`.serving.start_job`), so tools go through the chat template's format or the generic
 one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
 answer is written back as content blocks; a stream is ``message_start``, per block
-``content_block_start``/``content_block_delta`` (``text_delta`` or
-``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
+``content_block_start``/``content_block_delta`` (``text_delta``, ``input_json_delta``, or
+a thinking model's ``thinking_delta`` then ``signature_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
 tokens) and ``message_stop``. Errors are Anthropic's JSON,
 ``{"type": "error", "error": {"type", "message"}}``.
 """
@@ -20,7 +20,9 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
 from ..openai.protocol import ChatCompletionRequest
+from ..reasoning import Thinking
 from ..request_base import APIError, parse_request, read_json
 from ..serving import count_tokens, serve_as_chat
 from ..streams import APIEvents, event_stream
@@ -55,16 +57,19 @@ async def serve_messages(state, request: Request) -> Response:
         return Response(status_code=499)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools = req.tool_plan(state.tool_template)
+    thinking = reasoning.for_request(state, job.prompt_ids)
     if req.stream:
         prompt, cache = job.prompt_ids, state.prefix_cache
         # The prompt tokens the prefix cache holds as the stream begins (its prefill to come).
         tenant = getattr(request.state, "tenant", None)
         cached = cache.held(prompt[:-1], tenant) if cache is not None else 0
-        writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached)
+        writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached, thinking)
         return event_stream(writer.events(job), state, PING)
     result = choices[0].result
-    content, calls = read_answer(result.text, tools)
-    blocks = [{"type": "text", "text": content}] if content or not calls else []
+    thought, text = thinking.split(result.text) if thinking else (None, result.text)
+    content, calls = read_answer(text, tools)
+    blocks = [] if thought is None else [_thinking(thought)]
+    blocks += [{"type": "text", "text": content}] if content or not calls else []
     for call in calls:
         function = call["function"]
         use = {
@@ -87,6 +92,16 @@ async def serve_messages(state, request: Request) -> Response:
             "usage": usage,
         }
     )
+
+
+#: The ``signature`` of a thinking block: nothing is signed here (and a signature sent back
+#: is not checked).
+SIGNATURE = ""
+
+
+def _thinking(text: str) -> dict:
+    """A thinking model's reasoning as a ``thinking`` block (:mod:`..reasoning`)."""
+    return {"type": "thinking", "thinking": text, "signature": SIGNATURE}
 
 
 def _input_usage(result) -> dict:
@@ -132,8 +147,10 @@ class EventWriter(APIEvents):
         prompt_tokens: int,
         tools: ToolPlan | None,
         cached: int = 0,
+        thinking: Thinking | None = None,
     ) -> None:
-        """``cached``: how many of the prompt's tokens the prefix cache holds."""
+        """``cached``: how many of the prompt's tokens the prefix cache holds; ``thinking``:
+        the answer's reasoning is apart, in a ``thinking`` block."""
         self.message = {
             "id": message_id,
             "type": "message",
@@ -149,6 +166,7 @@ class EventWriter(APIEvents):
             },
         }
         self.stream = ToolStream(tools.template) if tools else None
+        self.splitter = thinking.splitter() if thinking else None
         self.index, self.open = -1, None  # the current block's index and type
 
     def _start(self, block: dict) -> str:
@@ -159,11 +177,18 @@ class EventWriter(APIEvents):
     def _stop(self) -> str:
         if self.open is None:
             return ""
+        events = ""
+        if self.open == "thinking":  # its signature last, as Anthropic streams it
+            events = self._delta({"type": "signature_delta", "signature": SIGNATURE})
         self.open = None
-        return _event("content_block_stop", {"index": self.index})
+        return events + _event("content_block_stop", {"index": self.index})
 
     def _delta(self, delta: dict) -> str:
         return _event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def reasoning(self, piece: str) -> str:
+        events = "" if self.open == "thinking" else self._start(_thinking(""))
+        return events + self._delta({"type": "thinking_delta", "thinking": piece})
 
     def text(self, piece: str) -> str:
         events = "" if self.open == "text" else self._start({"type": "text", "text": ""})

@@ -12,6 +12,7 @@ those that only spell a stop string the text was cut at (see :mod:`.shown`).
 from __future__ import annotations
 
 from .. import bodies as B
+from ..reasoning import Thinking
 from ..tools import ToolPlan, read_answer
 from ..worker import Choice, TokenInfo
 
@@ -114,6 +115,12 @@ class ChunkWriter:
         infos = infos if self.logprobs else None
         return self._chunk([self._choice(index, "", infos, delta=delta)])
 
+    def reasoning(self, index: int, text: str, infos=None) -> dict:
+        """A reasoning delta of one choice (:mod:`..reasoning`)."""
+        delta = B.ChatDelta(reasoning_content=text)
+        infos = infos if self.logprobs else None
+        return self._chunk([self._choice(index, "", infos, delta=delta)])
+
     def finish(self, index: int, finish_reason: str) -> dict:
         return self._chunk([self._choice(index, "", None, finish_reason, delta=B.ChatDelta())])
 
@@ -128,15 +135,17 @@ def completion_body(
     fingerprint: str,
     prediction_tokens: int | None,
     tools: ToolPlan | None = None,
+    thinking: Thinking | None = None,
 ) -> dict:
     """The whole answer; with ``tools``, each choice's text read back into content or tool
-    calls in the plan's format (:func:`.tools.parse`)."""
+    calls in the plan's format (:func:`.tools.parse`), after its reasoning, with
+    ``thinking``, as ``reasoning_content`` (:mod:`..reasoning`)."""
     common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
     if chat:
         body = B.ChatCompletion(
             **common,
             object="chat.completion",
-            choices=[_chat_choice(c, tools) for c in choices],
+            choices=[_chat_choice(c, tools, thinking) for c in choices],
         )
     else:
         body = B.Completion(
@@ -155,13 +164,15 @@ def completion_body(
     return B.dump(body)
 
 
-def _chat_choice(choice: Choice, tools: ToolPlan | None) -> B.ChatChoice:
+def _chat_choice(choice: Choice, tools: ToolPlan | None, thinking=None) -> B.ChatChoice:
     result, calls = choice.result, None
     finish_reason = result.finish_reason
-    content, found = read_answer(result.text, tools)
+    reasoning, text = thinking.split(result.text) if thinking else (None, result.text)
+    content, found = read_answer(text, tools)
     if found:
         calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
-    message = B.AssistantMessage(role="assistant", content=content, refusal=None)
+    apart = {} if reasoning is None else {"reasoning_content": reasoning}
+    message = B.AssistantMessage(role="assistant", content=content, refusal=None, **apart)
     if calls:
         message.tool_calls = calls
     return B.ChatChoice(

@@ -10,6 +10,8 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
+from ..reasoning import Thinking
 from ..request_base import APIError, parse_request, read_json
 from ..serving import start_job, started_soon, unless_disconnected
 from ..state import ServerState
@@ -35,6 +37,7 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
         prediction_tokens = len(job.drafter_options.get("reference_ids") or ())
     # The answer is read back into tool calls in the plan's format.
     tools = req.tool_plan(state.tool_template) if chat else None
+    thinking = reasoning.for_request(state, job.prompt_ids, req) if chat else None
     if req.stream:
         # The response (200) begins when the job starts: one still queued when the server
         # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
@@ -42,12 +45,16 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
         if not started:
             return Response(status_code=499)
         writer = ChunkWriter(meta, chat, state.fingerprint, req.top_logprobs_count is not None)
-        events = chunk_events(job, writer, req.choices, req.include_usage, prediction_tokens, tools)
+        events = chunk_events(
+            job, writer, req.choices, req.include_usage, prediction_tokens, tools, thinking
+        )
         return event_stream(events, state)
     finished, choices = await unless_disconnected(job.outcome(), job, request)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    body = completion_body(meta, chat, choices, state.fingerprint, prediction_tokens, tools)
+    body = completion_body(
+        meta, chat, choices, state.fingerprint, prediction_tokens, tools, thinking
+    )
     return JSONResponse(body)
 
 
@@ -58,11 +65,14 @@ async def chunk_events(
     include_usage: bool,
     prediction_tokens,
     tools: ToolPlan | None = None,
+    thinking: Thinking | None = None,
 ):
     """The stream's server-sent events (with ``tools``, each choice's text read into content
-    and tool call deltas as it comes, :class:`.tools.ToolStream`). If the client disconnects,
+    and tool call deltas as it comes, :class:`.tools.ToolStream`; with ``thinking``, its
+    reasoning first, as ``reasoning_content`` deltas). If the client disconnects,
     Starlette cancels this generator; its ``finally`` cancels the job."""
     streams = [ToolStream(tools.template) for _ in range(n)] if tools else None
+    splitters = [thinking.splitter() for _ in range(n)] if thinking else None
     try:
         if writer.chat:
             for index in range(n):
@@ -73,6 +83,11 @@ async def chunk_events(
                 continue
             if kind == "delta":
                 index, text, infos = value
+                if splitters is not None:  # the reasoning apart (.reasoning)
+                    thought, text = splitters[index].feed(text)
+                    if thought:
+                        yield sse(writer.reasoning(index, thought, None if text else infos))
+                        infos = infos if text else None
                 calls = []
                 if streams is not None:
                     text, calls = streams[index].feed(text)
@@ -83,6 +98,14 @@ async def chunk_events(
                 elif text or infos:
                     yield sse(writer.delta(index, text, infos))
             elif kind == "choice":
+                if splitters is not None:  # what the splitter held back, as it stands
+                    thought, text = splitters[value.index].finish()
+                    if thought:
+                        yield sse(writer.reasoning(value.index, thought))
+                    if streams is not None and text:
+                        text, _ = streams[value.index].feed(text)  # (no call: too short)
+                    if text:
+                        yield sse(writer.delta(value.index, text, None))
                 finish_reason = value.result.finish_reason
                 if streams is not None:
                     finish_reason = streams[value.index].finish_reason(finish_reason)

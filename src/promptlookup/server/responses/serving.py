@@ -4,12 +4,13 @@
 A request is validated in its own shape (:class:`.protocol.ResponsesRequest`),
 said again as a chat completions request and served by the same path (:func:`.serving.start_job`),
 so tools go through the chat template's format or the generic one, and its grammar. The
-answer is a ``response`` object whose ``output`` holds a ``message`` item (its
+answer is a ``response`` object whose ``output`` holds a thinking model's ``reasoning`` item
+(its text as ``reasoning_text`` content, :mod:`..reasoning`), a ``message`` item (its
 ``output_text``) and ``function_call`` items; ``usage`` counts the prompt's tokens the prefix
 cache held as ``input_tokens_details.cached_tokens``. A stream sends ``response.created`` and
 ``response.in_progress``, then per item ``response.output_item.added``, its deltas
-(``response.output_text.delta`` inside a ``content_part``, or
-``response.function_call_arguments.delta``) and its ``.done`` events, then
+(``response.reasoning_text.delta``, ``response.output_text.delta`` inside a
+``content_part``, or ``response.function_call_arguments.delta``) and its ``.done`` events, then
 ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it). Errors are
 OpenAI's JSON; once a stream has begun, an ``error`` event.
 """
@@ -23,6 +24,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
 from ..request_base import APIError
 from ..serving import serve_as_chat
 from ..streams import APIEvents, event_stream
@@ -40,12 +42,15 @@ async def serve_responses(state, request: Request) -> Response:
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     tools = req.tool_plan(state.tool_template)
+    thinking = reasoning.for_request(state, job.prompt_ids)
     shell, spaces = _shell(state.model_id, asked), asked.namespaces()
     if req.stream:
-        return event_stream(ResponseEvents(shell, tools, spaces).events(job), state)
+        return event_stream(ResponseEvents(shell, tools, spaces, thinking).events(job), state)
     result = choices[0].result
-    content, calls = read_answer(result.text, tools)
-    output = [_message(content)] if content or not calls else []
+    thought, text = thinking.split(result.text) if thinking else (None, result.text)
+    content, calls = read_answer(text, tools)
+    output = [] if thought is None else [_reasoning(thought)]
+    output += [_message(content)] if content or not calls else []
     for call in calls:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
         output.append(_call(call["id"], name, arguments, namespace=spaces.get(name)))
@@ -95,6 +100,19 @@ def _message(text: str, status: str = "completed") -> dict:
     }
 
 
+def _reasoning(text: str, status: str = "completed") -> dict:
+    """A thinking model's reasoning as a ``reasoning`` item: its text as ``reasoning_text``
+    content, no summary (:mod:`..reasoning`)."""
+    part = {"type": "reasoning_text", "text": text}
+    return {
+        "type": "reasoning",
+        "id": _id("rs"),
+        "summary": [],
+        "content": [part],
+        "status": status,
+    }
+
+
 def _call(
     call_id: str, name: str, arguments: str, status: str = "completed", namespace=None
 ) -> dict:
@@ -133,9 +151,12 @@ class ResponseEvents(APIEvents):
     """The events of one streamed response: output items opened and closed as the answer's
     text and calls come (:class:`.tools.ToolStream` reads the tool format)."""
 
-    def __init__(self, shell: dict, tools: ToolPlan | None, spaces: dict[str, str]) -> None:
+    def __init__(
+        self, shell: dict, tools: ToolPlan | None, spaces: dict[str, str], thinking=None
+    ) -> None:
         self.shell, self.items, self.spaces = shell, [], spaces
         self.stream = ToolStream(tools.template) if tools else None
+        self.splitter = thinking.splitter() if thinking else None
         self.number = 0  # the next event's sequence_number
 
     def _event(self, kind: str, data: dict) -> str:
@@ -173,12 +194,26 @@ class ResponseEvents(APIEvents):
             events += self._event(
                 "response.content_part.done", {**where, "content_index": 0, "part": part}
             )
+        elif item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events = self._event(
+                "response.reasoning_text.done", {**where, "content_index": 0, "text": text}
+            )
         else:
             events = self._event(
                 "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
             )
         return events + self._event(
             "response.output_item.done", {"output_index": where["output_index"], "item": item}
+        )
+
+    def reasoning(self, piece: str) -> str:
+        last = self.items[-1] if self.items else None
+        opened = last is not None and last["type"] == "reasoning" and last["status"] != "completed"
+        events = "" if opened else self._open(_reasoning("", status="in_progress"))
+        self.items[-1]["content"][0]["text"] += piece
+        return events + self._event(
+            "response.reasoning_text.delta", {**self._where(), "content_index": 0, "delta": piece}
         )
 
     def text(self, piece: str) -> str:
