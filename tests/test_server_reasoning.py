@@ -8,8 +8,11 @@ starting the next turn's prompt with the tokens generated."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import anthropic
 import pytest
+from _fixtures import one_thread  # noqa: F401 (autouse fixture)
 from _server import FIXED, RunningServer
 from conftest import tiny_llama
 from hypothesis import given
@@ -21,7 +24,7 @@ from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.anthropic.protocol import MessagesRequest
 from promptlookup.server.openai.protocol import ChatCompletionRequest
-from promptlookup.server.reasoning import ReasoningSplitter, ThinkFormat, detect
+from promptlookup.server.reasoning import ReasoningSplitter, ThinkFormat, detect, for_request
 from promptlookup.server.responses.protocol import ResponsesRequest
 from promptlookup.server.serving import _encode
 
@@ -79,6 +82,19 @@ class _Tokenizer:
     def __init__(self, template):
         self.chat_template = template
 
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def test_whether_the_prompt_opened_the_thinking_is_read_off_its_last_tokens():
+    state = SimpleNamespace(reasoning=FORM, lm=SimpleNamespace(tokenizer=_Tokenizer("")))
+    opened = [ord(c) for c in "<|im_start|>assistant\n<think>\n"]
+    assert for_request(state, opened).inside
+    thinking = for_request(state, [ord(c) for c in "<|im_start|>assistant\n"])
+    assert not thinking.inside and thinking.split("<think>a</think>b") == ("a", "b")
+    assert for_request(state, opened, SimpleNamespace(reasoning_format="none")) is None
+    assert for_request(SimpleNamespace(reasoning=None), opened) is None
+
 
 def test_the_markers_are_read_off_the_template():
     qwen3 = "{{ '<think>\\n' + message.reasoning_content + '\\n</think>' }}"
@@ -120,9 +136,20 @@ WRAPPED = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>{% endif %}"
 )
-#: Per template: the tiny model's seed and the character whose token is the closing marker,
-#: chosen so that its greedy answer to QUESTION closes its reasoning after a few tokens.
-MODELS = {"keyed": (KEYED, 1, "G"), "wrapped": (WRAPPED, 8, "R")}
+#: A template that leaves the opening to the model (Qwen3's manner).
+OWN = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}<think>"
+    "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: Per template: the tiny model's seed and the characters whose tokens are the opening and
+#: closing markers, chosen so that its greedy answer to QUESTION closes its reasoning after a
+#: few tokens (and, under OWN, opens it first).
+MODELS = {
+    "keyed": (KEYED, 1, "~", "G"),
+    "wrapped": (WRAPPED, 8, "~", "R"),
+    "own": (OWN, 17, "0", "I"),
+}
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 GREEDY = {"temperature": 0}
 MAX_TOKENS = 40
@@ -130,24 +157,26 @@ MAX_TOKENS = 40
 
 class ThinkTokenizer(TemplateTokenizer):
     """:class:`TemplateTokenizer` where the markers are one token each: ``<think>`` the
-    token of ``~``, ``</think>`` that of ``close`` (characters no prompt here has)."""
+    token of the character ``opening``, ``</think>`` that of ``close`` (characters no prompt
+    here has)."""
 
-    def __init__(self, template: str, close: str) -> None:
+    def __init__(self, template: str, opening: str, close: str) -> None:
         super().__init__(template)
-        self.close = close
+        self.opening, self.close = opening, close
 
     def __call__(self, text, add_special_tokens=True):
-        return super().__call__(text.replace("</think>", self.close).replace("<think>", "~"))
+        text = text.replace("</think>", self.close).replace("<think>", self.opening)
+        return super().__call__(text)
 
     def decode(self, ids, skip_special_tokens=True):
         text = super().decode(ids, skip_special_tokens)
-        return text.replace(self.close, "</think>").replace("~", "<think>")
+        return text.replace(self.close, "</think>").replace(self.opening, "<think>")
 
 
 def think_lm(name: str) -> LanguageModel:
-    template, seed, close = MODELS[name]
+    template, seed, opening, close = MODELS[name]
     model = tiny_llama(vocab_size=ThinkTokenizer.vocab_size, seed=seed, context=2048)
-    tokenizer = ThinkTokenizer(template, close)
+    tokenizer = ThinkTokenizer(template, opening, close)
     return LanguageModel(TransformersTarget(model), tokenizer, name="tiny", model=model)
 
 
@@ -159,19 +188,22 @@ def server(request):
 
 
 def raw_answer(server):
-    """The greedy answer, its text whole (``reasoning_format: "none"``)."""
+    """The greedy answer, its text whole (``reasoning_format: "none"``), and that text's
+    reasoning and answer: after an opening marker the model wrote, up to the closing one."""
     answer = server.client().chat.completions.create(
         model="tiny", messages=QUESTION, max_tokens=MAX_TOKENS,
         extra_body={**GREEDY, "reasoning_format": "none"},
     )  # fmt: skip
     text = answer.choices[0].message.content
     assert "</think>" in text and not text.startswith("</think>"), "the model must think"
-    return answer
+    # Under OWN the model opens its thinking; under the others the prompt did.
+    assert text.startswith("<think>") == (server.state.lm.tokenizer.chat_template is OWN)
+    thought, _, rest = text.removeprefix("<think>").partition("</think>")
+    return answer, thought, rest
 
 
 def test_chat_answers_the_reasoning_apart_whole_and_streamed(server):
-    raw = raw_answer(server)
-    thought, _, rest = raw.choices[0].message.content.partition("</think>")
+    raw, thought, rest = raw_answer(server)
     request = dict(model="tiny", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body=GREEDY)
     whole = server.client().chat.completions.create(**request)
     message = whole.choices[0].message
@@ -190,8 +222,7 @@ def test_chat_answers_the_reasoning_apart_whole_and_streamed(server):
 
 
 def test_anthropic_answers_a_thinking_block_whole_and_streamed(server):
-    raw = raw_answer(server)
-    thought, _, rest = raw.choices[0].message.content.partition("</think>")
+    raw, thought, rest = raw_answer(server)
     client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=60)
     request = dict(model="tiny", max_tokens=MAX_TOKENS, messages=QUESTION, extra_body=GREEDY)
     whole = client.messages.create(**request)
@@ -208,8 +239,7 @@ def test_anthropic_answers_a_thinking_block_whole_and_streamed(server):
 
 
 def test_responses_answers_a_reasoning_item_whole_and_streamed(server):
-    raw = raw_answer(server)
-    thought, _, rest = raw.choices[0].message.content.partition("</think>")
+    raw, thought, rest = raw_answer(server)
     client, request = server.client(), dict(model="tiny", input="Why is the sky blue?")
     whole = client.responses.create(**request, max_output_tokens=MAX_TOKENS, extra_body=GREEDY)
     item, message = whole.output
@@ -265,3 +295,14 @@ def test_earlier_reasoning_sent_back_starts_the_next_turn_with_the_tokens_genera
     plain = [*QUESTION, {"role": "assistant", "content": text}, again]
     ids = _next_turn_ids(server, {"model": "tiny", "messages": plain}, ChatCompletionRequest)
     assert ids[: len(prompt) + len(generated)] != prompt + generated
+
+
+def test_reasoning_format_none_keeps_the_answer_whole():
+    settings = ServerSettings(generation_options=FIXED, reasoning_format="none")
+    with RunningServer(create_app(think_lm("keyed"), settings)) as off:
+        assert off.state.reasoning is None
+        answer = off.client().chat.completions.create(
+            model="tiny", messages=QUESTION, max_tokens=MAX_TOKENS, extra_body=GREEDY
+        )
+    message = answer.choices[0].message
+    assert "</think>" in message.content and "reasoning_content" not in message.model_extra
