@@ -8,6 +8,8 @@ starting the next turn's prompt with the tokens generated."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from types import SimpleNamespace
 
 import anthropic
@@ -23,9 +25,19 @@ from promptlookup.backends.hf.target import TransformersTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.anthropic.protocol import MessagesRequest
+from promptlookup.server.anthropic.serving import EventWriter
+from promptlookup.server.openai.answers import ChunkWriter
 from promptlookup.server.openai.protocol import ChatCompletionRequest
-from promptlookup.server.reasoning import ReasoningSplitter, ThinkFormat, detect, for_request
+from promptlookup.server.openai.serving import chunk_events
+from promptlookup.server.reasoning import (
+    ReasoningSplitter,
+    ThinkFormat,
+    Thinking,
+    detect,
+    for_request,
+)
 from promptlookup.server.responses.protocol import ResponsesRequest
+from promptlookup.server.responses.serving import ResponseEvents
 from promptlookup.server.serving import _encode
 
 FORM = ThinkFormat("<think>", "</think>")
@@ -306,3 +318,81 @@ def test_reasoning_format_none_keeps_the_answer_whole():
         )
     message = answer.choices[0].message
     assert "</think>" in message.content and "reasoning_content" not in message.model_extra
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    """Server-sent events as ``(event, data)``."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+#: An answer's deltas with its markers cut across them.
+DELTAS = ["  <thi", "nk>ab", "c</th", "ink>\nhel", "lo</"]
+
+
+def test_a_streamed_thinking_block_with_markers_cut_across_deltas():
+    writer = EventWriter("msg_1", "tiny", 3, None, thinking=Thinking(FORM, False))
+    events = "".join(writer.feed(delta) for delta in DELTAS) + writer.held()
+    kinds = [
+        (kind, data.get("content_block") or data.get("delta")) for kind, data in _events(events)
+    ]
+    assert kinds == [
+        ("content_block_start", {"type": "thinking", "thinking": "", "signature": ""}),
+        ("content_block_delta", {"type": "thinking_delta", "thinking": "ab"}),
+        ("content_block_delta", {"type": "thinking_delta", "thinking": "c"}),
+        ("content_block_delta", {"type": "signature_delta", "signature": ""}),
+        ("content_block_stop", None),
+        ("content_block_start", {"type": "text", "text": ""}),
+        ("content_block_delta", {"type": "text_delta", "text": "\nhel"}),
+        ("content_block_delta", {"type": "text_delta", "text": "lo</"}),
+    ]  # fmt: skip
+
+
+def test_a_streamed_reasoning_item_with_markers_cut_across_deltas():
+    shell = {"id": "resp_1", "output": []}
+    writer = ResponseEvents(shell, None, {}, Thinking(FORM, False))
+    events = _events("".join(writer.feed(delta) for delta in DELTAS) + writer.held())
+    kinds = [kind for kind, _ in events]
+    assert kinds == [
+        "response.output_item.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.output_item.done", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+    ]  # fmt: skip
+    assert events[3][1]["text"] == "abc" and events[4][1]["item"]["type"] == "reasoning"
+    assert writer.items[0]["content"] == [{"type": "reasoning_text", "text": "abc"}]
+    assert writer.items[1]["content"][0]["text"] == "\nhello</"
+
+
+class _Job:
+    """A finished job's events, as :func:`chunk_events` reads them."""
+
+    def __init__(self, deltas: list[str]) -> None:
+        self.events = asyncio.Queue()
+        for delta in deltas:
+            self.events.put_nowait(("delta", (0, delta, None)))
+        result = SimpleNamespace(finish_reason="stop")
+        self.events.put_nowait(("choice", SimpleNamespace(index=0, result=result)))
+        self.events.put_nowait(("done", []))
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_streamed_reasoning_content_chunks_with_markers_cut_across_deltas():
+    writer = ChunkWriter({"id": "c", "created": 0, "model": "tiny"}, True, "fp", False)
+
+    async def chunks():
+        events = chunk_events(_Job(DELTAS), writer, 1, False, None, None, Thinking(FORM, False))
+        return [event async for event in events]
+
+    sent = asyncio.run(chunks())
+    deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in sent[:-1]]
+    assert sent[-1] == "data: [DONE]\n\n"
+    assert [d.get("reasoning_content") for d in deltas if "reasoning_content" in d] == ["ab", "c"]
+    assert "".join(d.get("content") or "" for d in deltas) == "\nhello</"
+    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert all("reasoning_content" not in d for d in deltas[first_content:])
