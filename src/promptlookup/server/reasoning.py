@@ -114,8 +114,7 @@ class ReasoningSplitter:
 
     def feed(self, delta: str) -> tuple[str, str]:
         """The reasoning and answer text that ``delta`` completes (the reasoning first)."""
-        text, reasoning, answer = self.held + delta, "", ""
-        self.held = ""
+        text, reasoning, self.held = self.held + delta, "", ""
         if self.state == "before":
             stripped = text.lstrip()
             if stripped.startswith(self.form.open):  # reasoning begins
@@ -134,8 +133,7 @@ class ReasoningSplitter:
                 keep = _partial_suffix(text, self.form.close)
                 reasoning, self.held = text[: len(text) - keep], text[len(text) - keep :]
                 return reasoning, ""
-        answer = text
-        return reasoning, answer
+        return reasoning, text  # the answer: all of it, as it comes
 
     def finish(self) -> tuple[str, str]:
         """What is still held back once the answer has ended, as it stands."""
