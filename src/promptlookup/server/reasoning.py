@@ -162,6 +162,11 @@ class Thinking:
         return ReasoningSplitter(self.form, self.inside)
 
 
+def apart(thinking: Thinking | None, text: str) -> tuple[str | None, str]:
+    """A whole answer's ``(reasoning, answer)``: all answer without ``thinking``."""
+    return thinking.split(text) if thinking is not None else (None, text)
+
+
 def for_request(state, prompt_ids, req=None) -> Thinking | None:
     """A chat request's :class:`Thinking` (None: its answer is all text, where the model has
     no markers, ``--reasoning-format none``, or the request's ``reasoning_format`` is

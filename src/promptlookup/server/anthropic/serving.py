@@ -66,7 +66,7 @@ async def serve_messages(state, request: Request) -> Response:
         writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached, thinking)
         return event_stream(writer.events(job), state, PING)
     result = choices[0].result
-    thought, text = thinking.split(result.text) if thinking else (None, result.text)
+    thought, text = reasoning.apart(thinking, result.text)
     content, calls = read_answer(text, tools)
     blocks = [] if thought is None else [_thinking(thought)]
     blocks += [{"type": "text", "text": content}] if content or not calls else []

@@ -12,7 +12,7 @@ those that only spell a stop string the text was cut at (see :mod:`.shown`).
 from __future__ import annotations
 
 from .. import bodies as B
-from ..reasoning import Thinking
+from ..reasoning import Thinking, apart
 from ..tools import ToolPlan, read_answer
 from ..worker import Choice, TokenInfo
 
@@ -167,12 +167,12 @@ def completion_body(
 def _chat_choice(choice: Choice, tools: ToolPlan | None, thinking=None) -> B.ChatChoice:
     result, calls = choice.result, None
     finish_reason = result.finish_reason
-    reasoning, text = thinking.split(result.text) if thinking else (None, result.text)
+    reasoning, text = apart(thinking, result.text)
     content, found = read_answer(text, tools)
     if found:
         calls, finish_reason = [B.ToolCall(**call) for call in found], "tool_calls"
-    apart = {} if reasoning is None else {"reasoning_content": reasoning}
-    message = B.AssistantMessage(role="assistant", content=content, refusal=None, **apart)
+    shown = {} if reasoning is None else {"reasoning_content": reasoning}
+    message = B.AssistantMessage(role="assistant", content=content, refusal=None, **shown)
     if calls:
         message.tool_calls = calls
     return B.ChatChoice(

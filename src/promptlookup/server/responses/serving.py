@@ -47,7 +47,7 @@ async def serve_responses(state, request: Request) -> Response:
     if req.stream:
         return event_stream(ResponseEvents(shell, tools, spaces, thinking).events(job), state)
     result = choices[0].result
-    thought, text = thinking.split(result.text) if thinking else (None, result.text)
+    thought, text = reasoning.apart(thinking, result.text)
     content, calls = read_answer(text, tools)
     output = [] if thought is None else [_reasoning(thought)]
     output += [_message(content)] if content or not calls else []
