@@ -19,6 +19,12 @@ whitespace may be split differently (as the model generated it). A tokenizer for
 cut there would change a probe's tokens (one that adds a prefix space to every text it
 tokenizes) keeps the whole text in one piece, as does a template whose text for the earlier
 messages is not a prefix of the whole (one that drops earlier turns' reasoning, say).
+
+A thinking model's answer begins with its reasoning: a client sends it back apart, and the
+server puts it where the template renders it, or back between its markers in the content
+(:mod:`promptlookup.server.reasoning`), so the answer's piece is again the text generated.
+It cannot be where the template drops earlier turns' reasoning (Qwen3's before the last
+user message, DeepSeek-R1's always): the next turn's ids then match up to that answer's start.
 """
 
 from __future__ import annotations

@@ -141,6 +141,7 @@ class AssistantMessage(Body):
     content: str | None  # None when the answer calls tools
     refusal: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning, apart (.reasoning)
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -195,10 +196,11 @@ class ToolCallDelta(Body):
 
 
 class ChatDelta(Body):
-    """A chunk's new text: the role first, then content or tool calls; an empty delta with
-    the finish."""
+    """A chunk's new text: the role first, then a thinking model's reasoning
+    (:mod:`.reasoning`), content or tool calls; an empty delta with the finish."""
 
     role: Literal["assistant"] | None = None
+    reasoning_content: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .reasoning import Thinking, apart
 from .tools import (
     ANSWER_START,
     ARGUMENTS_START,
@@ -92,7 +93,8 @@ def read_answer(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dict
 
 @dataclass(frozen=True)
 class Answer:
-    """A finished choice as every API reads it: its text and tool calls (OpenAI's shape,
+    """A finished choice as every API reads it: a thinking model's reasoning (None: there is
+    none, :mod:`.reasoning`), its text and tool calls (OpenAI's shape,
     :func:`parse`), its finish reason as the whole answer's (``tool_calls`` where it calls
     tools; a call cut at its length is text, ``length``) and its token counts."""
 
@@ -102,13 +104,16 @@ class Answer:
     output_tokens: int  # the tokens the answer reports (:mod:`.shown`)
     prompt_tokens: int
     cached_tokens: int  # of the prompt's, found in the prefix cache
+    reasoning: str | None = None
 
 
-def read_choice(choice: Choice, plan: ToolPlan | None) -> Answer:
+def read_choice(choice: Choice, plan: ToolPlan | None, thinking: Thinking | None = None) -> Answer:
     """A finished choice read in ``plan``'s format (all text where the request has no
-    tools): whole answers and streams' last events alike."""
+    tools), after its reasoning with ``thinking``: whole answers and streams' last events
+    alike."""
     result = choice.result
-    content, calls = read_answer(result.text, plan)
+    reasoning, text = apart(thinking, result.text)
+    content, calls = read_answer(text, plan)
     return Answer(
         content,
         calls,
@@ -116,6 +121,7 @@ def read_choice(choice: Choice, plan: ToolPlan | None) -> Answer:
         choice.tokens,
         len(result.prompt_ids),
         result.stats.cached_tokens,
+        reasoning,
     )
 
 

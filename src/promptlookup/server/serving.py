@@ -116,7 +116,7 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
                 param="tools",
                 code="context_length_exceeded",
             )
-        param, chars = "messages", tools + sum(len(content_text(m.content)) for m in req.messages)
+        param, chars = "messages", tools + sum(map(len, _message_texts(state, req)))
     else:
         param, chars = "prompt", len(req.prompt) if isinstance(req.prompt, str) else 0
     if chars > limit:
@@ -135,6 +135,15 @@ def _check_characters(state: ServerState, req, chat: bool) -> None:
         )
 
 
+def _message_texts(state: ServerState, req) -> list[str]:
+    """The messages' texts, and earlier answers' reasoning where it goes into the prompt
+    (:mod:`.reasoning`)."""
+    texts = [content_text(m.content) for m in req.messages]
+    if state.reasoning is None:
+        return texts
+    return texts + [m.reasoning_content or m.reasoning or "" for m in req.messages]
+
+
 def _tool_texts(req) -> list[str]:
     return tool_texts([tool.plain() for tool in function_tools(req.tools)])
 
@@ -145,7 +154,7 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
     lm, context = state.lm, state.lm.target.max_context
     param = "messages" if chat else "prompt"
     # Long texts a chunk at a time, others' requests between chunks, only up to the context.
-    texts = [content_text(m.content) for m in req.messages] if chat else [req.prompt]
+    texts = _message_texts(state, req) if chat else [req.prompt]
     texts = [text for text in texts if isinstance(text, str)] + (_tool_texts(req) if chat else [])
     lock = state.tokenizer_lock
     if sum(map(len, texts)) > CHUNK and bounded_ids(lm.tokenizer, lock, texts, context) is None:
@@ -161,6 +170,9 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
             if chat:
                 template = state.tool_template
                 messages = req.prompt_messages(template)
+                if state.reasoning is not None:  # earlier answers' reasoning, as written
+                    sent = [m.as_dict() for m in req.messages]
+                    messages = state.reasoning.with_reasoning(sent, messages)
                 prompt_ids = encode(lm, messages, req.template_tools(template))
             else:
                 prompt_ids = lm.encode(req.prompt)

@@ -148,6 +148,14 @@ class ServerSettings:
         click.FloatRange(min=0),
         metavar="SECONDS",
     )
+    reasoning_format: str = setting(
+        "auto",
+        "--reasoning-format",
+        "A thinking model's <think> text (where the chat template has such markers): 'auto' "
+        "answers it apart, as chat's reasoning_content, Anthropic's thinking blocks and a "
+        "Responses reasoning item; 'none' leaves it in the answer's text.",
+        click.Choice(["auto", "none"]),
+    )
     cross_request: str = setting(
         "per-tenant",
         "--cross-request",

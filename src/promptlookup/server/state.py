@@ -20,6 +20,8 @@ from .batch_worker import BatchWorker
 from .bodies import ModelCard
 from .connection import http_protocol
 from .metrics import Metrics
+from .reasoning import ThinkFormat
+from .reasoning import detect as detect_reasoning
 from .request_base import APIError
 from .settings import ServerSettings
 from .tenants import Tenants
@@ -65,6 +67,9 @@ class ServerState:
         #: How the chat template writes tool calls (None: it does not, or the model is not
         #: loaded yet; tools then go through the generic format, :mod:`.tools`).
         self.tool_template: TemplateFormat | None = None
+        #: How the chat template marks a thinking model's reasoning (None: it does not, or
+        #: --reasoning-format none: answers are all text), :mod:`.reasoning`.
+        self.reasoning: ThinkFormat | None = None
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
         self.shutting_down = False
@@ -95,6 +100,7 @@ class ServerState:
             self.model_id = lm.name
         self.fingerprint = fingerprint(lm)
         self.tool_template = detect(lm.tokenizer, lm.eos_token_ids)
+        self.reasoning = detect_reasoning(lm.tokenizer, self.settings.reasoning_format)
         self.max_text_chars = lm.target.max_context * longest_token_chars(lm.tokenizer)
         max_batch = self.max_batch
         if isinstance(lm.target, BatchTarget):

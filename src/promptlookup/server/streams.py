@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from fastapi.responses import StreamingResponse
 
 from .reading import ToolStream, read_choice, stream_pieces
+from .reasoning import Thinking
 from .request_base import APIError
 from .tools import ToolPlan
 from .worker import GenerationJob, cancelled
@@ -90,10 +91,11 @@ class APIEvents:
 
     - ``start()``: the events that open the stream (sent at once);
     - ``delta(index, text, infos)``: a text delta of choice ``index`` (with its tokens'
-      logprobs, ``infos``); by default read through the request's tool format into pieces
-      (:func:`.reading.stream_pieces`), each a hook of its own: ``text(piece)``,
-      ``call(id, name)`` and ``arguments(piece)``. A new kind of piece (reasoning, say) is a
-      new hook of that name;
+      logprobs, ``infos``; ``text`` None: the choice has ended, and what was held back goes
+      out); by default read into pieces (:meth:`pieces`), each a hook of its own:
+      ``reasoning(piece)`` (a thinking model's, :mod:`.reasoning`), ``text(piece)``,
+      ``call(id, name)`` and ``arguments(piece)``. A new kind of piece is a new hook of that
+      name;
     - ``finish(index, answer)``: a choice has ended (:func:`.reading.read_choice`: its finish
       reason as the whole answer's, its token counts);
     - ``end(choices)``: the job is done; ``error(error)``: it ended with an
@@ -104,16 +106,25 @@ class APIEvents:
 
     last = ""
 
-    def __init__(self, plan: ToolPlan | None, n: int = 1) -> None:
-        """``plan``: how the request may call tools (None: all text); ``n``: its choices."""
-        self.plan = plan
+    def __init__(self, plan: ToolPlan | None, n: int = 1, thinking: Thinking | None = None) -> None:
+        """``plan``: how the request may call tools (None: all text); ``n``: its choices;
+        ``thinking``: the answer's reasoning is read apart (None: there is none)."""
+        self.plan, self.thinking = plan, thinking
         self.streams = [ToolStream(plan.template) if plan else None for _ in range(n)]
+        self.splitters = [thinking.splitter() if thinking else None for _ in range(n)]
 
-    def pieces(self, index: int, text: str) -> list[tuple[str, ...]]:
-        """Choice ``index``'s text delta as the pieces a streaming API sends, in order."""
-        return stream_pieces(self.streams[index], text)
+    def pieces(self, index: int, text: str | None) -> list[tuple[str, ...]]:
+        """Choice ``index``'s text delta as the pieces a streaming API sends, in order: its
+        reasoning first (``("reasoning", piece)``), then its text and calls
+        (:func:`.reading.stream_pieces`). ``text`` None: the choice has ended, and the text
+        the reasoning splitter held back is given out as it stands."""
+        splitter, pieces = self.splitters[index], []
+        if splitter is not None:
+            thought, text = splitter.feed(text) if text is not None else splitter.finish()
+            pieces += [("reasoning", thought)] if thought else []
+        return pieces + stream_pieces(self.streams[index], text or "")
 
-    def delta(self, index: int, text: str, infos) -> str:
+    def delta(self, index: int, text: str | None, infos) -> str:
         return "".join(getattr(self, kind)(*value) for kind, *value in self.pieces(index, text))
 
     def end(self, choices: list) -> str:
@@ -132,7 +143,9 @@ class APIEvents:
                 if kind == "delta":
                     events = self.delta(*value)
                 elif kind == "choice":
-                    events = self.finish(value.index, read_choice(value, self.plan))
+                    # what was held back (a marker's beginning), then the end
+                    answer = read_choice(value, self.plan, self.thinking)
+                    events = self.delta(value.index, None, None) + self.finish(value.index, answer)
                 elif kind == "done":
                     events = self.end(value)
                 else:

@@ -20,6 +20,15 @@ class OutputTextBlock(Body):
     text: str
 
 
+class OutputThinkingBlock(Body):
+    """A thinking model's reasoning (:mod:`..reasoning`); nothing is signed here, so its
+    ``signature`` is empty."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
 class OutputToolUseBlock(Body):
     type: Literal["tool_use"]
     id: str
@@ -27,7 +36,9 @@ class OutputToolUseBlock(Body):
     input: dict  # the arguments, valid against the tool's input_schema
 
 
-ContentBlock = Annotated[OutputTextBlock | OutputToolUseBlock, Field(discriminator="type")]
+ContentBlock = Annotated[
+    OutputThinkingBlock | OutputTextBlock | OutputToolUseBlock, Field(discriminator="type")
+]
 
 
 class MessageUsage(Body):
@@ -79,7 +90,8 @@ MESSAGE_ANSWERS = documented(
     AnthropicMessage,
     AnthropicError,
     events="Anthropic's events: message_start (the message, empty), per content block "
-    "content_block_start, content_block_delta (text_delta or input_json_delta) and "
+    "content_block_start, content_block_delta (text_delta, input_json_delta, or a thinking "
+    "block's thinking_delta then signature_delta) and "
     "content_block_stop, then message_delta (the stop reason and usage) and message_stop; "
     "ping while idle",
 )

@@ -35,8 +35,10 @@ class TextBlock(_Block):
 
 
 class ThinkingBlock(_Block):
-    """An earlier turn's reasoning (Anthropic's models' answers carry it): accepted and left
-    out of the prompt, as Anthropic's API leaves it out of earlier turns' context."""
+    """An earlier turn's reasoning: a ``thinking`` block's text goes back into a thinking
+    model's prompt as its message's ``reasoning_content`` (:mod:`..reasoning`; the
+    ``signature`` is not checked), otherwise it is left out, as is a ``redacted_thinking``
+    block (its ``data`` is Anthropic's, opaque)."""
 
     type: Literal["thinking", "redacted_thinking"]
     thinking: str | None = None
@@ -124,6 +126,9 @@ class Message(RequestModel):
             out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
         elif text or not out:
             out.append({"role": self.role, "content": text})
+        thought = "".join(b.thinking or "" for b in blocks if b.type == "thinking")
+        if thought and self.role == "assistant":
+            out[-1]["reasoning_content"] = thought
         return out
 
 

@@ -5,10 +5,11 @@ A request is validated in Anthropic's shape (:class:`.protocol.MessagesRequest`)
 then said again as a chat completions request (its ``as_chat``) and served by the same path
 (:func:`.serving.start_job`), so tools go through the chat template's format or the generic
 one, and its grammar (:mod:`.tool_template`, :mod:`.tools`). The
-answer is written back as content blocks; a stream is ``message_start``, per block
-``content_block_start``/``content_block_delta`` (``text_delta`` or
-``input_json_delta``)/``content_block_stop``, then ``message_delta`` (stop reason, output
-tokens) and ``message_stop``. Errors are Anthropic's JSON,
+answer is written back as content blocks (a thinking model's reasoning first, in a
+``thinking`` block, :mod:`..reasoning`); a stream is ``message_start``, per block
+``content_block_start``/``content_block_delta`` (``text_delta``, ``input_json_delta``, or
+a thinking block's ``thinking_delta`` then ``signature_delta``)/``content_block_stop``, then
+``message_delta`` (stop reason, output tokens) and ``message_stop``. Errors are Anthropic's JSON,
 ``{"type": "error", "error": {"type", "message"}}``.
 """
 
@@ -20,9 +21,11 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
 from ..bodies import dump
 from ..openai.protocol import ChatCompletionRequest
 from ..reading import Answer, read_choice
+from ..reasoning import Thinking
 from ..request_base import APIError, parse_request, read_json
 from ..serving import count_tokens, serve_as_chat
 from ..streams import APIEvents, event_stream
@@ -31,9 +34,11 @@ from .bodies import (
     AnthropicError,
     AnthropicErrorDetail,
     AnthropicMessage,
+    ContentBlock,
     MessageTokenCount,
     MessageUsage,
     OutputTextBlock,
+    OutputThinkingBlock,
     OutputToolUseBlock,
 )
 from .protocol import MessagesRequest
@@ -68,22 +73,25 @@ async def serve_messages(state, request: Request) -> Response:
         return Response(status_code=499)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools = req.tool_plan(state.tool_template)
+    thinking = reasoning.for_request(state, job.prompt_ids)
     if req.stream:
         prompt, cache = job.prompt_ids, state.prefix_cache
         # The prompt tokens the prefix cache holds as the stream begins (its prefill to come).
         tenant = getattr(request.state, "tenant", None)
         cached = cache.held(prompt[:-1], tenant) if cache is not None else 0
-        writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached)
+        writer = EventWriter(message_id, state.model_id, len(prompt), tools, cached, thinking)
         return event_stream(writer.events(job), state, PING)
-    answer = read_choice(choices[0], tools)
+    answer = read_choice(choices[0], tools, thinking)
     reason = STOP_REASONS.get(answer.finish_reason, "end_turn")
     message = _message(message_id, state.model_id, _blocks(answer), reason, _usage(answer))
     return JSONResponse(dump(message))
 
 
-def _blocks(answer: Answer) -> list[OutputTextBlock | OutputToolUseBlock]:
-    """The answer's content: its text (an empty one where it has no calls either), its calls."""
-    blocks = [_text(answer.content)] if answer.content or not answer.calls else []
+def _blocks(answer: Answer) -> list[ContentBlock]:
+    """The answer's content: a thinking model's reasoning, its text (an empty one where it
+    has no calls either), its calls."""
+    blocks: list[ContentBlock] = [] if answer.reasoning is None else [_thinking(answer.reasoning)]
+    blocks += [_text(answer.content)] if answer.content or not answer.calls else []
     for call in answer.calls:
         function = call["function"]
         arguments = json.loads(function["arguments"])
@@ -112,6 +120,16 @@ def _message(
         stop_sequence=None,
         usage=usage,
     )
+
+
+#: The ``signature`` of a thinking block: nothing is signed here (and a signature sent back
+#: is not checked).
+SIGNATURE = ""
+
+
+def _thinking(text: str) -> OutputThinkingBlock:
+    """A thinking model's reasoning as a ``thinking`` block (:mod:`..reasoning`)."""
+    return OutputThinkingBlock(type="thinking", thinking=text, signature=SIGNATURE)
 
 
 def _usage(answer: Answer) -> MessageUsage:
@@ -161,16 +179,18 @@ class EventWriter(APIEvents):
         prompt_tokens: int,
         tools: ToolPlan | None,
         cached: int = 0,
+        thinking: Thinking | None = None,
     ) -> None:
-        """``cached``: how many of the prompt's tokens the prefix cache holds."""
+        """``cached``: how many of the prompt's tokens the prefix cache holds; ``thinking``:
+        the answer's reasoning is apart, in a ``thinking`` block."""
         usage = MessageUsage(
             input_tokens=prompt_tokens - cached, cache_read_input_tokens=cached, output_tokens=0
         )
         self.message = dump(_message(message_id, model, [], None, usage))
-        super().__init__(tools)
+        super().__init__(tools, 1, thinking)
         self.index, self.open = -1, None  # the current block's index and type
 
-    def _start(self, block: OutputTextBlock | OutputToolUseBlock) -> str:
+    def _start(self, block: ContentBlock) -> str:
         events = self._stop()
         self.index, self.open = self.index + 1, block.type
         data = {"index": self.index, "content_block": dump(block)}
@@ -179,11 +199,18 @@ class EventWriter(APIEvents):
     def _stop(self) -> str:
         if self.open is None:
             return ""
+        events = ""
+        if self.open == "thinking":  # its signature last, as Anthropic streams it
+            events = self._delta({"type": "signature_delta", "signature": SIGNATURE})
         self.open = None
-        return _event("content_block_stop", {"index": self.index})
+        return events + _event("content_block_stop", {"index": self.index})
 
     def _delta(self, delta: dict) -> str:
         return _event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def reasoning(self, piece: str) -> str:
+        events = "" if self.open == "thinking" else self._start(_thinking(""))
+        return events + self._delta({"type": "thinking_delta", "thinking": piece})
 
     def text(self, piece: str) -> str:
         events = "" if self.open == "text" else self._start(_text(""))

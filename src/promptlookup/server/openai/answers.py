@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .. import bodies as B
 from ..reading import Answer, read_choice
+from ..reasoning import Thinking
 from ..request_base import APIError
 from ..streams import APIEvents, sse, sse_error
 from ..tools import ToolPlan
@@ -78,10 +79,12 @@ class ChunkEvents(APIEvents):
         *,
         include_usage: bool = False,
         prediction_tokens: int | None = None,
+        thinking: Thinking | None = None,
     ) -> None:
         """``include_usage``: a last chunk with the usage (``stream_options``);
-        ``prediction_tokens``: the prediction's, for ``usage.completion_tokens_details``."""
-        super().__init__(plan, n)
+        ``prediction_tokens``: the prediction's, for ``usage.completion_tokens_details``;
+        ``thinking``: the reasoning apart, as ``reasoning_content`` deltas."""
+        super().__init__(plan, n, thinking)
         self.meta, self.chat, self.fingerprint, self.logprobs = meta, chat, fingerprint, logprobs
         self.n, self.include_usage, self.prediction_tokens = n, include_usage, prediction_tokens
         self._offsets: dict[int, int] = {}
@@ -130,12 +133,14 @@ class ChunkEvents(APIEvents):
         roles = [self._chunk([self._choice(i, "", delta=first)]) for i in range(self.n)]
         return "".join(roles) if self.chat else ""
 
-    def delta(self, index: int, text: str, infos: list[TokenInfo]) -> str:
-        """The choice's content, then its tool call deltas (one chunk each, the logprobs
-        with the last; a delta of logprobs only is a chunk of its own)."""
-        content, calls = "", []
+    def delta(self, index: int, text: str | None, infos: list[TokenInfo] | None) -> str:
+        """The choice's reasoning, content, then its tool call deltas (one chunk each, the
+        logprobs with the last; a delta of logprobs only is a chunk of its own)."""
+        thought, content, calls = "", "", []
         for kind, *value in self.pieces(index, text):
-            if kind == "text":
+            if kind == "reasoning":
+                thought += value[0]
+            elif kind == "text":
                 content += value[0]
             elif kind == "call":  # a new call: its id and name first
                 self._calls[index] += 1
@@ -146,10 +151,16 @@ class ChunkEvents(APIEvents):
                 if not calls:
                     calls.append({"index": self._calls[index], "function": {"arguments": ""}})
                 calls[-1]["function"]["arguments"] += value[0]
-            else:  # a new kind of piece (.reading.stream_pieces) needs its chunk here
+            else:  # a new kind of piece (.streams.APIEvents.pieces) needs its chunk here
                 raise NotImplementedError(f"OpenAI's chunks do not say {kind!r} pieces")
         shown = infos if self.logprobs else None
-        events = self._chunk([self._choice(index, content)]) if calls and content else ""
+        events = ""
+        if thought:  # the logprobs with it where nothing follows
+            delta = B.ChatDelta(reasoning_content=thought)
+            last = not (content or calls)
+            events += self._chunk([self._choice(index, "", shown if last else None, delta=delta)])
+            infos = None if last else infos
+        events += self._chunk([self._choice(index, content)]) if calls and content else ""
         if calls:
             delta = B.ChatDelta(tool_calls=[B.ToolCallDelta(**call) for call in calls])
             events += self._chunk([self._choice(index, "", shown, delta=delta)])
@@ -177,11 +188,13 @@ def completion_body(
     fingerprint: str,
     prediction_tokens: int | None,
     tools: ToolPlan | None = None,
+    thinking: Thinking | None = None,
 ) -> dict:
     """The whole answer; with ``tools``, each choice's text read back into content or tool
-    calls in the plan's format (:func:`.reading.read_choice`)."""
+    calls in the plan's format (:func:`.reading.read_choice`), after its reasoning, with
+    ``thinking``, as ``reasoning_content`` (:mod:`..reasoning`)."""
     common = {**meta, "system_fingerprint": fingerprint, "usage": usage(choices, prediction_tokens)}
-    answers = [read_choice(c, tools) for c in choices]
+    answers = [read_choice(c, tools, thinking) for c in choices]
     if chat:
         body = B.ChatCompletion(
             **common,
@@ -207,6 +220,8 @@ def completion_body(
 
 def _chat_choice(choice: Choice, answer: Answer) -> B.ChatChoice:
     message = B.AssistantMessage(role="assistant", content=answer.content, refusal=None)
+    if answer.reasoning is not None:  # a thinking model's, apart (..reasoning)
+        message.reasoning_content = answer.reasoning
     if answer.calls:
         message.tool_calls = [B.ToolCall(**call) for call in answer.calls]
     return B.ChatChoice(

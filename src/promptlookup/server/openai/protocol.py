@@ -8,7 +8,9 @@ Policies:
   out of the prompt and said (``x-promptlookup-ignored-tools``).
 - *Accepted without effect*: ``user``, ``store``, ``metadata``, ``service_tier``,
   ``prompt_cache_key`` (the prefix cache is automatic), ``safety_identifier``,
-  ``reasoning_effort``, ``verbosity``, and an earlier answer's ``reasoning_content``.
+  ``reasoning_effort``, ``verbosity``; an earlier answer's ``reasoning_content`` (or
+  ``reasoning``) goes back into a thinking model's prompt (:mod:`.reasoning`), and
+  ``reasoning_format: "none"`` keeps its answer's text whole.
 - *Text* must be valid Unicode: a lone surrogate anywhere is a 400 naming its field.
 - *Strict types*: integers must be JSON integers (not booleans, floats or strings), numbers
   must be finite JSON numbers, booleans must be ``true``/``false``.
@@ -69,9 +71,11 @@ class ChatMessage(RequestModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # as OpenAI's answers carry it, when a client sends one back
-    # An earlier answer's reasoning (vLLM's and llama-server's name; OpenRouter's), accepted
-    # and left out of the prompt; its annotations, too.
+    # An earlier answer's reasoning (llama-server's name; vLLM's newer ``reasoning``, also
+    # OpenRouter's): back into the prompt for a thinking model (.reasoning), else left out;
+    # its annotations are left out.
     reasoning_content: str | None = None
+    reasoning: str | None = None
     annotations: list[Any] | None = None
 
     @model_validator(mode="after")
@@ -93,6 +97,8 @@ class ChatMessage(RequestModel):
             message["tool_calls"] = [call.plain() for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.role == "assistant" and (self.reasoning_content or self.reasoning):
+            message["reasoning_content"] = self.reasoning_content or self.reasoning
         return message
 
 
@@ -229,6 +235,8 @@ class ChatCompletionRequest(_GenerationRequest):
     functions: list[Any] | None = None
     function_call: Any = None
     reasoning_effort: Any = None  # accepted without effect
+    # llama-server's per-request choice: "none" keeps a thinking model's answer whole (.reasoning)
+    reasoning_format: Literal["auto", "none"] | None = None
     verbosity: Any = None  # accepted without effect
 
     _tool_choice = field_validator("tool_choice", mode="before")(check_tool_choice)

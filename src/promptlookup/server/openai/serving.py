@@ -10,6 +10,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
 from ..request_base import parse_request, read_json
 from ..serving import start_job, started_soon, unless_disconnected
 from ..state import ServerState
@@ -33,6 +34,7 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
         prediction_tokens = len(job.drafter_options.get("reference_ids") or ())
     # The answer is read back into tool calls in the plan's format.
     tools = req.tool_plan(state.tool_template) if chat else None
+    thinking = reasoning.for_request(state, job.prompt_ids, req) if chat else None
     if req.stream:
         # The response (200) begins when the job starts: one still queued when the server
         # shuts down gets its 503 as JSON, as one refused when admitted gets its 400.
@@ -49,10 +51,13 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
             req.choices,
             include_usage=req.include_usage,
             prediction_tokens=prediction_tokens,
+            thinking=thinking,
         )
         return event_stream(chunks.events(job), state)
     finished, choices = await unless_disconnected(job.outcome(), job, request)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
-    body = completion_body(meta, chat, choices, state.fingerprint, prediction_tokens, tools)
+    body = completion_body(
+        meta, chat, choices, state.fingerprint, prediction_tokens, tools, thinking
+    )
     return JSONResponse(body)

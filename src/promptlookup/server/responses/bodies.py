@@ -39,7 +39,25 @@ class ResponseFunctionCall(Body):
     namespace: str | None = None  # a namespace tool's (Codex's)
 
 
-OutputItem = Annotated[ResponseOutputMessage | ResponseFunctionCall, Field(discriminator="type")]
+class ResponseReasoningText(Body):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ResponseReasoning(Body):
+    """A thinking model's reasoning (:mod:`..reasoning`): its text as ``reasoning_text``
+    content, no summary."""
+
+    type: Literal["reasoning"]
+    id: str
+    summary: list
+    content: list[ResponseReasoningText]
+    status: ItemStatus
+
+
+OutputItem = Annotated[
+    ResponseReasoning | ResponseOutputMessage | ResponseFunctionCall, Field(discriminator="type")
+]
 
 
 class InputTokensDetails(Body):

@@ -72,7 +72,9 @@ class FunctionCallOutputItem(RequestModel):
 
 
 class ReasoningItem(RequestModel):
-    """An earlier answer's reasoning: accepted and left out of the prompt."""
+    """An earlier answer's reasoning: its ``reasoning_text`` content goes back into a thinking
+    model's prompt as the next assistant message's ``reasoning_content`` (:mod:`..reasoning`);
+    a summary and ``encrypted_content`` are left out."""
 
     type: Literal["reasoning"]
     id: str | None = None
@@ -80,6 +82,15 @@ class ReasoningItem(RequestModel):
     content: Any = None
     encrypted_content: Any = None
     status: str | None = None
+
+    def text(self) -> str:
+        """The reasoning's text: its ``reasoning_text`` parts, joined."""
+        parts = self.content if isinstance(self.content, list) else ()
+        return "".join(
+            p.get("text") or ""
+            for p in parts
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
 
 
 #: Input items of hosted tools (and compactions): left out of the prompt. (A stored
@@ -297,7 +308,11 @@ class ResponsesRequest(RequestModel):
             if isinstance(self.input, str)
             else self.input
         )
+        thought = ""  # a reasoning item's, for the assistant message that follows it
         for item in items:
+            if isinstance(item, ReasoningItem):
+                thought += item.text()
+                continue
             if isinstance(item, MessageItem):
                 messages.append({"role": item.role, "content": item.text()})
             elif isinstance(item, FunctionCallItem):
@@ -312,6 +327,10 @@ class ResponsesRequest(RequestModel):
                 messages.append(
                     {"role": "tool", "tool_call_id": item.call_id, "content": item.text()}
                 )
+            answer = isinstance(item, (MessageItem, FunctionCallItem))
+            if thought and answer and messages[-1]["role"] == "assistant":
+                messages[-1]["reasoning_content"] = thought
+            thought = ""
         body: dict = {"model": self.model, "messages": messages, "stream": bool(self.stream)}
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens

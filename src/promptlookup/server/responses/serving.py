@@ -4,12 +4,13 @@
 A request is validated in its own shape (:class:`.protocol.ResponsesRequest`),
 said again as a chat completions request and served by the same path (:func:`.serving.start_job`),
 so tools go through the chat template's format or the generic one, and its grammar. The
-answer is a ``response`` object whose ``output`` holds a ``message`` item (its
+answer is a ``response`` object whose ``output`` holds a thinking model's ``reasoning`` item
+(its text as ``reasoning_text`` content, :mod:`..reasoning`), a ``message`` item (its
 ``output_text``) and ``function_call`` items; ``usage`` counts the prompt's tokens the prefix
 cache held as ``input_tokens_details.cached_tokens``. A stream sends ``response.created`` and
 ``response.in_progress``, then per item ``response.output_item.added``, its deltas
-(``response.output_text.delta`` inside a ``content_part``, or
-``response.function_call_arguments.delta``) and its ``.done`` events, then
+(``response.reasoning_text.delta``, ``response.output_text.delta`` inside a
+``content_part``, or ``response.function_call_arguments.delta``) and its ``.done`` events, then
 ``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it). Errors are
 OpenAI's JSON; once a stream has begun, an ``error`` event.
 """
@@ -23,8 +24,10 @@ import uuid
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from .. import reasoning
 from ..bodies import dump
 from ..reading import Answer, read_choice
+from ..reasoning import Thinking
 from ..request_base import APIError
 from ..serving import serve_as_chat
 from ..streams import APIEvents, event_stream
@@ -43,11 +46,13 @@ async def serve_responses(state, request: Request) -> Response:
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)
     tools = req.tool_plan(state.tool_template)
+    thinking = reasoning.for_request(state, job.prompt_ids)
     shell, spaces = _shell(state.model_id, asked), asked.namespaces()
     if req.stream:
-        return event_stream(ResponseEvents(shell, tools, spaces).events(job), state)
-    answer = read_choice(choices[0], tools)
-    output = [_message(answer.content)] if answer.content or not answer.calls else []
+        return event_stream(ResponseEvents(shell, tools, spaces, thinking).events(job), state)
+    answer = read_choice(choices[0], tools, thinking)
+    output: list[R.OutputItem] = [] if answer.reasoning is None else [_reasoning(answer.reasoning)]
+    output += [_message(answer.content)] if answer.content or not answer.calls else []
     for call in answer.calls:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
         output.append(_call(call["id"], name, arguments, namespace=spaces.get(name)))
@@ -89,6 +94,15 @@ def _message(text: str, status: str = "completed") -> R.ResponseOutputMessage:
     part = R.ResponseOutputText(type="output_text", text=text, annotations=[])
     return R.ResponseOutputMessage(
         type="message", id=_id("msg"), status=status, role="assistant", content=[part]
+    )
+
+
+def _reasoning(text: str, status: str = "completed") -> R.ResponseReasoning:
+    """A thinking model's reasoning as a ``reasoning`` item: its text as ``reasoning_text``
+    content, no summary (:mod:`..reasoning`)."""
+    part = R.ResponseReasoningText(type="reasoning_text", text=text)
+    return R.ResponseReasoning(
+        type="reasoning", id=_id("rs"), summary=[], content=[part], status=status
     )
 
 
@@ -135,11 +149,15 @@ class ResponseEvents(APIEvents):
     text and calls come (:class:`.reading.ToolStream` reads the tool format)."""
 
     def __init__(
-        self, shell: R.ResponseObject, tools: ToolPlan | None, spaces: dict[str, str]
+        self,
+        shell: R.ResponseObject,
+        tools: ToolPlan | None,
+        spaces: dict[str, str],
+        thinking: Thinking | None = None,
     ) -> None:
-        super().__init__(tools)
+        super().__init__(tools, 1, thinking)
         self.shell, self.spaces = shell, spaces
-        self.items: list[R.ResponseOutputMessage | R.ResponseFunctionCall] = []
+        self.items: list[R.OutputItem] = []
         self.number = 0  # the next event's sequence_number
 
     def _event(self, kind: str, data: dict) -> str:
@@ -150,7 +168,7 @@ class ResponseEvents(APIEvents):
     def _where(self) -> dict:
         return {"item_id": self.items[-1].id, "output_index": len(self.items) - 1}
 
-    def _open(self, item: R.ResponseOutputMessage | R.ResponseFunctionCall) -> str:
+    def _open(self, item: R.OutputItem) -> str:
         events = self._close()
         self.items.append(item)
         data = {"output_index": len(self.items) - 1, "item": dump(item)}
@@ -173,11 +191,22 @@ class ResponseEvents(APIEvents):
             events = self._event("response.output_text.done", data)
             data = {**where, "content_index": 0, "part": dump(part)}
             events += self._event("response.content_part.done", data)
+        elif item.type == "reasoning":
+            data = {**where, "content_index": 0, "text": item.content[0].text}
+            events = self._event("response.reasoning_text.done", data)
         else:
             data = {**where, "arguments": item.arguments}
             events = self._event("response.function_call_arguments.done", data)
         data = {"output_index": where["output_index"], "item": dump(item)}
         return events + self._event("response.output_item.done", data)
+
+    def reasoning(self, piece: str) -> str:
+        last = self.items[-1] if self.items else None
+        opened = last is not None and last.type == "reasoning" and last.status != "completed"
+        events = "" if opened else self._open(_reasoning("", status="in_progress"))
+        self.items[-1].content[0].text += piece
+        data = {**self._where(), "content_index": 0, "delta": piece}
+        return events + self._event("response.reasoning_text.delta", data)
 
     def text(self, piece: str) -> str:
         last = self.items[-1] if self.items else None
