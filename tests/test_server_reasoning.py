@@ -8,8 +8,6 @@ starting the next turn's prompt with the tokens generated."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from types import SimpleNamespace
 
 import anthropic
@@ -25,18 +23,14 @@ from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.generation import LanguageModel
 from promptlookup.server import ServerSettings, create_app
 from promptlookup.server.anthropic.protocol import MessagesRequest
-from promptlookup.server.anthropic.serving import EventWriter
-from promptlookup.server.openai.answers import ChunkEvents
 from promptlookup.server.openai.protocol import ChatCompletionRequest
 from promptlookup.server.reasoning import (
     ReasoningSplitter,
     ThinkFormat,
-    Thinking,
     detect,
     for_request,
 )
 from promptlookup.server.responses.protocol import ResponsesRequest
-from promptlookup.server.responses.serving import ResponseEvents, _shell
 from promptlookup.server.serving import _encode
 
 FORM = ThinkFormat("<think>", "</think>")
@@ -317,96 +311,3 @@ def test_reasoning_format_none_keeps_the_answer_whole():
         )
     message = answer.choices[0].message
     assert "</think>" in message.content and "reasoning_content" not in message.model_extra
-
-
-def _events(text: str) -> list[tuple[str, dict]]:
-    """Server-sent events as ``(event, data)``."""
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
-#: An answer's deltas with its markers cut across them.
-DELTAS = ["  <thi", "nk>ab", "c</th", "ink>\nhel", "lo</"]
-
-
-class _Job:
-    """A finished job's events (:meth:`.streams.APIEvents.events` reads them): ``deltas``,
-    then its one choice."""
-
-    def __init__(self, deltas: list[str]) -> None:
-        self.events = asyncio.Queue()
-        for delta in deltas:
-            self.events.put_nowait(("delta", (0, delta, None)))
-        stats = SimpleNamespace(cached_tokens=0)
-        text = "".join(deltas)
-        result = SimpleNamespace(finish_reason="stop", text=text, prompt_ids=[1, 2, 3], stats=stats)
-        choice = SimpleNamespace(index=0, result=result, tokens=len(deltas))
-        self.events.put_nowait(("choice", choice))
-        self.events.put_nowait(("done", [choice]))
-
-    def cancel(self) -> None:
-        pass
-
-
-def _streamed(writer) -> str:
-    """The events ``writer`` sends for :data:`DELTAS`' job, its end included."""
-
-    async def events():
-        return "".join([event async for event in writer.events(_Job(DELTAS))])
-
-    return asyncio.run(events())
-
-
-def test_a_streamed_thinking_block_with_markers_cut_across_deltas():
-    writer = EventWriter("msg_1", "tiny", 3, None, thinking=Thinking(FORM, False))
-    kinds = [
-        (kind, data.get("content_block") or data.get("delta"))
-        for kind, data in _events(_streamed(writer))
-        if kind.startswith("content_block")
-    ]
-    assert kinds == [
-        ("content_block_start", {"type": "thinking", "thinking": "", "signature": ""}),
-        ("content_block_delta", {"type": "thinking_delta", "thinking": "ab"}),
-        ("content_block_delta", {"type": "thinking_delta", "thinking": "c"}),
-        ("content_block_delta", {"type": "signature_delta", "signature": ""}),
-        ("content_block_stop", None),
-        ("content_block_start", {"type": "text", "text": ""}),
-        ("content_block_delta", {"type": "text_delta", "text": "\nhel"}),
-        ("content_block_delta", {"type": "text_delta", "text": "lo</"}),
-        ("content_block_stop", None),
-    ]  # fmt: skip
-
-
-def test_a_streamed_reasoning_item_with_markers_cut_across_deltas():
-    shell = _shell("tiny", ResponsesRequest.model_validate({"model": "tiny", "input": "x"}))
-    writer = ResponseEvents(shell, None, {}, Thinking(FORM, False))
-    events = _events(_streamed(writer))
-    kinds = [kind for kind, _ in events]
-    assert kinds == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.reasoning_text.delta",
-        "response.reasoning_text.delta", "response.reasoning_text.done",
-        "response.output_item.done", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.completed",
-    ]  # fmt: skip
-    assert events[5][1]["text"] == "abc" and events[6][1]["item"]["type"] == "reasoning"
-    output = events[-1][1]["response"]["output"]
-    assert output[0]["content"] == [{"type": "reasoning_text", "text": "abc"}]
-    assert output[1]["content"][0]["text"] == "\nhello</"
-
-
-def test_streamed_reasoning_content_chunks_with_markers_cut_across_deltas():
-    meta = {"id": "c", "created": 0, "model": "tiny"}
-    writer = ChunkEvents(meta, True, "fp", False, thinking=Thinking(FORM, False))
-    sent = [f"data: {block}" for block in _streamed(writer).split("data: ")[1:]]
-    deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in sent[:-1]]
-    assert sent[-1] == "data: [DONE]\n\n"
-    assert [d.get("reasoning_content") for d in deltas if "reasoning_content" in d] == ["ab", "c"]
-    assert "".join(d.get("content") or "" for d in deltas) == "\nhello</"
-    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
-    assert all("reasoning_content" not in d for d in deltas[first_content:])
