@@ -81,7 +81,9 @@ def test_the_session_mode_runs_from_the_command_line(tmp_path, monkeypatch):
     from promptlookup.bench.sessions import conversations
 
     short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
-    monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)
+    monkeypatch.setattr(
+        conversations, "build_conversations", lambda count, file_chars=None: short * count
+    )
     settings = ServerSettings(model_id=MODEL, generation_options=FIXED)
     with RunningServer(create_app(tiny_lm(), settings)) as running:
         out = tmp_path / "run"
@@ -146,7 +148,9 @@ def test_without_methods_the_session_mode_runs_promptlookup_in_process(tmp_path,
     from promptlookup.bench.sessions import conversations
 
     short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
-    monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)
+    monkeypatch.setattr(
+        conversations, "build_conversations", lambda count, file_chars=None: short * count
+    )
     monkeypatch.setattr(promptlookup, "load_model", lambda *args, **kwargs: tiny_lm())
     out = tmp_path / "run"
     result = CliRunner().invoke(
@@ -162,6 +166,13 @@ def test_the_session_mode_takes_only_promptlookup_in_process(tmp_path):
         main, ["bench", "--sessions", "1", "--methods", "plain", "--out", str(tmp_path)]
     )
     assert result.exit_code != 0 and "--methods is promptlookup" in result.output
+
+
+def test_long_sessions_take_the_next_modules_up_to_the_characters_asked():
+    short, long = build_conversations(2), build_conversations(2, file_chars=20000)
+    assert [c.name for c in short] == [c.name for c in long]
+    for one, other in zip(short, long, strict=True):
+        assert other.file.startswith(one.file) and 20000 <= len(other.file) < 24000
 
 
 @pytest.mark.parametrize("count", [1, 40])

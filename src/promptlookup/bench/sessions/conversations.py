@@ -4,8 +4,9 @@ earlier answers, as a chat client or an agent does.
 
 - *Material*, generated at run time like the built-in suite: each session edits one file, the
   short documented functions of one module of the installed Python standard library
-  (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about ``file_chars``
-  characters; turn 1 asks for one change and the whole file back, each later turn for another
+  (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about 6,000
+  characters (with ``--session-chars N``, then the next modules' up to about N: a long
+  repository context); turn 1 asks for one change and the whole file back, each later turn for another
   change (:data:`~promptlookup.bench.sessions.workload.EDITS`), after the earlier turns and answers.
   Or the rows of ``--data`` files (:class:`ScriptedConversation`): a row's user messages are
   its turns, its assistant messages replaced by each method's own answers.
@@ -96,23 +97,34 @@ class ScriptedConversation:
         return messages
 
 
-def build_conversations(count: int, file_chars: int = 6000) -> list[Conversation]:
+def build_conversations(count: int, file_chars: int | None = None) -> list[Conversation]:
     """``count`` sessions, each over its own module's functions (the modules with the most
-    source first, so each file reaches about ``file_chars`` characters)."""
+    source first). ``file_chars`` None: one module's functions up to about 6,000 characters
+    (the built-in sessions). A number: the session's module, then the next modules' in turn
+    (wrapping round), up to about ``file_chars`` characters: a long repository context
+    (``bench --session-chars``)."""
     by_module: dict[str, list[str]] = {}
     for function in stdlib_functions():
         by_module.setdefault(function.module, []).append(function.source)
     modules = sorted(by_module, key=lambda name: -sum(map(len, by_module[name])))
+    limit = file_chars or 6000
     conversations = []
     for number in range(count):
-        module = modules[number % len(modules)]
+        # the session's module first; with file_chars, the following modules after it
+        following = range(len(modules)) if file_chars else range(1)
+        sources = [
+            source
+            for step in following
+            for source in by_module[modules[(number + step) % len(modules)]]
+        ]
         parts, size = [], 0
-        for source in by_module[module]:
-            if size >= file_chars:
+        for source in sources:
+            if size >= limit:
                 break
             parts.append(source)
             size += len(source) + 3
         edits = [EDITS[(number + turn) % len(EDITS)] for turn in range(len(EDITS))]
+        module = modules[number % len(modules)]
         conversations.append(Conversation(f"{module}-{number + 1}", "\n\n\n".join(parts), edits))
     return conversations
 
@@ -266,10 +278,12 @@ def session_bench(
     out_dir: str,
     command: str,
     rows: Sequence = (),
+    file_chars: int | None = None,
 ) -> None:
     """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
     OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
-    :class:`ScriptedConversation`) where given, else N built-in editing sessions."""
+    :class:`ScriptedConversation`) where given, else N built-in editing sessions (their files
+    about ``file_chars`` characters long: :func:`build_conversations`)."""
     import json
     import sys
     from pathlib import Path
@@ -301,7 +315,7 @@ def session_bench(
     conversations = (
         [ScriptedConversation.of(f"{row.task}-{row.id}", row.messages) for row in rows[:sessions]]
         if rows
-        else build_conversations(sessions)
+        else build_conversations(sessions, file_chars)
     )
     records = run_conversations(
         chats,
