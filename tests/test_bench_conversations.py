@@ -45,7 +45,11 @@ class Echo:
 def test_each_method_carries_its_own_answers_turn_after_turn():
     methods = [Echo("a"), Echo("b")]
     conversation = Conversation("one", "def f():\n    return 1", ["Rename f", "Add a comment"])
-    records = run_conversations(methods, [conversation], turns=3, max_tokens=8, log=lambda _: None)
+    answered = []
+    records = run_conversations(
+        methods, [conversation], 3, 8, log=lambda _: None, on_turn=answered.append
+    )
+    assert answered == records  # each turn handed on as it is answered
     assert [(r.turn, r.method) for r in records] == [
         (1, "a"), (1, "b"), (2, "b"), (2, "a"), (3, "a"), (3, "b"),
     ]  # fmt: skip

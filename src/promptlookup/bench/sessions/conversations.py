@@ -178,10 +178,12 @@ def run_conversations(
     turns: int,
     max_tokens: int,
     log: Callable[[str], None] = print,
+    on_turn: Callable[[Turn], None] | None = None,
 ) -> list[Turn]:
     """Every conversation's ``turns`` turns through every method (see the module doc);
     ``methods``: objects with ``name`` and ``chat(messages, max_tokens) -> dict``
-    (:class:`LocalChat`, :class:`~promptlookup.bench.servers.ServerMethod`)."""
+    (:class:`LocalChat`, :class:`~promptlookup.bench.servers.ServerMethod`); ``on_turn``
+    is given each turn as it is answered."""
     records: list[Turn] = []
     rotation = 0
     for conversation in conversations:
@@ -194,6 +196,8 @@ def run_conversations(
                 answer = method.chat(messages, max_tokens)
                 answers[method.name].append(answer["text"])
                 records.append(Turn(conversation.name, turn, method.name, **answer))
+                if on_turn is not None:
+                    on_turn(records[-1])
             log(
                 f"{conversation.name} turn {turn}/{min(turns, conversation.max_turns or turns)}: "
                 + ", ".join(
@@ -260,10 +264,6 @@ def report(records: Sequence[Turn], methods: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def records_json(records: Sequence[Turn]) -> list[dict]:
-    return [asdict(record) for record in records]
-
-
 def session_bench(
     *,
     sessions: int,
@@ -280,8 +280,8 @@ def session_bench(
     rows: Sequence = (),
     file_chars: int | None = None,
 ) -> None:
-    """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
-    OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
+    """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl, each turn
+    as it is answered, and OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
     :class:`ScriptedConversation`) where given, else N built-in editing sessions (their files
     about ``file_chars`` characters long: :func:`build_conversations`)."""
     import json
@@ -317,22 +317,26 @@ def session_bench(
         if rows
         else build_conversations(sessions, file_chars)
     )
-    records = run_conversations(
-        chats,
-        conversations,
-        turns,
-        max_tokens,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sessions.jsonl", "w", encoding="utf-8") as handle:
+
+        def keep(record: Turn) -> None:  # as it goes: a long run stopped early keeps its turns
+            handle.write(json.dumps(asdict(record)) + "\n")
+            handle.flush()
+
+        records = run_conversations(
+            chats,
+            conversations,
+            turns,
+            max_tokens,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+            on_turn=keep,
+        )
     text = (
         f"Session mode: {len(conversations)} conversation(s) x up to {turns} turns, max_tokens "
         f"{max_tokens}, "
         f"greedy.\nCommand: `{command}`\n\n{report(records, names)}\n"
     )
     print(text)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "sessions.md").write_text(text, encoding="utf-8")
-    with open(out / "sessions.jsonl", "w", encoding="utf-8") as handle:
-        for record in records_json(records):
-            handle.write(json.dumps(record) + "\n")
