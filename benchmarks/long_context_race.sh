@@ -10,7 +10,9 @@
 # bench's summary per method with its memory) and report.md (both, and the load average).
 # LLAMA_SERVER: the llama-server binary; LLAMA_ARGS: extra llama-server flags (none unless set;
 # a -DGGML_NATIVE=ON build's AMX-repacked weights crash on some machines: LLAMA_ARGS=--no-repack).
-# PY: the Python with promptlookup installed.
+# PY: the Python with promptlookup installed. About 15 minutes on 2 quiet cores; under load it
+# stretches: at a load average of 25, turn 1 alone took 16-26 minutes per server (runs/
+# long-context-0.15.0-main). OUT/sessions.jsonl and OUT/idle-memory.txt are written as it goes.
 set -euo pipefail
 PY=${PY:-python}
 GGUF=$($PY -c "from promptlookup.models import resolve_model as r; s=r(None); print(s.location + '/' + s.gguf_file)")
@@ -31,6 +33,9 @@ memory() {  # "VmRSS VmHWM" of process $1, in KiB
 }
 IDLE1=$(memory $P1) IDLE2=$(memory $P2) IDLE3=$(memory $P3)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+# Kept at once (KiB: VmRSS VmHWM), so that a run stopped early still has them.
+printf 'promptlookup %s\npromptlookup-no-cache %s\nllama-server %s\nload %s\n' \
+  "$IDLE1" "$IDLE2" "$IDLE3" "$LOAD_BEFORE" >"$OUT/idle-memory.txt"
 $PY -m promptlookup bench --sessions "${SESSIONS:-4}" --turns "${TURNS:-4}" \
   --max-new-tokens "${MAX_TOKENS:-200}" --session-chars "${CHARS:-18000}" --methods none \
   --against promptlookup=http://127.0.0.1:18301 \
