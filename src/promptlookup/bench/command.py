@@ -150,7 +150,7 @@ def sampling_options(func):
     default=None,
     metavar="N",
     help="With --sessions (built-in sessions): each session's file about N characters of "
-    "Python, its module's functions then the next modules' (20000: about 5,000 tokens of "
+    "Python, its module's functions then the next modules' (18000: about 5,000 tokens of "
     "repository context, as a coding agent sends) [one module, up to 6000].",
 )
 @click.option(
