@@ -45,7 +45,11 @@ class Echo:
 def test_each_method_carries_its_own_answers_turn_after_turn():
     methods = [Echo("a"), Echo("b")]
     conversation = Conversation("one", "def f():\n    return 1", ["Rename f", "Add a comment"])
-    records = run_conversations(methods, [conversation], turns=3, max_tokens=8, log=lambda _: None)
+    answered = []
+    records = run_conversations(
+        methods, [conversation], 3, 8, log=lambda _: None, on_turn=answered.append
+    )
+    assert answered == records  # each turn handed on as it is answered
     assert [(r.turn, r.method) for r in records] == [
         (1, "a"), (1, "b"), (2, "b"), (2, "a"), (3, "a"), (3, "b"),
     ]  # fmt: skip
@@ -81,7 +85,9 @@ def test_the_session_mode_runs_from_the_command_line(tmp_path, monkeypatch):
     from promptlookup.bench.sessions import conversations
 
     short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
-    monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)
+    monkeypatch.setattr(
+        conversations, "build_conversations", lambda count, file_chars=None: short * count
+    )
     settings = ServerSettings(model_id=MODEL, generation_options=FIXED)
     with RunningServer(create_app(tiny_lm(), settings)) as running:
         out = tmp_path / "run"
@@ -146,7 +152,9 @@ def test_without_methods_the_session_mode_runs_promptlookup_in_process(tmp_path,
     from promptlookup.bench.sessions import conversations
 
     short = [Conversation("short", "abcdefgh " * 20, ["add", "remove"])]
-    monkeypatch.setattr(conversations, "build_conversations", lambda count: short * count)
+    monkeypatch.setattr(
+        conversations, "build_conversations", lambda count, file_chars=None: short * count
+    )
     monkeypatch.setattr(promptlookup, "load_model", lambda *args, **kwargs: tiny_lm())
     out = tmp_path / "run"
     result = CliRunner().invoke(
@@ -162,6 +170,13 @@ def test_the_session_mode_takes_only_promptlookup_in_process(tmp_path):
         main, ["bench", "--sessions", "1", "--methods", "plain", "--out", str(tmp_path)]
     )
     assert result.exit_code != 0 and "--methods is promptlookup" in result.output
+
+
+def test_long_sessions_take_the_next_modules_up_to_the_characters_asked():
+    short, long = build_conversations(2), build_conversations(2, file_chars=20000)
+    assert [c.name for c in short] == [c.name for c in long]
+    for one, other in zip(short, long, strict=True):
+        assert other.file.startswith(one.file) and 20000 <= len(other.file) < 24000
 
 
 @pytest.mark.parametrize("count", [1, 40])

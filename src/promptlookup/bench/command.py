@@ -146,6 +146,15 @@ def sampling_options(func):
     help="With --sessions: turns per conversation.",
 )
 @click.option(
+    "--session-chars",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="With --sessions (built-in sessions): each session's file about N characters of "
+    "Python, its module's functions then the next modules' (18000: about 5,000 tokens of "
+    "repository context, as a coding agent sends) [one module, up to 6000].",
+)
+@click.option(
     "--sweep",
     is_flag=True,
     help="Also run promptlookup over k in {2,4,6,8,12,16,24} x min in {1,2,3} and "
@@ -204,6 +213,7 @@ def bench(
     against,
     sessions,
     turns,
+    session_chars,
     sweep,
     repeat,
     sampling,
@@ -286,6 +296,7 @@ def bench(
             out_dir=out_dir,
             command=command,
             rows=load_all(data_files, limit) if data_files else (),
+            file_chars=session_chars,
         )
         return
     from .methods import Settings

@@ -4,8 +4,9 @@ earlier answers, as a chat client or an agent does.
 
 - *Material*, generated at run time like the built-in suite: each session edits one file, the
   short documented functions of one module of the installed Python standard library
-  (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about ``file_chars``
-  characters; turn 1 asks for one change and the whole file back, each later turn for another
+  (:func:`~promptlookup.bench.sessions.workload.stdlib_functions`) up to about 6,000
+  characters (with ``--session-chars N``, then the next modules' up to about N: a long
+  repository context); turn 1 asks for one change and the whole file back, each later turn for another
   change (:data:`~promptlookup.bench.sessions.workload.EDITS`), after the earlier turns and answers.
   Or the rows of ``--data`` files (:class:`ScriptedConversation`): a row's user messages are
   its turns, its assistant messages replaced by each method's own answers.
@@ -96,23 +97,34 @@ class ScriptedConversation:
         return messages
 
 
-def build_conversations(count: int, file_chars: int = 6000) -> list[Conversation]:
+def build_conversations(count: int, file_chars: int | None = None) -> list[Conversation]:
     """``count`` sessions, each over its own module's functions (the modules with the most
-    source first, so each file reaches about ``file_chars`` characters)."""
+    source first). ``file_chars`` None: one module's functions up to about 6,000 characters
+    (the built-in sessions). A number: the session's module, then the next modules' in turn
+    (wrapping round), up to about ``file_chars`` characters: a long repository context
+    (``bench --session-chars``)."""
     by_module: dict[str, list[str]] = {}
     for function in stdlib_functions():
         by_module.setdefault(function.module, []).append(function.source)
     modules = sorted(by_module, key=lambda name: -sum(map(len, by_module[name])))
+    limit = file_chars or 6000
     conversations = []
     for number in range(count):
-        module = modules[number % len(modules)]
+        # the session's module first; with file_chars, the following modules after it
+        following = range(len(modules)) if file_chars else range(1)
+        sources = [
+            source
+            for step in following
+            for source in by_module[modules[(number + step) % len(modules)]]
+        ]
         parts, size = [], 0
-        for source in by_module[module]:
-            if size >= file_chars:
+        for source in sources:
+            if size >= limit:
                 break
             parts.append(source)
             size += len(source) + 3
         edits = [EDITS[(number + turn) % len(EDITS)] for turn in range(len(EDITS))]
+        module = modules[number % len(modules)]
         conversations.append(Conversation(f"{module}-{number + 1}", "\n\n\n".join(parts), edits))
     return conversations
 
@@ -166,10 +178,12 @@ def run_conversations(
     turns: int,
     max_tokens: int,
     log: Callable[[str], None] = print,
+    on_turn: Callable[[Turn], None] | None = None,
 ) -> list[Turn]:
     """Every conversation's ``turns`` turns through every method (see the module doc);
     ``methods``: objects with ``name`` and ``chat(messages, max_tokens) -> dict``
-    (:class:`LocalChat`, :class:`~promptlookup.bench.servers.ServerMethod`)."""
+    (:class:`LocalChat`, :class:`~promptlookup.bench.servers.ServerMethod`); ``on_turn``
+    is given each turn as it is answered."""
     records: list[Turn] = []
     rotation = 0
     for conversation in conversations:
@@ -182,6 +196,8 @@ def run_conversations(
                 answer = method.chat(messages, max_tokens)
                 answers[method.name].append(answer["text"])
                 records.append(Turn(conversation.name, turn, method.name, **answer))
+                if on_turn is not None:
+                    on_turn(records[-1])
             log(
                 f"{conversation.name} turn {turn}/{min(turns, conversation.max_turns or turns)}: "
                 + ", ".join(
@@ -248,10 +264,6 @@ def report(records: Sequence[Turn], methods: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def records_json(records: Sequence[Turn]) -> list[dict]:
-    return [asdict(record) for record in records]
-
-
 def session_bench(
     *,
     sessions: int,
@@ -266,10 +278,12 @@ def session_bench(
     out_dir: str,
     command: str,
     rows: Sequence = (),
+    file_chars: int | None = None,
 ) -> None:
-    """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl,
-    OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
-    :class:`ScriptedConversation`) where given, else N built-in editing sessions."""
+    """``promptlookup bench --sessions N``: run, print and save (OUT/sessions.jsonl, each turn
+    as it is answered, and OUT/sessions.md) the session mode, over the first N of ``rows`` (data files' rows,
+    :class:`ScriptedConversation`) where given, else N built-in editing sessions (their files
+    about ``file_chars`` characters long: :func:`build_conversations`)."""
     import json
     import sys
     from pathlib import Path
@@ -301,24 +315,28 @@ def session_bench(
     conversations = (
         [ScriptedConversation.of(f"{row.task}-{row.id}", row.messages) for row in rows[:sessions]]
         if rows
-        else build_conversations(sessions)
+        else build_conversations(sessions, file_chars)
     )
-    records = run_conversations(
-        chats,
-        conversations,
-        turns,
-        max_tokens,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "sessions.jsonl", "w", encoding="utf-8") as handle:
+
+        def keep(record: Turn) -> None:  # as it goes: a long run stopped early keeps its turns
+            handle.write(json.dumps(asdict(record)) + "\n")
+            handle.flush()
+
+        records = run_conversations(
+            chats,
+            conversations,
+            turns,
+            max_tokens,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+            on_turn=keep,
+        )
     text = (
         f"Session mode: {len(conversations)} conversation(s) x up to {turns} turns, max_tokens "
         f"{max_tokens}, "
         f"greedy.\nCommand: `{command}`\n\n{report(records, names)}\n"
     )
     print(text)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "sessions.md").write_text(text, encoding="utf-8")
-    with open(out / "sessions.jsonl", "w", encoding="utf-8") as handle:
-        for record in records_json(records):
-            handle.write(json.dumps(record) + "\n")
