@@ -43,8 +43,12 @@ def _kv(cache) -> list[torch.Tensor]:
 
 def _prefilled(target: TransformersTarget, prompts: list[list[int]], chunk: int):
     """Each prompt's cache and its last position's logits (vocab,), the prompts fed side by side
-    in shared passes of up to ``chunk`` tokens each (a prompt that has ended sits out)."""
+    in shared passes of up to ``chunk`` tokens each (a prompt that has ended sits out); a
+    chunked prompt's cache reserved at once, as the batch decoder reserves it."""
     caches = [target.new_sequence() for _ in prompts]
+    if chunk != WHOLE:
+        for cache, prompt in zip(caches, prompts):
+            target.reserve(cache, len(prompt), 8)
     last: list[torch.Tensor | None] = [None] * len(prompts)
     for start in range(0, max(map(len, prompts)), chunk):
         pieces = [prompt[start : start + chunk] for prompt in prompts]
@@ -158,3 +162,22 @@ def test_the_default_models_chunked_prefill_is_exact(default_lm, monkeypatch):
     _assert_same_generations(
         default_lm, [prompt, prompt[:150]], [40], monkeypatch, max_new_tokens=12
     )
+
+
+def test_a_reserved_cache_takes_the_whole_prompt_in_one_allocation():
+    """Reserved, the cache holds the prompt and a quarter of it more at most: the chunks write
+    into that one buffer (no copy as it grows, no freed buffers left in the heap)."""
+    target = TransformersTarget(tiny_llama(vocab_size=48, seed=3, layers=2, context=2048))
+    prompt = _prompt(13, 1000, 48)
+    cache = target.new_sequence()
+    target.reserve(cache, len(prompt), 4000)
+    layers = cache.layers
+    capacities = {layer.value_buffer.shape[-2] for layer in layers}
+    assert capacities == {1280}  # 1,000 + 250, rounded up to whole key blocks
+    pointers = [(layer.key_storage.data_ptr(), layer.value_buffer.data_ptr()) for layer in layers]
+    for start in range(0, len(prompt), 300):
+        target.forward_batch([cache], [prompt[start : start + 300]], [1])
+    assert [(layer.key_storage.data_ptr(), layer.value_buffer.data_ptr()) for layer in layers] == (
+        pointers
+    )
+    assert cache.get_seq_length() == len(prompt)
