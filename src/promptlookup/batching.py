@@ -233,6 +233,10 @@ class BatchDecoder:
                     sequence.cache, sequence.stats.cached_tokens = sequence.prefix_cache.join(
                         self.target, sequence.cache, sequence.tokens[:-1], sequence.tenant
                     )
+            with _isolated(sequence):  # the room its prompt takes, at once (see there)
+                reserve = getattr(self.target, "reserve", None)
+                if reserve is not None:
+                    reserve(sequence.cache, len(sequence.tokens), sequence.max_new_tokens)
             self.running.append(sequence)
         # Drop the ones that failed, were cancelled or asked to stop.
         for sequence in self.running:

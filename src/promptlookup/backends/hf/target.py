@@ -30,7 +30,7 @@ from ..inexact.attention import (
     verification_attention,
 )
 from ..inexact.fastest import FastestKernels
-from .cache import GrowingCache, GrowingLayer, growing_cache
+from .cache import GROWTH, GrowingCache, GrowingLayer, growing_cache
 from .identity import build_identity, weights_digest
 
 
@@ -249,6 +249,26 @@ class TorchTarget:
             for layer in cache.layers
         ]
         return cache
+
+    def reserve(self, cache: DynamicCache, prompt_tokens: int, new_tokens: int) -> None:
+        """Room in ``cache`` (a sequence about to be prefilled) for its ``prompt_tokens`` and
+        up to a quarter more of its ``new_tokens``, made at once: grown chunk by chunk, a long
+        prompt's cache is copied at every chunk, and the heap keeps the buffers it leaves
+        (a third of the keys and values more, measured at 8,000 tokens; docs/server.md). Layers
+        that keep a window, or are not :class:`GrowingLayer`, grow as before."""
+        tokens = prompt_tokens + min(new_tokens, prompt_tokens // GROWTH)
+        _, kv_heads, head_dim = self.attention.shape
+        like = torch.empty(1, kv_heads, 0, head_dim, dtype=self.dtype, device=self.device)
+        for layer in cache.layers:
+            if type(layer) is not GrowingLayer or tokens <= layer.get_seq_length():
+                continue
+            buffer = getattr(layer, "value_buffer", None)  # None before its first pass
+            before = None if buffer is None else buffer.shape[-2]
+            layer.make_room(tokens - layer.get_seq_length(), like)
+            if layer.value_buffer.shape[-2] != before:  # slots not yet written hold zeros,
+                # as the cache promises attention (see GrowingLayer)
+                layer.key_buffer[..., layer.length :, :].zero_()
+                layer.value_buffer[..., layer.length :, :].zero_()
 
     def forward_batch(
         self,
