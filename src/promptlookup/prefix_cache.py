@@ -166,6 +166,8 @@ class PrefixCache:
                 payloads, matched = self._tree.match(namespace, token_ids)
         if self.disk is not None:
             payloads, matched = self._from_disk(target, namespace, token_ids, payloads, matched)
+        if matched and hasattr(cache, "resume_point"):  # windowed layers need their window
+            matched = cache.resume_point(payloads, matched)
         if matched:  # the payloads are never written, and held here: copied outside the lock
             cache.write_prefix(payloads, matched)
         return matched
