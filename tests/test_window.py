@@ -6,6 +6,7 @@ prefix length around the window's edges, as with the cache off."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 
 import pytest
@@ -26,6 +27,7 @@ from promptlookup.backends.hf.window import (
     WindowedCache,
     WindowedLayer,
 )
+from promptlookup.models import PACKAGED_MODELS
 from promptlookup.prefix_cache import PrefixCache
 
 KV_HEADS, HEAD_DIM = 2, 4
@@ -209,3 +211,27 @@ def test_a_conversation_of_a_windowed_model_with_the_cache_is_one_without(gemmas
     cached = conversation(PrefixCache(mib=64, block_tokens=16))
     assert [r.token_ids for r in cached] == [r.token_ids for r in without]
     assert all(r.stats.cached_tokens > 100 for r in cached[1:])
+
+
+GEMMA = PACKAGED_MODELS["gemma-3-270m"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec(GEMMA) is None, reason=f"{GEMMA} not installed")
+def test_gemma_3_270m_windowed_is_gemma_3_270m_whole_past_its_window():
+    """The real model (window 512): a 1,800-token prompt in three chunks, then steps with drafts
+    cropped back, give the same logits bit for bit with windowed and with whole layers."""
+    target = promptlookup.load_model("gemma-3-270m").target
+    windowed = target.new_sequence()
+    assert isinstance(windowed, WindowedCache)
+    whole = growing_cache(target.model.config, True, target.kv_dtype)
+    whole.layers = [GrowingLayer(True, target.kv_dtype) for _ in whole.layers]
+    rng = random.Random(2)
+    vocab = target.config.vocab_size
+    for size, rejected in [(600, 0), (600, 0), (600, 0), (5, 3), (1, 0), (3, 1), (1, 0)]:
+        tokens = [rng.randrange(1000, vocab) for _ in range(size)]
+        start = whole.get_seq_length()
+        (a,), (b,) = (target.forward_batch([c], [tokens], [size]) for c in (windowed, whole))
+        assert torch.equal(a, b), start
+        for cache in (windowed, whole):
+            cache.crop(start + size - rejected)
+    assert windowed.layers[0].offset > 0  # its window: positions before it are gone
