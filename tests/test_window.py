@@ -235,3 +235,23 @@ def test_gemma_3_270m_windowed_is_gemma_3_270m_whole_past_its_window():
         for cache in (windowed, whole):
             cache.crop(start + size - rejected)
     assert windowed.layers[0].offset > 0  # its window: positions before it are gone
+
+
+def test_a_windowed_draft_model_starts_again_where_its_window_is_gone(gemmas):
+    """A draft model with windowed layers, asked to draft after tokens that part from its
+    cache before the window it holds, feeds them again from the start: the same drafts as a
+    fresh drafter's, and its cache in step."""
+    from promptlookup.drafters import DraftModelDrafter
+
+    def drafter():
+        return DraftModelDrafter(gemmas[8], num_tokens=4, start_tokens=4, confidence_threshold=0)
+
+    rng = random.Random(4)
+    first = [rng.randrange(1, VOCAB) for _ in range(300)]
+    used = drafter()
+    for length in range(100, 301, 100):  # a sequence growing past its window
+        used.propose(first[:length], 4)
+    assert used.cache.layers[0].offset > 0  # its window only
+    other = [*first[:50], *(rng.randrange(1, VOCAB) for _ in range(20))]  # parts at 50
+    assert used.propose(other, 4) == drafter().propose(other, 4)
+    assert used.cache.get_seq_length() == len(used.cached)

@@ -161,10 +161,13 @@ class WindowedLayer(GrowingLayer):
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions: exact where the layer still holds their
-        window (``offset <= length - window + 1``), else :class:`WindowCropError`."""
+        window (``offset <= length - window + 1``) or for none, else :class:`WindowCropError`."""
         if length < 0:
             raise ValueError(f"WindowedLayer.crop takes a length to keep, got {length}")
         if self.is_initialized and length < self.length:
+            if length == 0:  # nothing kept: exact whatever was dropped
+                self.length = self.offset = 0
+                return
             if self.offset > max(0, length - self.window + 1):
                 raise WindowCropError(
                     f"a sliding-window layer holds positions from {self.offset} on; it cannot "
