@@ -24,10 +24,10 @@ when a pass does not fit (every ``slack`` tokens of decoding, about ``W`` positi
 *The prefix cache* (:class:`WindowedCache`). A later request can resume after a cached prefix
 of ``m`` tokens only if its windowed layers get positions ``m - W + 1 .. m - 1``; nothing else
 can rebuild them (their keys depend on every layer below, windowed ones included). So a block
-(:meth:`WindowedCache.read_blocks`) carries the windowed layers' rows only where the sequence
-still holds them when it is stored (its last ``W - 1 + margin`` positions or more), and the
-whole layers' rows always: its rows are the whole layers first, then the windowed ones, or
-the whole layers alone (``block.shape[0]`` tells which). A request resumes at the longest
+(:meth:`WindowedCache.read_blocks`) carries the windowed layers' rows only over the last
+``W - 1 + margin`` positions of the sequence when it is stored, and the whole layers' rows
+always: its rows are the whole layers first, then the windowed ones, or the whole layers
+alone (``block.shape[0]`` tells which). A request resumes at the longest
 point of its match whose window the blocks carry (:meth:`WindowedCache.resume_point`), else
 earlier, and prefills the rest. ``margin`` (:data:`MARGIN`) lets a conversation's next turn
 resume a little before where its last turn was stored (a re-rendered end of turn).
@@ -113,11 +113,11 @@ class WindowedLayer(GrowingLayer):
         """Room for positions ``length .. length + count - 1``, dropping those before the
         pass's first window (less the margin)."""
         start, capacity = self.length, self.capacity
-        if start + count - self.offset <= capacity:
-            return  # room enough where the positions are
         keep_from = max(self.offset, _blocks_down(max(0, start - self.keep)))
         held, span = start - keep_from, start + count - keep_from
         wanted = _blocks_up(span + self.slack)
+        if start + count - self.offset <= capacity <= 2 * wanted:
+            return  # room enough where the positions are (and not twice too much)
         if span <= capacity <= 2 * wanted:  # move the held positions to the front
             for buffer in (self.key_buffer, self.value_buffer):
                 buffer[..., :held, :] = buffer[
@@ -206,16 +206,19 @@ class WindowedCache(GrowingCache):
     def read_blocks(self, start: int, stop: int, block_tokens: int) -> list[torch.Tensor]:
         """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions (the
         last possibly shorter), each ``(layers, 2, kv_heads, n, head_dim)``: the whole layers'
-        rows, then the windowed layers' where every one still holds the block, else the whole
-        layers' alone."""
+        rows, then the windowed layers' for a block over the sequence's last ``keep``
+        positions that every one still holds, else the whole layers' alone."""
         whole, windowed = self._order
+        # Windowed rows for the blocks over the last ``keep`` positions (a later request's
+        # window, up to ``margin`` before the end), where every windowed layer holds them.
         held_from = max(self.layers[i].offset for i in windowed)
+        recent = self.get_seq_length() - max(self.layers[i].keep for i in windowed)
         keys = self.layers[(whole or windowed)[0]].keys  # (1, kv_heads, n, head_dim)
         kv_heads, head_dim = keys.shape[1], keys.shape[3]
         blocks = []
         for first in range(start, stop, block_tokens):
             last = min(first + block_tokens, stop)
-            indexes = whole + windowed if first >= held_from else whole
+            indexes = whole + windowed if first >= held_from and last > recent else whole
             block = keys.new_empty((len(indexes), 2, kv_heads, last - first, head_dim))
             for row, index in enumerate(indexes):
                 layer = self.layers[index]
