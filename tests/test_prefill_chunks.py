@@ -20,7 +20,7 @@ import promptlookup
 from promptlookup import batching
 from promptlookup.backends.gguf import quantized
 from promptlookup.backends.hf import target as hf_target
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 
 #: A chunk longer than any prompt here: the whole prompt in one pass (unchunked).
 WHOLE = 1 << 20
@@ -41,7 +41,7 @@ def _kv(cache) -> list[torch.Tensor]:
     return [part for layer in cache.layers for part in (layer.keys, layer.values)]
 
 
-def _prefilled(target: TransformersTarget, prompts: list[list[int]], chunk: int):
+def _prefilled(target: TorchTarget, prompts: list[list[int]], chunk: int):
     """Each prompt's cache and its last position's logits (vocab,), the prompts fed side by side
     in shared passes of up to ``chunk`` tokens each (a prompt that has ended sits out); a
     chunked prompt's cache reserved at once, as the batch decoder reserves it."""
@@ -62,7 +62,7 @@ def _prefilled(target: TransformersTarget, prompts: list[list[int]], chunk: int)
     return caches, last
 
 
-def _assert_same_prefill(target: TransformersTarget, prompts: list[list[int]], chunks) -> None:
+def _assert_same_prefill(target: TorchTarget, prompts: list[list[int]], chunks) -> None:
     """Alone and side by side, in chunks of each size of ``chunks``: the unchunked pass's keys,
     values and last logits, bit for bit."""
     reference = [_prefilled(target, [prompt], WHOLE) for prompt in prompts]
@@ -112,7 +112,7 @@ def _assert_same_generations(lm, prompts, chunks, monkeypatch, **options) -> Non
 
 
 def test_chunked_prefill_leaves_the_whole_prompts_keys_values_and_logits(attention_path):
-    target = TransformersTarget(tiny_llama(vocab_size=48, seed=3, layers=2, context=512))
+    target = TorchTarget(tiny_llama(vocab_size=48, seed=3, layers=2, context=512))
     assert target.row_invariant
     prompts = [_prompt(1, 300, 48), _prompt(2, 77, 48), _prompt(3, 190, 48)]
     # Chunks across key blocks (64), shorter than one, and of one token.
@@ -121,7 +121,7 @@ def test_chunked_prefill_leaves_the_whole_prompts_keys_values_and_logits(attenti
 
 @pytest.mark.skipif(not quantized.available(), reason="no C compiler here")
 def test_chunked_prefill_is_exact_in_the_quantized_c_layers():
-    target = TransformersTarget(quantized_tiny(seed=1))
+    target = TorchTarget(quantized_tiny(seed=1))
     assert target.decoder_pass.quantized_layers is not None  # the one-call C layers
     prompts = [_prompt(4, 450, 64), _prompt(5, 120, 64)]
     _assert_same_prefill(target, prompts, [7, 64, 200])
@@ -130,7 +130,7 @@ def test_chunked_prefill_is_exact_in_the_quantized_c_layers():
 @pytest.mark.skipif(not quantized.available(), reason="no C compiler here")
 def test_chunked_prefill_is_exact_across_gemma_3s_sliding_windows(tmp_path):
     """Chunks far longer and far shorter than the window (8 tokens here)."""
-    target = TransformersTarget(family_model(tmp_path, "gemma3", seed=2))
+    target = TorchTarget(family_model(tmp_path, "gemma3", seed=2))
     prompts = [_prompt(6, 260, 64), _prompt(7, 41, 64)]
     _assert_same_prefill(target, prompts, [3, 8, 9, 100])
 
@@ -165,7 +165,7 @@ def test_the_default_models_chunked_prefill_is_exact(default_lm, monkeypatch):
 def test_a_reserved_cache_takes_the_whole_prompt_in_one_allocation():
     """Reserved, the cache holds the prompt and a quarter of it more at most: the chunks write
     into that one buffer (no copy as it grows, no freed buffers left in the heap)."""
-    target = TransformersTarget(tiny_llama(vocab_size=48, seed=3, layers=2, context=2048))
+    target = TorchTarget(tiny_llama(vocab_size=48, seed=3, layers=2, context=2048))
     prompt = _prompt(13, 1000, 48)
     cache = target.new_sequence()
     target.reserve(cache, len(prompt), 4000)

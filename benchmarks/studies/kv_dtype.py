@@ -4,10 +4,12 @@ Part 1, memory: for the default model (SmolLM2-135M), Gemma 3 270M and a 7B mode
 shape (Qwen2.5-7B's: 28 layers, 4 key/value heads of 128; a random-weight GGUF written with
 ``gguf`` by ``quantized_shapes.py``'s writer, its hidden size, MLP and vocabulary shrunk,
 which hold no keys or values), each target's ``kv_bytes_per_token`` with ``kv_dtype`` float32
-and float16, the bytes its cache buffers really hold per position after a prompt (their
-storage over their capacity), and llama.cpp's float16 figure, 2 bytes x 2 x layers x
-key/value heads x head size (every layer whole; llama.cpp keeps only the window on Gemma's
-sliding layers, not counted here).
+and float16, the bytes its whole layers' cache buffers really hold per position after a prompt
+of ``--memory-tokens`` tokens (their storage over their capacity) and its sliding-window
+layers' bytes in all (they keep a window, whatever the length: ``backends/hf/window.py``), and
+llama.cpp's float16 figure, 2 bytes x 2 x layers x key/value heads x head size, every layer
+whole and, at long context, its layers without a sliding window only (llama.cpp keeps only the
+window of the others, as we do).
 
 Part 2, speed: the default model decoding plain (``drafter="none"``, one token per pass) after
 a prompt of ``--context`` tokens (the installed Python's ``argparse.py``, as raw text), with
@@ -60,19 +62,28 @@ def seven_b_target(folder: Path, kv_dtype: str):
     return TorchTarget(model, kv_dtype=kv_dtype)
 
 
-def held_per_position(target, prompt_tokens: int) -> float:
-    """Bytes the cache buffers of one sequence hold per position, after a prompt."""
+def held_per_position(target, prompt_tokens: int) -> tuple[float, int]:
+    """Bytes the whole layers' cache buffers of one sequence hold per position (their storage
+    over their capacity) after a prompt, and the bytes its windowed layers hold in all (a
+    window each, whatever the length: ``backends/hf/window.py``)."""
     target.reset()
     target.extend(list(range(5, 5 + prompt_tokens)))
-    layers = target.cache.layers
-    held = sum(layer.key_storage.nbytes + layer.value_buffer.nbytes for layer in layers)
-    return held / layers[0].value_buffer.shape[-2]
+    whole, windowed, capacity = 0, 0, 0
+    for layer in target.cache.layers:
+        size = layer.key_storage.nbytes + layer.value_buffer.nbytes
+        if getattr(layer, "offset", None) is None:
+            whole, capacity = whole + size, layer.value_buffer.shape[-2]
+        else:
+            windowed += size
+    return whole / max(capacity, 1), windowed
 
 
-def memory_table(folder: Path, models: list[str]) -> list[str]:
+def memory_table(folder: Path, models: list[str], prompt_tokens: int) -> list[str]:
     rows = [
-        "| model | layers x kv heads x head size | float32 | promptlookup float16 | held per position (float16) | llama.cpp float16 |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | layers x kv heads x head size | float32 | promptlookup float16 | held per "
+        "position (float16, whole layers) | windowed layers (float16, in all) | llama.cpp "
+        "float16 | llama.cpp float16, long context |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in models:
         figures = {}
@@ -83,14 +94,19 @@ def memory_table(folder: Path, models: list[str]) -> list[str]:
                 target = promptlookup.load_model(
                     None if name == "default" else name, kv_dtype=kv
                 ).target
-            figures[kv] = (target.kv_bytes_per_token, held_per_position(target, 300))
+            figures[kv] = (target.kv_bytes_per_token, *held_per_position(target, prompt_tokens))
         config = target.config
         shape = (config.num_hidden_layers, config.num_key_value_heads, target.attention.shape[2])
         llama_cpp = 2 * 2 * shape[0] * shape[1] * shape[2]
+        # llama.cpp keeps only the window of sliding layers: at long context, the others count
+        kinds = getattr(config, "layer_types", None) or ["full_attention"] * shape[0]
+        whole_layers = sum(kind != "sliding_attention" for kind in kinds)
         kib = lambda n: f"{n / 1024:.2f} KiB"  # noqa: E731
         rows.append(
             f"| {name} | {' x '.join(map(str, shape))} | {kib(figures['float32'][0])} | "
-            f"{kib(figures['float16'][0])} | {kib(figures['float16'][1])} | {kib(llama_cpp)} |"
+            f"{kib(figures['float16'][0])} | {kib(figures['float16'][1])} | "
+            f"{figures['float16'][2] / 2**20:.2f} MiB | {kib(llama_cpp)} | "
+            f"{kib(llama_cpp * whole_layers / shape[0])} |"
         )
         print(rows[-1], flush=True)
     return rows
@@ -210,6 +226,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default="default,gemma-3-270m,7b-attention")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-tokens", type=int, default=2000, help="part 1's prompt")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--agreement", type=int, default=0, metavar="TOKENS")
     parser.add_argument("--kernel", action="store_true", help="part 2b: the kernel alone")
@@ -218,7 +235,7 @@ def main() -> None:
     args.folder.mkdir(parents=True, exist_ok=True)
     lines = []
     if not args.skip_memory:
-        lines += memory_table(args.folder, args.models.split(",")) + [""]
+        lines += memory_table(args.folder, args.models.split(","), args.memory_tokens) + [""]
     if not args.skip_speed:
         lines += speed_table(args.context, args.rounds, args.tokens) + [""]
     if args.kernel:

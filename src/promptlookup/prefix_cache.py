@@ -191,6 +191,8 @@ class PrefixCache:
             if self.disk is not None:
                 found = self._from_disk(target, namespace, token_ids, payloads, matched)
                 payloads, matched = found
+            if matched and hasattr(cache, "resume_point"):  # windowed layers need their window
+                matched = cache.resume_point(payloads, matched)
             taken, start = (None, 0)
             if take_over and matched:
                 taken, start = self._take_over(payloads, token_ids[:matched])
@@ -261,7 +263,7 @@ class PrefixCache:
                 block_bytes = target.kv_bytes_per_token * self.block_tokens
                 self._tree = BlockTree(self.block_tokens, block_bytes, self.budget_bytes)
             added = 0
-            if hasattr(cache, "share_blocks"):  # in place, all or nothing
+            if _shares(cache):  # in place, all or nothing
                 held = cache.held_bytes
                 added = self._tree.insert(namespace, tokens, in_place, cache, held)
                 if self._tree.counted(cache) not in (None, held):  # grown past the budget
@@ -270,7 +272,7 @@ class PrefixCache:
                 self._tree.insert(namespace, tokens, blocks)
         if self.disk is not None:
             self._to_disk(target, namespace, tokens, blocks, copied)
-        if ended and hasattr(cache, "share_blocks"):
+        if ended and _shares(cache):
             with self._lock:
                 self._finished[cache] = list(tokens)
 
@@ -325,3 +327,10 @@ class PrefixCache:
         if best is not None:
             found, length = [*found, best], length + common
         return (found, length) if length > matched else (payloads, matched)
+
+
+def _shares(cache) -> bool:
+    """Whether ``cache`` (a sequence's) lends the prefix cache its blocks in place
+    (:class:`~promptlookup.backends.base.SharingBlockCache`); a cache that drops positions (a
+    windowed one) says ``share_blocks = None`` and its blocks are copied."""
+    return callable(getattr(cache, "share_blocks", None))

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from ..backends.hf.target import TorchTarget
+from ..backends.hf.window import WindowCropError
 from ..errors import UnsupportedModelError
 from ..prefix_tree import common_prefix_length
 from .base import Draft
@@ -172,7 +173,11 @@ class DraftModelDrafter:
                 raise UnsupportedModelError(
                     f"draft model {type(self.model).__name__} keeps a cache that cannot be cropped"
                 )
-            self.cache.crop(self.cache.get_seq_length() - drop)
+            try:
+                self.cache.crop(self.cache.get_seq_length() - drop)
+            except WindowCropError:  # back past a sliding window it holds: start again
+                self.draft_target.reset()
+                keep = 0
             del self.cached[keep:]
         return self._feed(list(tokens[keep:]))
 

@@ -117,6 +117,21 @@ class PassRows:
         self.row_position = torch.tensor(position, dtype=torch.int64)
 
 
+def cache_pointers(layer) -> tuple[int, int, int]:
+    """Where the kernels find one sequence's cache layer: the addresses of its keys (stored
+    transposed) and values and its capacity in positions. A layer that holds positions from
+    ``offset`` on (:class:`~promptlookup.backends.hf.window.WindowedLayer`) gives addresses
+    ``offset`` positions before its buffers, so that position ``p`` is where the kernels
+    look for it; they read only positions it holds (its passes' windows)."""
+    values = layer.value_buffer  # (1, kv_heads, capacity, head_dim), contiguous
+    shift = getattr(layer, "offset", 0) * values.element_size()
+    return (
+        layer.key_storage.data_ptr() - shift,  # keys [kv_heads][head_dim][capacity]
+        values.data_ptr() - shift * values.shape[-1],  # values [kv_heads][capacity][head_dim]
+        values.shape[-2],
+    )
+
+
 def native_attention(
     query: torch.Tensor, cache_layers: list, rows: PassRows, scaling: float, window: int = 0
 ) -> torch.Tensor:
@@ -130,15 +145,14 @@ def native_attention(
     if not queries.is_contiguous():
         queries = queries.contiguous()
     out = torch.empty_like(queries)
-    keys = [layer.key_storage for layer in cache_layers]
-    values = [layer.value_buffer for layer in cache_layers]
-    key_pointers = torch.tensor([k.data_ptr() for k in keys], dtype=torch.int64)
-    value_pointers = torch.tensor([v.data_ptr() for v in values], dtype=torch.int64)
-    capacities = torch.tensor([v.shape[-2] for v in values], dtype=torch.int64)
-    kv_heads = values[0].shape[1]
+    key_pointers, value_pointers, capacities = torch.tensor(
+        [cache_pointers(layer) for layer in cache_layers], dtype=torch.int64
+    ).T.contiguous()
+    values = cache_layers[0].value_buffer  # (1, kv_heads, capacity, head_dim)
+    kv_heads = values.shape[1]
     status = library.row_attention(
         ELEMENT_TYPES[query.dtype],
-        ELEMENT_TYPES[values[0].dtype],
+        ELEMENT_TYPES[values.dtype],
         queries.data_ptr(),
         out.data_ptr(),
         total,

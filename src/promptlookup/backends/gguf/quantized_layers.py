@@ -20,7 +20,7 @@ import functools
 import torch
 
 from . import quantized
-from .native_attention import ELEMENT_TYPES, kernel_takes
+from .native_attention import ELEMENT_TYPES, cache_pointers, kernel_takes
 from .native_build import compiled
 
 #: The library's sources: the layers, linked with the two kernels they call.
@@ -183,9 +183,10 @@ class QuantizedLayers:
             for cache, length in zip(caches, lengths):
                 layer = cache.layers[index]
                 layer.make_room(length, like)
-                keys.append(layer.key_storage.data_ptr())
-                values.append(layer.value_buffer.data_ptr())
-                capacities.append(layer.value_buffer.shape[-2])
+                key_pointer, value_pointer, capacity = cache_pointers(layer)
+                keys.append(key_pointer)
+                values.append(value_pointer)
+                capacities.append(capacity)
                 dtypes.add(layer.value_buffer.dtype)
         if len(dtypes) != 1:
             raise ValueError(

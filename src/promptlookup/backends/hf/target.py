@@ -32,6 +32,7 @@ from ..inexact.attention import (
 from ..inexact.fastest import FastestKernels
 from .cache import GROWTH, GrowingCache, GrowingLayer, growing_cache
 from .identity import build_identity, weights_digest
+from .window import WindowedCache, WindowedLayer, windowed_cache
 
 
 class WindowLayer(GrowingLayer):
@@ -54,8 +55,9 @@ class WindowLayer(GrowingLayer):
         self.sliding_window = sliding_window
 
 
-#: Cache layers that :meth:`TorchTarget.crop` can crop.
-CROPPABLE = (GrowingLayer, WindowLayer)
+#: Cache layers that :meth:`TorchTarget.crop` can crop (a windowed one back to where
+#: it still holds the window: every crop of a rejected draft).
+CROPPABLE = (GrowingLayer, WindowLayer, WindowedLayer)
 
 
 class TorchTarget:
@@ -223,7 +225,9 @@ class TorchTarget:
         # The keys' and values' own dtype where the target holds them in another than its
         # weights' (16-bit keys and values), else the weights'.
         dtype = str(getattr(self, "kv_dtype", self.dtype)).removeprefix("torch.")
-        return f"{self.config.num_hidden_layers}x{kv_heads}x{head_dim} {dtype}"
+        # Blocks of windowed caches: the whole layers' rows first (backends/hf/window.py).
+        windowed = " windowed" if isinstance(self.cache, WindowedCache) else ""
+        return f"{self.config.num_hidden_layers}x{kv_heads}x{head_dim} {dtype}{windowed}"
 
     def kv_identity(self) -> str:
         """A digest of the weights, the engine and :attr:`kv_layout` (see
@@ -242,6 +246,9 @@ class TorchTarget:
         where row-invariant passes take the native attention kernel)."""
         native = self.decoder_pass is not None and self.decoder_pass.native_attention
         cache = growing_cache(self.model.config, native, self.kv_dtype)
+        if native:  # sliding-window layers keep only their window (backends/hf/window.py)
+            windows = [layer.window for layer in self.decoder_pass.layers]
+            return windowed_cache(cache, windows, native, self.kv_dtype)
         cache.layers = [
             WindowLayer(layer.sliding_window, native, self.kv_dtype)
             if type(layer) is DynamicSlidingWindowLayer
