@@ -20,7 +20,7 @@ import promptlookup
 from promptlookup.backends.gguf import quantized
 from promptlookup.backends.gguf.row_invariant import KEY_BLOCK
 from promptlookup.backends.hf.cache import GrowingLayer, growing_cache
-from promptlookup.backends.hf.target import TransformersTarget
+from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.backends.hf.window import (
     MARGIN,
     WindowCropError,
@@ -74,7 +74,7 @@ def test_a_windowed_layer_holds_what_a_whole_layer_holds_within_every_window(
             windowed.crop(windowed.offset + window - 2)
 
 
-class WholeLayers(TransformersTarget):
+class WholeLayers(TorchTarget):
     """The same target with every layer whole (the kernels still mask by window): the
     reference a windowed cache must equal."""
 
@@ -101,7 +101,7 @@ def test_gemma_with_windowed_layers_is_gemma_with_whole_layers(gemmas, window, o
     """Prompt chunks, drafts cropped back and one-token steps far past the window: the same
     logits bit for bit as whole layers, with windowed layers holding far less."""
     model = gemmas[window]
-    windowed = TransformersTarget(model, layers_in_one_call=one_call)
+    windowed = TorchTarget(model, layers_in_one_call=one_call)
     whole = WholeLayers(model, layers_in_one_call=one_call)
     assert isinstance(windowed.cache, WindowedCache)
     rng = random.Random(window)
@@ -126,7 +126,7 @@ def test_batched_windowed_sequences_get_their_rows_alone(gemmas, window):
     """Sequences of different lengths past the window share passes: each row is its row
     alone (over whole layers)."""
     model = gemmas[window]
-    target, whole = TransformersTarget(model), WholeLayers(model)
+    target, whole = TorchTarget(model), WholeLayers(model)
     rng = random.Random(3)
     prompts = [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (5, 90, 170)]
     caches = [target.new_sequence() for _ in prompts]
@@ -172,7 +172,7 @@ def test_a_cached_prefix_resumes_exactly_around_the_windows_edges(
     first ``stored - back`` tokens resumes from the cache where the blocks carry its window,
     and its logits are bit for bit those with the cache off. Resuming is guaranteed within
     ``margin`` tokens of the stored end."""
-    target = TransformersTarget(gemmas[window])
+    target = TorchTarget(gemmas[window])
     rng = random.Random(seed)
     first = [rng.randrange(1, VOCAB) for _ in range(stored)]
     cache = PrefixCache(mib=64, block_tokens=16)
