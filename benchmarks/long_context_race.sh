@@ -10,9 +10,9 @@
 # bench's summary per method with its memory) and report.md (both, and the load average).
 # LLAMA_SERVER: the llama-server binary; LLAMA_ARGS: extra llama-server flags (none unless set;
 # a -DGGML_NATIVE=ON build's AMX-repacked weights crash on some machines: LLAMA_ARGS=--no-repack).
-# PY: the Python with promptlookup installed. About 15 minutes on 2 quiet cores; under load it
-# stretches: at a load average of 25, turn 1 alone took 16-26 minutes per server (runs/
-# long-context-0.15.0-main). OUT/sessions.jsonl and OUT/idle-memory.txt are written as it goes.
+# PY: the Python with promptlookup installed. About 17 minutes on 2 quiet cores (runs/
+# long-context-0.15.0); under load it stretches: at a load average of 25, turn 1 alone took
+# 16-26 minutes per server. OUT/sessions.jsonl and OUT/idle-memory.txt are written as it goes.
 set -euo pipefail
 PY=${PY:-python}
 GGUF=$($PY -c "from promptlookup.models import resolve_model as r; s=r(None); print(s.location + '/' + s.gguf_file)")
