@@ -151,13 +151,20 @@ def test_the_native_engines_caches_share_their_blocks():
     assert isinstance(lm.target.new_sequence(), SharingBlockCache)
 
 
-def test_a_conversations_next_turn_takes_its_buffers_over_and_copies_nothing():
+def finished_turn():
+    """A tiny model's target, a 90-token prompt, a prefix cache and the finished sequence of
+    that prompt, stored in it (its buffers held in place)."""
     lm = tiny("float32")
     target, prompt = lm.target, list(range(1, 31)) * 3  # 90 tokens
     cache = PrefixCache(mib=64, block_tokens=16)
     first = target.new_sequence()
     target.forward_batch([first], [prompt], [0])
     cache.store(target, first, prompt, ended=True)
+    return target, prompt, cache, first
+
+
+def test_a_conversations_next_turn_takes_its_buffers_over_and_copies_nothing():
+    target, prompt, cache, first = finished_turn()
     assert cache.used_bytes == first.held_bytes  # the buffers, counted once
     keys = [layer.keys.clone() for layer in first.layers]
     # The next turn: the whole prompt, then more; it goes on in the same buffers.
@@ -175,12 +182,7 @@ def test_a_conversations_next_turn_takes_its_buffers_over_and_copies_nothing():
 
 
 def test_blocks_past_a_taken_over_prefix_are_copied_out_first():
-    lm = tiny("float32")
-    target, prompt = lm.target, list(range(1, 31)) * 3  # 90 tokens
-    cache = PrefixCache(mib=64, block_tokens=16)
-    first = target.new_sequence()
-    target.forward_batch([first], [prompt], [0])
-    cache.store(target, first, prompt, ended=True)
+    target, prompt, cache, first = finished_turn()
     keys = [layer.keys.clone() for layer in first.layers]
     # Another request shares 70 tokens (mid-block), then says something else.
     branch = [*prompt[:70], 9, 9, 9, 9]
