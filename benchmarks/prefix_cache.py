@@ -6,6 +6,7 @@ them; loopback only, bounded in requests and time.
 
     python benchmarks/prefix_cache.py isolation --out benchmarks/runs/prefix-isolation
     python benchmarks/prefix_cache.py soak --minutes 5 --out benchmarks/runs/prefix-soak
+    python benchmarks/prefix_cache.py restart --prompts 3 --prefix-chars 18000 --out ...
     python benchmarks/prefix_cache.py shared --against pl=http://127.0.0.1:8000 \
         --against llama-server=http://127.0.0.1:8080 --out benchmarks/runs/prefix-shared
 
@@ -19,6 +20,13 @@ and ``global``. Reports the median seconds of each.
 ``--minutes``, with a small ``--prefix-cache-mib``; the server's RSS and the cache's use
 (``GET /metrics``, the sum of ``promptlookup:prefix_cache_bytes`` over tenants) are sampled
 every few seconds. Reports their maxima against the budget.
+
+``restart``: for each of ``--prompts`` conversations (a module's source of ``--prefix-chars``
+characters to summarize), turn 1 goes to a server with ``--prefix-cache-dir``, which is then
+stopped (SIGTERM) and started again over the same folder for turn 2 (the question, its answer
+and a new question); the same turn 2 also goes to a server with ``--prefix-cache-mib 0``.
+Reports per conversation how much of turn 2's prompt was cached after the restart and whether
+its text equals the one without a cache.
 
 ``shared``: 8 requests that share a long prefix (a module's source, then each its own
 question), against servers already running (``--against NAME=URL``, each with its own
@@ -184,6 +192,52 @@ def soak(args, keys: Path) -> dict:
     }
 
 
+def restart(args, keys: Path) -> dict:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp()) / "prefix-cache"  # made 0700 by the server
+    conversations = [
+        [{"role": "user", "content": f"Summarize this file.\n{text}"}]
+        for text in sources(args.prompts, chars=args.prefix_chars)
+    ]
+    turns = {}
+    for label, flags in (
+        ("turn 1", ("--prefix-cache-dir", str(folder))),
+        ("turn 2 after a restart", ("--prefix-cache-dir", str(folder))),
+        ("turn 2 without a cache", ("--prefix-cache-mib", "0")),
+    ):
+        process, url = start(keys, args.threads, *flags)
+        try:
+            turns[label] = [
+                ask(url, "key-a", messages, args.max_tokens) for messages in conversations
+            ]
+        finally:
+            process.terminate()  # SIGTERM, as a user stops the server
+            process.wait(60)
+        if label == "turn 1":  # each conversation goes on: its answer, then a new question
+            for messages, (_, body) in zip(conversations, turns[label]):
+                answer = body["choices"][0]["message"]["content"]
+                messages += [{"role": "assistant", "content": answer},
+                             {"role": "user", "content": "Which function is the longest?"}]  # fmt: skip
+        print(
+            label, [round(seconds, 2) for seconds, _ in turns[label]], file=sys.stderr, flush=True
+        )
+    rows = []
+    for after, alone in zip(turns["turn 2 after a restart"], turns["turn 2 without a cache"]):
+        usage = after[1]["usage"]
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        rows.append({
+            "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": cached,
+            "cached_fraction": round(cached / usage["prompt_tokens"], 4),
+            "seconds_after_restart": round(after[0], 3),
+            "seconds_without_cache": round(alone[0], 3),
+            "same_text": after[1]["choices"][0]["message"]["content"]
+            == alone[1]["choices"][0]["message"]["content"],
+        })  # fmt: skip
+    return {"conversations": rows}
+
+
 def shared(args) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -226,7 +280,7 @@ def shared(args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["isolation", "soak", "shared"])
+    parser.add_argument("what", choices=["isolation", "soak", "shared", "restart"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=5, help="isolation: prompts [5]")
     parser.add_argument("--minutes", type=float, default=5.0, help="soak: duration [5]")
@@ -234,8 +288,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tenants", type=int, default=16, help="soak: tenants [16]")
     parser.add_argument("--prefix-cache-mib", type=int, default=128, help="soak: budget [128]")
     parser.add_argument("--against", action="append", default=[], metavar="NAME=URL")
-    parser.add_argument("--max-tokens", type=int, default=128, help="shared: per answer [128]")
-    parser.add_argument("--prefix-chars", type=int, default=6000, help="shared: prefix [6000]")
+    parser.add_argument(
+        "--max-tokens", type=int, default=128, help="shared, restart: per answer [128]"
+    )
+    parser.add_argument(
+        "--prefix-chars", type=int, default=6000, help="shared, restart: prefix [6000]"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     import tempfile
@@ -248,6 +306,8 @@ def main(argv=None) -> int:
     )
     if args.what == "shared":
         result = shared(args)
+    elif args.what == "restart":
+        result = restart(args, keys)
     else:
         result = isolation(args, keys) if args.what == "isolation" else soak(args, keys)
     result["command"] = "python benchmarks/prefix_cache.py " + " ".join(
