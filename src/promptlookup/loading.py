@@ -88,7 +88,7 @@ def _quantized_gguf(model, dtype: str, device: str):
     ``model`` a GGUF file and the CPU can run them; else None (float32 then, said once where
     the file's architecture or tensors have no packed form)."""
     from .backends.gguf import quantized
-    from .backends.gguf.loader import RecurrentModelError, load_quantized
+    from .backends.gguf.loader import RecurrentModelError, gguf_values, load_quantized
 
     if dtype != "auto" or not device.startswith("cpu"):
         return None
@@ -101,6 +101,11 @@ def _quantized_gguf(model, dtype: str, device: str):
     )
     read_apart(path, config_cache)
     try:
+        gguf_values(path, config_cache)  # a file we cannot run says so before its tokenizer
+        # The tokenizer before the weights: parsing its file takes a few times its size in
+        # temporaries (Gemma 3's 262,144 tokens: about 350 MiB), which then come on top of
+        # the process without the weights rather than with them.
+        tokenizer = gguf_tokenizer(path)
         model_obj, formats = load_quantized(path, config_cache)
     except RecurrentModelError:
         raise  # no dtype runs it exactly: no fallback
@@ -109,7 +114,7 @@ def _quantized_gguf(model, dtype: str, device: str):
         return None
     model_obj.config._name_or_path = source.name
     model_obj.config.gguf_formats = formats
-    return model_obj, gguf_tokenizer(path), source.name
+    return model_obj, tokenizer, source.name
 
 
 #: How transformers' GGUF loader says that it does not know a file's architecture.
