@@ -18,6 +18,7 @@ from . import cache_files, tokenizer_cache
 from .backend_names import BACKENDS, DEFAULT_BACKEND, backend_name
 from .errors import InvalidParameterError, ModelLoadError, UnsupportedModelError
 from .generation import LanguageModel
+from .machine import return_freed_memory
 from .models import _converted_folder, _quiet, load_pretrained, resolve_model
 
 __all__ = [
@@ -80,6 +81,8 @@ def load_model(
     lm.policy.cost_file = torch_cost_file(model_obj)
     # The kernels and prompt attention chosen for our passes, kept beside the cost curve.
     lm.target.use_choice_files(lm.policy.cost_file)
+    # The heap's holes the target left (fused projections' parts: 25 MiB of Gemma 3 270M).
+    return_freed_memory()
     return lm
 
 
