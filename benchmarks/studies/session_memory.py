@@ -7,10 +7,13 @@ cache, as ``promptlookup serve``'s worker answers them (its heap setting while b
 
 Per turn, one Markdown row: the prompt and cached tokens, the resident memory (VmRSS) after
 the turn, the turn's peak (VmHWM, reset before it), the bytes the prefix cache holds (its
-keys and values, buffers' spare room included), and the heap's free bytes that the process
-still holds (``mallinfo2``: freed blocks glibc keeps). The summary splits the peak: idle, the
-cache, the heap's free bytes, and the rest (the running request's buffers not yet counted by
-the cache, and the pass's transients). Memory figures do not depend on the machine's load.
+keys and values, buffers' spare room included), and the freed heap memory the process still
+held at the turn's end (what ``malloc_trim`` then gives back, as the server does after a
+second without requests: in the race it is idle while the other servers answer). The summary
+splits the largest peak: idle, the cache, and the rest (the running request's buffers not yet
+counted by the cache, the passes' transients and the heap's slack). ``--no-trim``: nothing
+given back between turns (a client that sends the next turn at once). Memory figures do not
+depend on the machine's load.
 
     nice python benchmarks/studies/session_memory.py --max-tokens 40 --chars 18000
 """
@@ -18,7 +21,6 @@ the cache, and the pass's transients). Memory figures do not depend on the machi
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 from pathlib import Path
 
@@ -28,25 +30,6 @@ import promptlookup
 from promptlookup.bench.sessions.conversations import LocalChat, build_conversations
 from promptlookup.machine import return_freed_memory
 from promptlookup.prefix_cache import PrefixCache
-
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                     "uordblks", "fordblks", "keepcost")
-    ]  # fmt: skip
-
-
-def heap_free_mib() -> float:
-    """Bytes glibc's heaps hold free (freed, not given back), in MiB; NaN without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = MallInfo2
-        info = libc.mallinfo2()
-    except (OSError, AttributeError):
-        return float("nan")
-    return (info.fordblks + info.fsmblks) / 2**20
 
 
 def status_mib(field: str) -> float:
@@ -66,6 +49,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefix-cache-mib", type=float, default=1024)
     parser.add_argument("--map-from", type=float, default=64, help="MiB (the worker's: 64)")
+    parser.add_argument("--no-trim", action="store_true", help="keep freed memory between turns")
     parser.add_argument("--label", default="this tree")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -79,7 +63,7 @@ def main() -> None:
           f"{args.max_tokens} tokens per answer, {args.chars} characters of context, "
           f"{args.threads} threads; idle {idle:.0f} MiB\n")  # fmt: skip
     print("| session | turn | prompt | cached | VmRSS after | turn's peak (VmHWM) | "
-          "prefix cache | heap free | peak - idle - cache - heap free |")  # fmt: skip
+          "prefix cache | heap slack given back | peak - idle - cache |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst = None
     for conversation in build_conversations(args.sessions, args.chars):
@@ -88,17 +72,20 @@ def main() -> None:
             Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: this turn's
             answer = chat.chat(conversation.messages(answers), args.max_tokens)
             answers.append(answer["text"])
-            peak, held, free = status_mib("VmHWM"), cache.used_bytes / 2**20, heap_free_mib()
-            rest = peak - idle - held - free
+            peak, held, rss = status_mib("VmHWM"), cache.used_bytes / 2**20, status_mib("VmRSS")
+            slack = 0.0
+            if not args.no_trim:
+                return_freed_memory()
+                slack = rss - status_mib("VmRSS")
+            rest = peak - idle - held
             print(f"| {conversation.name} | {turn} | {answer['prompt_tokens']} | "
-                  f"{answer['cached_tokens']} | {status_mib('VmRSS'):.0f} | {peak:.0f} | "
-                  f"{held:.1f} | {free:.1f} | {rest:.0f} |", flush=True)  # fmt: skip
+                  f"{answer['cached_tokens']} | {rss:.0f} | {peak:.0f} | {held:.1f} | "
+                  f"{slack:.1f} | {rest:.0f} |", flush=True)  # fmt: skip
             if worst is None or peak > worst[0]:
-                worst = (peak, held, free, rest)
-    peak, held, free, rest = worst
-    print(f"\nPeak {peak:.0f} MiB = idle {idle:.0f} + prefix cache {held:.0f} + heap free "
-          f"{free:.0f} + the rest {rest:.0f} (at the turn's end; load average "
-          f"{os.getloadavg()[0]:.1f})")  # fmt: skip
+                worst = (peak, held, rest)
+    peak, held, rest = worst
+    print(f"\nPeak {peak:.0f} MiB = idle {idle:.0f} + prefix cache {held:.0f} (at that turn's "
+          f"end) + the rest {rest:.0f}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
