@@ -15,6 +15,7 @@ runs (Llama, Mistral, Qwen2); others raise :class:`~promptlookup.errors.Unsuppor
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
@@ -172,11 +173,15 @@ def load_quantized(path: str | Path, config_cache: Path | None = None):
         # llama.cpp permutes the query and key rows of Llama-converted files (not NEOX ones).
         unpermute = config.model_type in ("llama", "smollm3")
         heads = permuted.get(where.rpartition(".")[2]) if unpermute else None
+        in_file = True  # whether data's rows are the file's, in its order
         if heads and data.ndim == 2:
             data = data[_unpermute(data.shape[0], heads)]  # whole rows: exact in any format
+            in_file = False
         if kind in DECODED and leaf == "weight":
             k = int(tensor.shape[0])  # GGUF shapes list the inputs first
-            quantized[where] = QuantizedWeight.from_file(kind, data, k)
+            # each packed chunk's file pages leave the process (Gemma 3's embedding: 170 MiB)
+            done = functools.partial(_forget_pages, reader, tensor) if in_file else None
+            quantized[where] = QuantizedWeight.from_file(kind, data, k, done=done)
         elif kind in FLOAT_KINDS:
             values = torch.from_numpy(np.asarray(data, dtype=np.float32).copy())
             _set_parameter(model, where, leaf, values.reshape(*reversed(tensor.shape.tolist())))
@@ -225,17 +230,20 @@ def _rotary(rotary: torch.nn.Module, config, freq_factors, path: Path) -> torch.
     return type(rotary)(config=config)
 
 
-def _forget_pages(reader, tensor) -> None:
-    """Drop the file's pages of a tensor already packed from this process's memory (the page
-    cache keeps them; they would otherwise count as resident until the map is closed)."""
+def _forget_pages(reader, tensor, rows: int | None = None) -> None:
+    """Drop the file's pages of a tensor already packed (its first ``rows`` rows, else all of
+    it) from this process's memory (the page cache keeps them; they would otherwise count as
+    resident until the map is closed). A page the next bytes share is read again if needed."""
     import mmap
 
     file_map = reader.map
     if not hasattr(mmap, "MADV_DONTNEED"):
         return
     start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+    n_bytes = tensor.n_bytes if rows is None else tensor.n_bytes // len(tensor.data) * rows
+    end = tensor.data_offset + n_bytes
     try:
-        file_map.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
+        file_map.madvise(mmap.MADV_DONTNEED, start, end - start)
     except (OSError, ValueError):  # a platform without it: only the resident count is higher
         pass
 

@@ -25,6 +25,8 @@ from .blocks import HALF_KINDS, LANES, Blocks, decode, half_exact, pack
 from .native_build import compiled
 
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED"  #: set to 0 to refuse quantized weights
+#: Rows of a file's tensor decoded and packed at a time (a whole number of panels).
+CHUNK_ROWS = 2048
 
 
 @functools.cache
@@ -62,25 +64,44 @@ class QuantizedWeight:
         self.panels = torch.from_numpy(pack(blocks, self.half))
 
     @classmethod
-    def from_file(cls, kind: str, raw: np.ndarray, k: int, chunk: int = 2048) -> QuantizedWeight:
+    def from_file(
+        cls, kind: str, raw: np.ndarray, k: int, chunk: int | None = None, done=None
+    ) -> QuantizedWeight:
         """The tensor of GGUF type ``kind`` in ``raw`` (its bytes, one row of ``k`` inputs per
-        row), decoded and packed ``chunk`` rows at a time (bounding the temporary copies), with
-        float16 headers for the formats that store float16 scales, unless a value is out of
-        their range (one layout for the whole tensor)."""
+        row), decoded and packed ``chunk`` rows at a time straight into the whole tensor's
+        panels (the temporaries are one chunk's; ``done(rows)`` is called after each chunk
+        with the rows packed so far, for the caller to drop their file pages), with float16
+        headers for the formats that store float16 scales, unless a value is out of their
+        range (one layout for the whole tensor). ``chunk``: :data:`CHUNK_ROWS` by default."""
+        chunk = chunk or CHUNK_ROWS
+        if chunk % LANES:
+            raise ValueError(f"chunks of {chunk} rows split panels of {LANES}")
+        if kind in HALF_KINDS:
+            try:
+                return cls._streamed(kind, raw, k, chunk, True, done)
+            except ValueError:  # some scale beyond float16's range: float32 headers throughout
+                pass
+        return cls._streamed(kind, raw, k, chunk, False, done)
 
-        def packed(half: bool) -> list[QuantizedWeight]:
-            return [cls(decode(kind, np.asarray(raw[first : first + chunk]), k), kind, half)
-                    for first in range(0, raw.shape[0], chunk)]  # fmt: skip
-
-        try:
-            parts = packed(kind in HALF_KINDS)
-        except ValueError:  # some scale beyond float16's range: float32 headers throughout
-            parts = packed(False)
-        joined = parts[0]
-        joined.n = raw.shape[0]
-        if len(parts) > 1:
-            joined.panels = torch.cat([part.panels for part in parts])
-        return joined
+    @classmethod
+    def _streamed(cls, kind, raw, k, chunk, half: bool, done) -> QuantizedWeight:
+        n = raw.shape[0]
+        whole = None
+        for first in range(0, n, chunk):
+            part = cls(decode(kind, np.asarray(raw[first : first + chunk]), k), kind, half)
+            if n <= chunk:  # one chunk: its panels are the tensor's
+                whole = part
+            else:
+                if whole is None:  # the first chunk: the whole tensor's panels, in its layout
+                    whole = cls.__new__(cls)
+                    whole.__dict__.update(part.__dict__)
+                    shape = (-(-n // LANES), part.panels.shape[1])
+                    whole.panels = torch.empty(shape, dtype=torch.uint8)
+                whole.panels[first // LANES : first // LANES + part.panels.shape[0]] = part.panels
+            if done is not None:
+                done(min(first + chunk, n))
+        whole.n = n
+        return whole
 
     @property
     def nbytes(self) -> int:
