@@ -75,6 +75,61 @@ static float top_score(const float *scores, int64_t n, float scale) {
     return top;
 }
 
+/* The softmax weights of one row from key j0 on: for each whole run of LANES keys below n,
+ * row[j] = weight[j] (0 before `start`, else exp_approx(row[j] * scale - top)) and
+ * lanes[j % LANES] += weight[j]; returns where the runs end (the caller does the rest). With
+ * AVX2 and FMA, 8 keys at a time in vector registers: each lane runs exp_approx's operations
+ * (the same fmaf, *, -, + and the same truncation to an integer), so every weight and every
+ * lane's sum has the bits of the scalar loop's. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* exp_approx (row_attention.h) in each of 8 lanes. */
+static inline __m256 exp_approx_8(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f), low = _mm256_set1_ps(-87.0f);
+    const __m256 below = _mm256_cmp_ps(x, low, _CMP_LT_OQ);  /* x < -87 */
+    const __m256 clamped = _mm256_blendv_ps(x, low, below);
+    const __m256 n = _mm256_sub_ps(
+        _mm256_fmadd_ps(clamped, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), clamped);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+    poly = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), r);
+    poly = _mm256_add_ps(poly, _mm256_set1_ps(1.0f));
+    const __m256i exponent = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 value = _mm256_mul_ps(poly, _mm256_castsi256_ps(exponent));
+    return _mm256_blendv_ps(value, _mm256_setzero_ps(), below);
+}
+#endif
+static int64_t weigh_runs(float *row, int64_t j0, int64_t n, int64_t start, float scale,
+                          float top, float lanes[LANES]) {
+    for (; j0 + LANES <= n; j0 += LANES) {
+#if defined(__AVX2__) && defined(__FMA__) && LANES == 16
+        if (j0 >= start) {  /* a whole run inside the window */
+            const __m256 s = _mm256_set1_ps(scale), t = _mm256_set1_ps(top);
+            for (int half = 0; half < LANES; half += 8) {
+                const __m256 x = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j0 + half), s), t);
+                const __m256 weight = exp_approx_8(x);
+                _mm256_storeu_ps(row + j0 + half, weight);
+                _mm256_storeu_ps(lanes + half, _mm256_add_ps(_mm256_loadu_ps(lanes + half), weight));
+            }
+            continue;
+        }
+#endif
+        for (int l = 0; l < LANES; l++) {
+            const float weight = j0 + l < start ? 0.0f : exp_approx(row[j0 + l] * scale - top);
+            row[j0 + l] = weight;
+            lanes[l] = lanes[l] + weight;
+        }
+    }
+    return j0;
+}
+
 /* Micro-kernels over COUNT query vectors (1 or NV), on float blocks. */
 
 /* to[v][l] = fmaf chain over d of queries[v][d] * keys[d][l], for KEYS keys from `keys`
@@ -247,14 +302,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
         const int64_t n = seen[v], start = from[v];                                            \
         const float top = top_score(row + start, n - start, c->scale);                         \
         float lanes[LANES] = {0};                                                              \
-        int64_t j0;                                                                            \
-        for (j0 = first_block; j0 + LANES <= n; j0 += LANES)                                   \
-            for (int l = 0; l < LANES; l++) {                                                  \
-                const float weight = j0 + l < start                                            \
-                    ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                         \
-                row[j0 + l] = weight;                                                          \
-                lanes[l] = lanes[l] + weight;                                                  \
-            }                                                                                  \
+        int64_t j0 = weigh_runs(row, first_block, n, start, c->scale, top, lanes);             \
         for (int l = 0; j0 + l < n; l++) {                                                     \
             const float weight = j0 + l < start                                                \
                 ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                             \
