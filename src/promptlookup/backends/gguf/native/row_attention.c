@@ -42,6 +42,9 @@
 
 #include "half.h"           /* 16-bit conversions; bounds.h: ELEMENT_* */
 #include "row_attention.h"  /* exp_approx; bounds.h: KEY_BLOCK, MAX_GROUP, MAX_DIM */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
 #define BLOCK KEY_BLOCK  /* keys per block (cache capacities are multiples of it) */
@@ -59,6 +62,26 @@ static inline lanes_t lanes_max(lanes_t a, lanes_t b) {
     return (lanes_t)(((lane_mask_t)a & greater) | ((lane_mask_t)b & ~greater));
 }
 static float top_score(const float *scores, int64_t n, float scale) {
+#if defined(__AVX2__) && LANES == 16
+    /* The same in two registers of 8 lanes: _mm256_max_ps(a, b) is a > b ? a : b, lane by lane. */
+    __m256 low = _mm256_set1_ps(-INFINITY), high = low;
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        low = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(scores + j), s), low);
+        high = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(scores + j + 8), s), high);
+    }
+    float lanes[LANES];
+    _mm256_storeu_ps(lanes, low);
+    _mm256_storeu_ps(lanes + 8, high);
+    for (int l = 0; j + l < n; l++) {
+        const float x = scores[j + l] * scale;
+        lanes[l] = x > lanes[l] ? x : lanes[l];
+    }
+    float best = -INFINITY;
+    for (int l = 0; l < LANES; l++) best = lanes[l] > best ? lanes[l] : best;
+    return best;
+#else
     lanes_t tops, scaled;
     for (int l = 0; l < LANES; l++) tops[l] = -INFINITY;
     int64_t j0 = 0;
@@ -73,6 +96,7 @@ static float top_score(const float *scores, int64_t n, float scale) {
     float top = -INFINITY;
     for (int l = 0; l < LANES; l++) top = tops[l] > top ? tops[l] : top;
     return top;
+#endif
 }
 
 /* The softmax weights of one row from key j0 on: for each whole run of LANES keys below n,
@@ -82,7 +106,6 @@ static float top_score(const float *scores, int64_t n, float scale) {
  * (the same fmaf, *, -, + and the same truncation to an integer), so every weight and every
  * lane's sum has the bits of the scalar loop's. */
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 /* exp_approx (row_attention.h) in each of 8 lanes. */
 static inline __m256 exp_approx_8(__m256 x) {
     const __m256 magic = _mm256_set1_ps(12582912.0f), low = _mm256_set1_ps(-87.0f);
