@@ -210,14 +210,90 @@ DEFINE_VALUES(values_one, 1, CHUNK)
 DEFINE_VALUES(values_many, NV, CHUNK)
 DEFINE_VALUES(values_tail, 1, width)  /* the last dim % CHUNK elements, a vector at a time */
 
+/* With AVX2 and FMA: WIDE query vectors at a time against 16 keys (scores) or 16 elements of
+ * the sums (values), their 2 x WIDE accumulators held in registers. Each accumulator is the
+ * same fmaf chain as the kernels' above (_mm256_fmadd_ps rounds once, as fmaf does), in the same
+ * order of d or j: only how many go side by side changes, not a bit. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define WIDE 6
+static inline __attribute__((always_inline)) void scores_wide(
+    const float *keys, const float *queries, int dim, float *to, int64_t to_stride) {
+    __m256 acc[WIDE][2];
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) acc[v][0] = acc[v][1] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; d++) {
+        const __m256 k0 = _mm256_loadu_ps(keys + d * BLOCK), k1 = _mm256_loadu_ps(keys + d * BLOCK + 8);
+#pragma GCC unroll 6
+        for (int v = 0; v < WIDE; v++) {
+            const __m256 q = _mm256_broadcast_ss(queries + v * MAX_DIM + d);
+            acc[v][0] = _mm256_fmadd_ps(q, k0, acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(q, k1, acc[v][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        _mm256_storeu_ps(to + v * to_stride, acc[v][0]);
+        _mm256_storeu_ps(to + v * to_stride + 8, acc[v][1]);
+    }
+}
+/* Vectors [0, WIDE * n) against a block of BLOCK keys (as DEFINE_BLOCK_SCORES); returns them. */
+static inline __attribute__((always_inline)) int block_scores_wide(
+    const float *block, const float (*queries)[MAX_DIM], int vectors, int dim, float *scores,
+    int64_t padded) {
+    int v = 0;
+    for (; v + WIDE <= vectors; v += WIDE)
+        for (int k = 0; k < BLOCK; k += 16)
+            scores_wide(block + k, queries[v], dim, scores + v * padded + k, padded);
+    return v;
+}
+__attribute__((noinline)) static void values_wide(const float *values, int dim,
+                                                  const float *weights, int64_t weight_stride,
+                                                  const int64_t *seen, float *sums) {
+    __m256 acc[WIDE][2];
+    int64_t fewest = seen[0];
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        if (seen[v] < fewest) fewest = seen[v];
+        acc[v][0] = _mm256_loadu_ps(sums + v * MAX_DIM);
+        acc[v][1] = _mm256_loadu_ps(sums + v * MAX_DIM + 8);
+    }
+    for (int64_t j = 0; j < fewest; j++) {
+        const __m256 a = _mm256_loadu_ps(values + j * dim), b = _mm256_loadu_ps(values + j * dim + 8);
+#pragma GCC unroll 6
+        for (int v = 0; v < WIDE; v++) {
+            const __m256 w = _mm256_broadcast_ss(weights + v * weight_stride + j);
+            acc[v][0] = _mm256_fmadd_ps(w, a, acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(w, b, acc[v][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        for (int64_t j = fewest; j < seen[v]; j++) {
+            const __m256 w = _mm256_broadcast_ss(weights + v * weight_stride + j);
+            acc[v][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + j * dim), acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + j * dim + 8), acc[v][1]);
+        }
+        _mm256_storeu_ps(sums + v * MAX_DIM, acc[v][0]);
+        _mm256_storeu_ps(sums + v * MAX_DIM + 8, acc[v][1]);
+    }
+}
+#endif
+
 /* The scores of vectors [0, vectors) against one block of BLOCK keys. */
+#ifdef WIDE
+#define WIDE_SCORES(statement) statement
+#else
+#define WIDE_SCORES(statement)
+#endif
 #define DEFINE_BLOCK_SCORES(NAME, DIM)                                                         \
 DEFINE_SCORES(NAME##_one, 1, DIM)                                                              \
 DEFINE_SCORES(NAME##_many, NV, DIM)                                                            \
 static void NAME(const float *block, const float (*queries)[MAX_DIM], int vectors, int dim,    \
                  float *scores, int64_t padded) {                                              \
+    int wide = 0;  /* vectors the wide kernel took */                                          \
+    WIDE_SCORES(wide = block_scores_wide(block, queries, vectors, DIM, scores, padded));       \
     for (int k = 0; k < BLOCK; k += KEYS) {                                                    \
-        int v = 0;                                                                             \
+        int v = wide;                                                                          \
         for (; v + NV <= vectors; v += NV)                                                     \
             NAME##_many(block + k, queries[v], dim, scores + v * padded + k, padded);          \
         for (; v < vectors; v++)                                                               \
@@ -238,9 +314,22 @@ static void block_values(const float *block, int64_t rows, int64_t j0, const int
         const int64_t n = seen[v] - j0;
         counts[v] = n < 0 ? 0 : n < rows ? n : rows;
     }
+    int wide = 0;  /* vectors the wide kernel took */
+#ifdef WIDE
+    for (; wide + WIDE <= vectors; wide += WIDE) {
+        int c = 0;
+        for (; c + 16 <= dim; c += 16)
+            values_wide(block + c, dim, weights + wide * padded + j0, padded, counts + wide,
+                        sums[wide] + c);
+        if (c < dim)
+            for (int v = wide; v < wide + WIDE; v++)
+                values_tail(block + c, dim, weights + v * padded + j0, padded, counts + v,
+                            sums[v] + c, dim - c);
+    }
+#endif
     int c = 0;
     for (; c + CHUNK <= dim; c += CHUNK) {
-        int v = 0;
+        int v = wide;
         for (; v + NV <= vectors; v += NV)
             values_many(block + c, dim, weights + v * padded + j0, padded, counts + v,
                         sums[v] + c, CHUNK);
@@ -249,7 +338,7 @@ static void block_values(const float *block, int64_t rows, int64_t j0, const int
                        sums[v] + c, CHUNK);
     }
     if (c < dim)
-        for (int v = 0; v < vectors; v++)
+        for (int v = wide; v < vectors; v++)
             values_tail(block + c, dim, weights + v * padded + j0, padded, counts + v,
                         sums[v] + c, dim - c);
 }
