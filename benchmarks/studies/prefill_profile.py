@@ -13,7 +13,10 @@ prompt goes in), then one more chunk is timed and cropped away again, round afte
   cache writes, the head) is the pass's time less those two. Both paths call the same C
   kernels, so the split stands for the one-call pass too.
 
-Each cell is the median over rounds (seconds). ``--old FOLDER`` times the attention kernel
+Each cell is the median over rounds (seconds). ``--prefill TOKENS`` measures a whole prompt
+instead, as a user runs it (``generate``, plain decoding): prefill tokens/s to the first new
+token and decoding tokens/s after it (one process per run: alternate checkouts with
+``PYTHONPATH``). ``--old FOLDER`` times the attention kernel
 alone instead: ``row_attention.c`` from ``FOLDER`` (another checkout's ``native`` folder, e.g.
 the previous commit's) against this checkout's, both built as the package builds them, on one
 layer's chunk after each context (the default model's shape, float16 keys and values),
@@ -27,6 +30,8 @@ alternating call by call, and checks that both give the same bits.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 from contextlib import contextmanager
@@ -191,6 +196,26 @@ def compare_kernels(old: Path, contexts: list[int], threads: int, rounds: int) -
         )
 
 
+def prefill_and_decode(model: str | None, tokens: int, new_tokens: int) -> dict:
+    """One prompt of ``tokens`` seeded random ids through ``LanguageModel.generate`` (plain
+    decoding, prefix cache off): prefill tokens/s (to the first new token) and decoding
+    tokens/s after it, at that context."""
+    lm = promptlookup.load_model(model)
+    lm.warm_up()
+    vocab = lm.target.config.vocab_size
+    generator = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(vocab // 8, vocab - vocab // 8, (tokens,), generator=generator).tolist()
+    result = lm.generate(ids, max_new_tokens=new_tokens, drafter="none", prefix_cache=False)
+    times = result.stats.token_seconds  # from the start to each new token
+    decoded = len(times) - 1
+    return {
+        "prefill_tokens_per_s": round(tokens / times[0], 1),
+        "decode_tokens_per_s": round(decoded / (times[-1] - times[0]), 2) if decoded else None,
+        "decoded": decoded,
+        "load_average": round(os.getloadavg()[0], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a model load_model takes (default: its)")
@@ -200,8 +225,15 @@ def main() -> None:
     parser.add_argument(
         "--old", type=Path, help="another checkout's native folder: compare kernels"
     )
+    parser.add_argument(
+        "--prefill", type=int, help="instead: tokens/s of one prompt this long, end to end (JSON)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=33, help="with --prefill: decoded")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.prefill:
+        print(json.dumps(prefill_and_decode(args.model, args.prefill, args.new_tokens)))
+        return
     contexts = args.context or [0, 2048, 4096]
     if args.old:
         compare_kernels(args.old, contexts, args.threads, max(args.rounds, 5))

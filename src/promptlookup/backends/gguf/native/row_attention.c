@@ -48,7 +48,8 @@
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
 #define BLOCK KEY_BLOCK  /* keys per block (cache capacities are multiples of it) */
-#define MAX_VECTORS 64  /* query vectors per task: rows of one sequence times the group */
+#define MAX_VECTORS 72  /* query vectors per task: rows of one sequence times the group
+                           (a multiple of WIDE for groups of 1, 2, 3, 4, 6 and 8) */
 #define NV 2       /* query vectors a micro-kernel carries through the same keys or values */
 #define KEYS 64    /* keys scored per micro-kernel call */
 #define CHUNK 64   /* output elements summed per micro-kernel call */
