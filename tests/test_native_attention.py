@@ -54,7 +54,7 @@ def test_rows_do_not_depend_on_what_shares_the_call(dtype, head_dim, threads):
         kv_heads, heads = 2, 6
         starts = [rng.randrange(0, 150) for _ in range(4)]
         layers = [filled_layer(start, kv_heads, head_dim, dtype, generator) for start in starts]
-        # Up to 30 rows: a sequence's rows then span more than one task (21 rows of 3 query
+        # Up to 30 rows: a sequence's rows then span more than one task (24 rows of 3 query
         # heads each), and head size 96 ends in a partial chunk of the value sums.
         lengths = [rng.randint(1, 30) for _ in starts]
         total = sum(lengths)

@@ -42,10 +42,14 @@
 
 #include "half.h"           /* 16-bit conversions; bounds.h: ELEMENT_* */
 #include "row_attention.h"  /* exp_approx; bounds.h: KEY_BLOCK, MAX_GROUP, MAX_DIM */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define LANES 16   /* lanes of the weight sum and of the maximum */
 #define BLOCK KEY_BLOCK  /* keys per block (cache capacities are multiples of it) */
-#define MAX_VECTORS 64  /* query vectors per task: rows of one sequence times the group */
+#define MAX_VECTORS 72  /* query vectors per task: rows of one sequence times the group
+                           (a multiple of WIDE for groups of 1, 2, 3, 4, 6 and 8) */
 #define NV 2       /* query vectors a micro-kernel carries through the same keys or values */
 #define KEYS 64    /* keys scored per micro-kernel call */
 #define CHUNK 64   /* output elements summed per micro-kernel call */
@@ -59,6 +63,26 @@ static inline lanes_t lanes_max(lanes_t a, lanes_t b) {
     return (lanes_t)(((lane_mask_t)a & greater) | ((lane_mask_t)b & ~greater));
 }
 static float top_score(const float *scores, int64_t n, float scale) {
+#if defined(__AVX2__) && LANES == 16
+    /* The same in two registers of 8 lanes: _mm256_max_ps(a, b) is a > b ? a : b, lane by lane. */
+    __m256 low = _mm256_set1_ps(-INFINITY), high = low;
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        low = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(scores + j), s), low);
+        high = _mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(scores + j + 8), s), high);
+    }
+    float lanes[LANES];
+    _mm256_storeu_ps(lanes, low);
+    _mm256_storeu_ps(lanes + 8, high);
+    for (int l = 0; j + l < n; l++) {
+        const float x = scores[j + l] * scale;
+        lanes[l] = x > lanes[l] ? x : lanes[l];
+    }
+    float best = -INFINITY;
+    for (int l = 0; l < LANES; l++) best = lanes[l] > best ? lanes[l] : best;
+    return best;
+#else
     lanes_t tops, scaled;
     for (int l = 0; l < LANES; l++) tops[l] = -INFINITY;
     int64_t j0 = 0;
@@ -73,6 +97,61 @@ static float top_score(const float *scores, int64_t n, float scale) {
     float top = -INFINITY;
     for (int l = 0; l < LANES; l++) top = tops[l] > top ? tops[l] : top;
     return top;
+#endif
+}
+
+/* The softmax weights of one row from key j0 on: for each whole run of LANES keys below n,
+ * row[j] = weight[j] (0 before `start`, else exp_approx(row[j] * scale - top)) and
+ * lanes[j % LANES] += weight[j]; returns where the runs end (the caller does the rest). With
+ * AVX2 and FMA, 8 keys at a time in vector registers: each lane runs exp_approx's operations
+ * (the same fmaf, *, -, + and the same truncation to an integer), so every weight and every
+ * lane's sum has the bits of the scalar loop's. */
+#if defined(__AVX2__) && defined(__FMA__)
+/* exp_approx (row_attention.h) in each of 8 lanes. */
+static inline __m256 exp_approx_8(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f), low = _mm256_set1_ps(-87.0f);
+    const __m256 below = _mm256_cmp_ps(x, low, _CMP_LT_OQ);  /* x < -87 */
+    const __m256 clamped = _mm256_blendv_ps(x, low, below);
+    const __m256 n = _mm256_sub_ps(
+        _mm256_fmadd_ps(clamped, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), clamped);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+    poly = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), r);
+    poly = _mm256_add_ps(poly, _mm256_set1_ps(1.0f));
+    const __m256i exponent = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 value = _mm256_mul_ps(poly, _mm256_castsi256_ps(exponent));
+    return _mm256_blendv_ps(value, _mm256_setzero_ps(), below);
+}
+#endif
+static int64_t weigh_runs(float *row, int64_t j0, int64_t n, int64_t start, float scale,
+                          float top, float lanes[LANES]) {
+    for (; j0 + LANES <= n; j0 += LANES) {
+#if defined(__AVX2__) && defined(__FMA__) && LANES == 16
+        if (j0 >= start) {  /* a whole run inside the window */
+            const __m256 s = _mm256_set1_ps(scale), t = _mm256_set1_ps(top);
+            for (int half = 0; half < LANES; half += 8) {
+                const __m256 x = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j0 + half), s), t);
+                const __m256 weight = exp_approx_8(x);
+                _mm256_storeu_ps(row + j0 + half, weight);
+                _mm256_storeu_ps(lanes + half, _mm256_add_ps(_mm256_loadu_ps(lanes + half), weight));
+            }
+            continue;
+        }
+#endif
+        for (int l = 0; l < LANES; l++) {
+            const float weight = j0 + l < start ? 0.0f : exp_approx(row[j0 + l] * scale - top);
+            row[j0 + l] = weight;
+            lanes[l] = lanes[l] + weight;
+        }
+    }
+    return j0;
 }
 
 /* Micro-kernels over COUNT query vectors (1 or NV), on float blocks. */
@@ -132,14 +211,90 @@ DEFINE_VALUES(values_one, 1, CHUNK)
 DEFINE_VALUES(values_many, NV, CHUNK)
 DEFINE_VALUES(values_tail, 1, width)  /* the last dim % CHUNK elements, a vector at a time */
 
+/* With AVX2 and FMA: WIDE query vectors at a time against 16 keys (scores) or 16 elements of
+ * the sums (values), their 2 x WIDE accumulators held in registers. Each accumulator is the
+ * same fmaf chain as the kernels' above (_mm256_fmadd_ps rounds once, as fmaf does), in the same
+ * order of d or j: only how many go side by side changes, not a bit. */
+#if defined(__AVX2__) && defined(__FMA__)
+#define WIDE 6
+static inline __attribute__((always_inline)) void scores_wide(
+    const float *keys, const float *queries, int dim, float *to, int64_t to_stride) {
+    __m256 acc[WIDE][2];
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) acc[v][0] = acc[v][1] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; d++) {
+        const __m256 k0 = _mm256_loadu_ps(keys + d * BLOCK), k1 = _mm256_loadu_ps(keys + d * BLOCK + 8);
+#pragma GCC unroll 6
+        for (int v = 0; v < WIDE; v++) {
+            const __m256 q = _mm256_broadcast_ss(queries + v * MAX_DIM + d);
+            acc[v][0] = _mm256_fmadd_ps(q, k0, acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(q, k1, acc[v][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        _mm256_storeu_ps(to + v * to_stride, acc[v][0]);
+        _mm256_storeu_ps(to + v * to_stride + 8, acc[v][1]);
+    }
+}
+/* Vectors [0, WIDE * n) against a block of BLOCK keys (as DEFINE_BLOCK_SCORES); returns them. */
+static inline __attribute__((always_inline)) int block_scores_wide(
+    const float *block, const float (*queries)[MAX_DIM], int vectors, int dim, float *scores,
+    int64_t padded) {
+    int v = 0;
+    for (; v + WIDE <= vectors; v += WIDE)
+        for (int k = 0; k < BLOCK; k += 16)
+            scores_wide(block + k, queries[v], dim, scores + v * padded + k, padded);
+    return v;
+}
+__attribute__((noinline)) static void values_wide(const float *values, int dim,
+                                                  const float *weights, int64_t weight_stride,
+                                                  const int64_t *seen, float *sums) {
+    __m256 acc[WIDE][2];
+    int64_t fewest = seen[0];
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        if (seen[v] < fewest) fewest = seen[v];
+        acc[v][0] = _mm256_loadu_ps(sums + v * MAX_DIM);
+        acc[v][1] = _mm256_loadu_ps(sums + v * MAX_DIM + 8);
+    }
+    for (int64_t j = 0; j < fewest; j++) {
+        const __m256 a = _mm256_loadu_ps(values + j * dim), b = _mm256_loadu_ps(values + j * dim + 8);
+#pragma GCC unroll 6
+        for (int v = 0; v < WIDE; v++) {
+            const __m256 w = _mm256_broadcast_ss(weights + v * weight_stride + j);
+            acc[v][0] = _mm256_fmadd_ps(w, a, acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(w, b, acc[v][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int v = 0; v < WIDE; v++) {
+        for (int64_t j = fewest; j < seen[v]; j++) {
+            const __m256 w = _mm256_broadcast_ss(weights + v * weight_stride + j);
+            acc[v][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + j * dim), acc[v][0]);
+            acc[v][1] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + j * dim + 8), acc[v][1]);
+        }
+        _mm256_storeu_ps(sums + v * MAX_DIM, acc[v][0]);
+        _mm256_storeu_ps(sums + v * MAX_DIM + 8, acc[v][1]);
+    }
+}
+#endif
+
 /* The scores of vectors [0, vectors) against one block of BLOCK keys. */
+#ifdef WIDE
+#define WIDE_SCORES(statement) statement
+#else
+#define WIDE_SCORES(statement)
+#endif
 #define DEFINE_BLOCK_SCORES(NAME, DIM)                                                         \
 DEFINE_SCORES(NAME##_one, 1, DIM)                                                              \
 DEFINE_SCORES(NAME##_many, NV, DIM)                                                            \
 static void NAME(const float *block, const float (*queries)[MAX_DIM], int vectors, int dim,    \
                  float *scores, int64_t padded) {                                              \
+    int wide = 0;  /* vectors the wide kernel took */                                          \
+    WIDE_SCORES(wide = block_scores_wide(block, queries, vectors, DIM, scores, padded));       \
     for (int k = 0; k < BLOCK; k += KEYS) {                                                    \
-        int v = 0;                                                                             \
+        int v = wide;                                                                          \
         for (; v + NV <= vectors; v += NV)                                                     \
             NAME##_many(block + k, queries[v], dim, scores + v * padded + k, padded);          \
         for (; v < vectors; v++)                                                               \
@@ -160,9 +315,22 @@ static void block_values(const float *block, int64_t rows, int64_t j0, const int
         const int64_t n = seen[v] - j0;
         counts[v] = n < 0 ? 0 : n < rows ? n : rows;
     }
+    int wide = 0;  /* vectors the wide kernel took */
+#ifdef WIDE
+    for (; wide + WIDE <= vectors; wide += WIDE) {
+        int c = 0;
+        for (; c + 16 <= dim; c += 16)
+            values_wide(block + c, dim, weights + wide * padded + j0, padded, counts + wide,
+                        sums[wide] + c);
+        if (c < dim)
+            for (int v = wide; v < wide + WIDE; v++)
+                values_tail(block + c, dim, weights + v * padded + j0, padded, counts + v,
+                            sums[v] + c, dim - c);
+    }
+#endif
     int c = 0;
     for (; c + CHUNK <= dim; c += CHUNK) {
-        int v = 0;
+        int v = wide;
         for (; v + NV <= vectors; v += NV)
             values_many(block + c, dim, weights + v * padded + j0, padded, counts + v,
                         sums[v] + c, CHUNK);
@@ -171,7 +339,7 @@ static void block_values(const float *block, int64_t rows, int64_t j0, const int
                        sums[v] + c, CHUNK);
     }
     if (c < dim)
-        for (int v = 0; v < vectors; v++)
+        for (int v = wide; v < vectors; v++)
             values_tail(block + c, dim, weights + v * padded + j0, padded, counts + v,
                         sums[v] + c, dim - c);
 }
@@ -247,14 +415,7 @@ static void NAME(const call_t *c, int64_t first, int count, int h) {            
         const int64_t n = seen[v], start = from[v];                                            \
         const float top = top_score(row + start, n - start, c->scale);                         \
         float lanes[LANES] = {0};                                                              \
-        int64_t j0;                                                                            \
-        for (j0 = first_block; j0 + LANES <= n; j0 += LANES)                                   \
-            for (int l = 0; l < LANES; l++) {                                                  \
-                const float weight = j0 + l < start                                            \
-                    ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                         \
-                row[j0 + l] = weight;                                                          \
-                lanes[l] = lanes[l] + weight;                                                  \
-            }                                                                                  \
+        int64_t j0 = weigh_runs(row, first_block, n, start, c->scale, top, lanes);             \
         for (int l = 0; j0 + l < n; l++) {                                                     \
             const float weight = j0 + l < start                                                \
                 ? 0.0f : exp_approx(row[j0 + l] * c->scale - top);                             \
