@@ -136,10 +136,10 @@ class ChunkEvents(APIEvents):
     def delta(self, index: int, text: str | None, infos: list[TokenInfo] | None) -> str:
         """The choice's reasoning, content, then its tool call deltas (one chunk each, the
         logprobs with the last; a delta of logprobs only is a chunk of its own)."""
-        thought, content, calls = "", "", []
+        thought, content, calls = None, "", []  # thought: None where no reasoning piece came
         for kind, *value in self.pieces(index, text):
             if kind == "reasoning":
-                thought += value[0]
+                thought = (thought or "") + value[0]
             elif kind == "text":
                 content += value[0]
             elif kind == "call":  # a new call: its id and name first
@@ -155,7 +155,7 @@ class ChunkEvents(APIEvents):
                 raise NotImplementedError(f"OpenAI's chunks do not say {kind!r} pieces")
         shown = infos if self.logprobs else None
         events = ""
-        if thought:  # the logprobs with it where nothing follows
+        if thought is not None:  # the logprobs with it where nothing follows
             delta = B.ChatDelta(reasoning_content=thought)
             last = not (content or calls)
             events += self._chunk([self._choice(index, "", shown if last else None, delta=delta)])
