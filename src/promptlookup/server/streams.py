@@ -35,8 +35,8 @@ def sse_error(error: APIError) -> str:
 
 def event_stream(events, state: ServerState, ping: str = KEEP_ALIVE) -> StreamingResponse:
     """Server-sent ``events`` as the response, with ``ping`` (an SSE comment by default;
-    Anthropic's ping event for its API) whenever no event has gone out for
-    ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
+    Anthropic's ping event for its API, an empty chat completions chunk for chat) whenever no
+    event has gone out for ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
     seconds = state.settings.stream_keepalive
     if seconds:
         metrics = state.metrics

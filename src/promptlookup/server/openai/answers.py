@@ -16,7 +16,7 @@ from .. import bodies as B
 from ..reading import Answer, read_choice
 from ..reasoning import Thinking
 from ..request_base import APIError
-from ..streams import APIEvents, sse, sse_error
+from ..streams import KEEP_ALIVE, APIEvents, sse, sse_error
 from ..tools import ToolPlan
 from ..worker import Choice, TokenInfo
 
@@ -127,6 +127,13 @@ class ChunkEvents(APIEvents):
             logprobs=completion_logprobs(infos, offset),
             finish_reason=finish_reason,
         )
+
+    def keep_alive(self) -> str:
+        """What an idle stream sends (:func:`.streams.event_stream`): for chat, a chunk whose
+        delta is empty content, since agents' idle timers count chunks, not SSE comments
+        (Qwen Code's aborted a 240 s prefill that comments kept alive); an SSE comment for
+        completions."""
+        return self._chunk([self._choice(0, "")]) if self.chat else KEEP_ALIVE
 
     def start(self) -> str:
         first = B.ChatDelta(role="assistant", content="")
