@@ -42,6 +42,12 @@ def events(server, path: str, body: dict, headers: dict) -> tuple[httpx.Response
 # -- Claude Code: POST /v1/messages ---------------------------------------------------------
 
 
+def billing(version: str, nonce: str) -> str:
+    """Claude Code's first system block (made-up values): a version whose suffix and a
+    ``cch`` value that change between requests."""
+    return f"x-anthropic-billing-header: cc_version={version}; cc_entrypoint=sdk-cli; cch={nonce};"
+
+
 def claude_code_body(**changes) -> dict:
     """A first turn as Claude Code sends it: three system blocks (cache_control on two), a
     ``system`` message inside ``messages``, tools (one deferred), thinking, context
@@ -56,7 +62,7 @@ def claude_code_body(**changes) -> dict:
             {"role": "system", "content": "the repository is small"},
         ],
         "system": [
-            {"type": "text", "text": "header: v1;"},
+            {"type": "text", "text": billing("1.0.0.abc", "00f1e")},
             {"type": "text", "text": "You are an agent.", "cache_control": EPHEMERAL},
             {"type": "text", "text": "Be brief.", "cache_control": EPHEMERAL},
         ],
@@ -130,6 +136,27 @@ def test_system_messages_are_folded_into_the_system_prompt_in_order(server):
     chat = parse_request(MessagesRequest, inside).as_chat()["messages"]
     assert chat[0] == {"role": "system", "content": "first\n\nsecond\n\nthird"}
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+
+
+def test_claude_codes_billing_line_is_left_out_of_the_prompt(server):
+    """Its values change between requests at the prompt's very start; the prompt is the
+    system prompt without it (a block, or a string's first line), so requests that differ
+    only there have the same prompt, and the prefix cache finds it."""
+    body = claude_code_body(stream=False)
+    other = claude_code_body(stream=False)
+    other["system"] = [{"type": "text", "text": billing("1.0.0.f00", "9a9a9")}, *body["system"][1:]]
+    without = claude_code_body(stream=False, system=body["system"][1:])
+    as_string = claude_code_body(
+        stream=False, system=billing("2.0.0.123", "1") + "\nYou are an agent.Be brief."
+    )
+    assert count(server, body) == count(server, other) == count(server, without)
+    assert count(server, as_string) == count(server, without)
+    chat = parse_request(MessagesRequest, body).as_chat()["messages"]
+    assert chat[0] == {
+        "role": "system",
+        "content": "You are an agent.Be brief.\n\nthe repository is small",
+    }
+    assert chat == parse_request(MessagesRequest, as_string).as_chat()["messages"]
 
 
 def test_anthropic_server_and_client_defined_tools_are_left_out_and_said(server):

@@ -270,6 +270,22 @@ def test_the_report_counts_executed_calls_cached_shares_and_failures():
     assert "| - 0 20000 20500 |" in table and "messages.1.role" in table
 
 
+def test_a_turn_the_client_closed_after_its_final_event_is_answered(tmp_path):
+    """Codex closes a stream once it has ``response.completed``: the turn is answered; one
+    closed before its final event is not."""
+    after = {**turn(200, prompt=9000, cached=0), "client_closed": True}
+    after["answer"]["finish"] = "completed"
+    before = {**turn(200, prompt=9000, cached=0), "client_closed": True}
+    run = {"server": "promptlookup", "agent": "claude-code", "stopped": "exit", "exit_code": 0}
+    (row,) = report.build([after, before], [run])
+    assert (row["turns"], row["turns_ok"]) == (2, 1)
+    assert [t["answered"] for t in row["per_turn"]] == [True, False]
+    # The report written again from a run folder's records reads them the same way.
+    report.write(tmp_path, report.build([], [run]), {}, {"model": "gemma-3-270m"})
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [after]))
+    assert "| 1 | 1 × 200 | 1/1 |" in report.rebuild(tmp_path).read_text()
+
+
 def test_report_files(tmp_path):
     run = {"server": "promptlookup", "agent": "codex", "stopped": "exit", "exit_code": 1}
     rows = report.build([], [run])

@@ -1,5 +1,6 @@
-"""Keep-alives on idle streams (``--stream-keepalive``): an SSE comment on OpenAI's two APIs,
-Anthropic's ``ping`` event on Messages, while a request waits in the queue or its prompt is
+"""Keep-alives on idle streams (``--stream-keepalive``): a chunk of empty content on chat
+completions (agents' idle timers count chunks, not comments), an SSE comment on completions
+and the Responses API, Anthropic's ``ping`` event on Messages, while a request waits in the queue or its prompt is
 prefilled; the official ``openai`` and ``anthropic`` clients read such streams unchanged.
 
 No test sleeps: :func:`keep_alive` is driven by an :class:`asyncio.Queue` of "idle" ticks,
@@ -122,6 +123,21 @@ BODIES = {
 PINGS = {"/v1/messages": "event: ping"}
 
 
+def is_ping(path: str, line: str) -> bool:
+    """Whether ``line`` is ``path``'s keep-alive: chat's a chunk whose only delta is empty
+    content (no role: not the first chunk), the others' a line of their own."""
+    if path != "/v1/chat/completions":
+        return line == PINGS.get(path, COMMENT)
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line[6:]).get("choices")
+    return (
+        bool(choices)
+        and choices[0]["delta"] == {"content": ""}
+        and not choices[0].get("finish_reason")
+    )
+
+
 def raw_stream(running, lm, path: str) -> list[str]:
     """The lines of a stream from ``path`` whose prefill waits at the gate until a ping line
     has come; the ping is checked to come after the API's first event."""
@@ -134,7 +150,7 @@ def raw_stream(running, lm, path: str) -> list[str]:
             read = response.iter_lines()
             for line in read:
                 lines.append(line)
-                if line == PINGS.get(path, COMMENT):
+                if is_ping(path, line):
                     lm.target.gate.set()  # a ping came while the prefill waited
                     break
             lines += list(read)
@@ -152,8 +168,7 @@ def events_of(lines: list[str]) -> list[dict]:
 @pytest.mark.parametrize("path", list(BODIES))
 def test_an_idle_stream_gets_keep_alives_after_its_first_event(server, lm, path):
     lines = raw_stream(server, lm, path)
-    ping = PINGS.get(path, COMMENT)
-    first = lines.index(ping)
+    first = next(i for i, line in enumerate(lines) if is_ping(path, line))
     events = events_of(lines)
     assert events
     if path != "/v1/completions":  # the API's first event goes out when the stream opens
@@ -207,7 +222,7 @@ def test_a_stream_waiting_in_the_queue_begins_with_keep_alives(server, lm, path)
             read = response.iter_lines()
             for line in read:
                 lines.append(line)
-                if line == PINGS.get(path, COMMENT):
+                if is_ping(path, line):
                     lm.target.gate.set()
                     break
             lines += list(read)
@@ -266,6 +281,7 @@ def test_no_keep_alives_when_turned_off(lm):
         body = {**BODIES["/v1/chat/completions"], "stream": True}
         lines = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=60)
         assert COMMENT not in lines.text.splitlines() and "data: [DONE]" in lines.text
+        assert not any(is_ping(path, line) for path in BODIES for line in lines.text.splitlines())
         assert running.state.metrics.registry.get_sample_value(
             "promptlookup:stream_keepalives_total", {"model_name": MODEL}
         ) in (None, 0.0)
@@ -300,14 +316,14 @@ def test_a_queued_stream_that_began_ends_with_an_error_event_at_shutdown():
                 read = response.iter_lines()
                 for line in read:
                     lines.append(line)
-                    if line == COMMENT:
+                    if is_ping("/v1/chat/completions", line):
                         running.server.handle_exit(signal.SIGTERM, None)  # uvicorn's SIGTERM
                         break
                 lines += list(read)
         finally:
             lm.target.gate.set()
             first.join(60)
-    events = [line for line in lines if line and line != COMMENT]
+    events = [line for line in lines if line and not is_ping("/v1/chat/completions", line)]
     assert events[-1] == "data: [DONE]" and "event: error" in events
     assert json.loads(events[events.index("event: error") + 1][6:])["error"]["code"] == (
         "server_shutting_down"

@@ -1,7 +1,9 @@
 """A thinking model's streamed answer in each API's events (:class:`.streams.APIEvents` over
 a finished job, :mod:`promptlookup.server.reasoning`): the markers cut across deltas, the
 reasoning's pieces before the text's, what the splitter held back given out before the end,
-and a call after the reasoning ending the answer as a call."""
+a call after the reasoning ending the answer as a call, and the same blocks, items and message
+as the whole answer however the answer ends (all reasoning, cut right after the opening
+marker, or none)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import asyncio
 import json
 from types import SimpleNamespace
 
-from promptlookup.server.anthropic.serving import EventWriter
-from promptlookup.server.openai.answers import ChunkEvents
+from promptlookup.server.anthropic.serving import EventWriter, _blocks
+from promptlookup.server.openai.answers import ChunkEvents, _chat_choice
+from promptlookup.server.reading import read_choice
 from promptlookup.server.reasoning import ThinkFormat, Thinking
 from promptlookup.server.responses.protocol import ResponsesRequest
-from promptlookup.server.responses.serving import ResponseEvents, _shell
+from promptlookup.server.responses.serving import ResponseEvents, _shell, output_items
 from promptlookup.server.tools import NO_PARAMETERS, ToolPlan
 
 FORM = ThinkFormat("<think>", "</think>")
@@ -44,7 +47,7 @@ class _Job:
         stats = SimpleNamespace(cached_tokens=0)
         text = "".join(deltas)
         result = SimpleNamespace(finish_reason="stop", text=text, prompt_ids=[1, 2, 3], stats=stats)
-        choice = SimpleNamespace(index=0, result=result, tokens=len(deltas))
+        self.choice = choice = SimpleNamespace(index=0, result=result, tokens=len(deltas))
         self.events.put_nowait(("choice", choice))
         self.events.put_nowait(("done", [choice]))
 
@@ -135,3 +138,61 @@ def test_a_call_after_the_reasoning_ends_each_stream_as_a_call():
     ]
     assert [item["type"] for item in response["output"]] == ["reasoning", "function_call"]
     assert response["status"] == "completed"
+
+
+#: Answers whose reasoning is all or part of them, cut anywhere (a model stopped or cut at
+#: its length inside or right after the opening marker), and answers without reasoning.
+ENDINGS = [
+    ["<think>"], [" <th", "ink>"], ["<think>ab", "c"], ["<think>abc</think>"],
+    ["<think></think>"], ["<think></th", "ink>hi"], ["<think>a</think>", "hi"], ["hi"], [""],
+]  # fmt: skip
+
+
+def _whole(deltas: list[str]):
+    """The whole answer of a job of ``deltas``, as every API reads it."""
+    return read_choice(_Job(deltas).choice, None, Thinking(FORM, False))
+
+
+def _block_text(block) -> str:
+    return block.thinking if block.type == "thinking" else block.text
+
+
+def test_an_answer_gives_the_same_blocks_whole_and_streamed():
+    """Anthropic: a thinking block wherever the answer began with reasoning (empty or cut
+    short), a text block where it has text or nothing else."""
+    for deltas in ENDINGS:
+        whole = [(block.type, _block_text(block)) for block in _blocks(_whole(deltas))]
+        writer = EventWriter("msg_1", "tiny", 3, None, thinking=Thinking(FORM, False))
+        streamed = []
+        for kind, data in _events(_streamed(writer, deltas)):
+            if kind == "content_block_start":
+                streamed.append((data["content_block"]["type"], ""))
+            elif kind == "content_block_delta" and "signature" not in data["delta"]:
+                piece = data["delta"].get("thinking", data["delta"].get("text"))
+                streamed[-1] = (streamed[-1][0], streamed[-1][1] + piece)
+        assert streamed == whole, deltas
+        assert whole[-1][0] == "text" or [kind for kind, _ in whole] == ["thinking"], deltas
+
+
+def test_an_answer_gives_the_same_items_whole_and_streamed():
+    shell = _shell("tiny", ResponsesRequest.model_validate({"model": "tiny", "input": "x"}))
+    for deltas in ENDINGS:
+        answer = _whole(deltas)
+        whole = [(item.type, item.content[0].text) for item in output_items(answer, {})]
+        writer = ResponseEvents(shell, None, {}, Thinking(FORM, False))
+        output = _events(_streamed(writer, deltas))[-1][1]["response"]["output"]
+        assert [(item["type"], item["content"][0]["text"]) for item in output] == whole, deltas
+        if answer.reasoning is not None:
+            assert whole[0] == ("reasoning", answer.reasoning), deltas
+
+
+def test_an_answer_gives_the_same_message_whole_and_streamed():
+    for deltas in ENDINGS:
+        answer = _whole(deltas)
+        message = _chat_choice(SimpleNamespace(index=0, logprobs=None), answer).message
+        writer = ChunkEvents(META, True, "fp", False, thinking=Thinking(FORM, False))
+        sent = [json.loads(e) for e in _streamed(writer, deltas).split("data: ")[1:-1]]
+        got = [chunk["choices"][0]["delta"] for chunk in sent if chunk["choices"]]
+        thoughts = [d["reasoning_content"] for d in got if "reasoning_content" in d]
+        assert ("".join(thoughts) if thoughts else None) == message.reasoning_content, deltas
+        assert "".join(d.get("content") or "" for d in got) == (message.content or ""), deltas

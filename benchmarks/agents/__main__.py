@@ -1,5 +1,5 @@
 """``python -m benchmarks.agents``: install the agents, or run the check (``make test-agents``
-does both)."""
+does both), or write a run's report again."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from . import report
 from .agents import LAUNCHERS
 from .run import install, run
 from .servers import llama_server_binary
@@ -56,6 +57,14 @@ def run_command(prefix, agents, against, turns, timeout_s, threads, out):
     path = run(list(agents) or list(LAUNCHERS), against, out, prefix, turns, timeout_s, threads)
     click.echo(path.read_text())
     click.echo(f"report: {path}")
+
+
+@main.command("report")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def report_command(folder):
+    """Write FOLDER's report.md and report.json again from its requests.jsonl and the runs its
+    report.json holds (after a change in how the records are read)."""
+    click.echo(report.rebuild(folder).read_text())
 
 
 if __name__ == "__main__":

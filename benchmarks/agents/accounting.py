@@ -19,6 +19,15 @@ TURN_PATHS = {
 ERROR_CHARS = 300
 
 
+def answered(record: dict) -> bool:
+    """Whether a proxy record of a generation endpoint is a model turn answered: status 200,
+    and the answer read to the end or its final event (its finish reason, stop reason or
+    status) read before the client left (Codex closes a stream once it has
+    ``response.completed``, before the server ends it)."""
+    finished = (record.get("answer") or {}).get("finish") is not None
+    return record.get("status") == 200 and (finished or not record.get("client_closed"))
+
+
 def api_of(path: str) -> str | None:
     """The API of a generation endpoint (``chat``, ``messages``, ``responses``), else None."""
     return TURN_PATHS.get(path.split("?", 1)[0].rstrip("/"))

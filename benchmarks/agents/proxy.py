@@ -14,7 +14,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .accounting import ERROR_CHARS, AnswerShape, EventReader, answer_shape, api_of, request_shape
+from .accounting import (
+    ERROR_CHARS,
+    AnswerShape,
+    EventReader,
+    answer_shape,
+    answered,
+    api_of,
+    request_shape,
+)
 
 #: Headers that belong to one connection, not to the request (RFC 9110 7.6.1), and the ones
 #: the proxy sets itself.
@@ -56,17 +64,10 @@ class Recorder:
             return self.lock.wait_for(lambda: len(self.records) >= count, timeout)
 
     def turns(self, agent: str) -> int:
-        """Model turns ``agent`` has completed so far: answers of a generation endpoint with
-        status 200 that the agent read to the end (refused requests are not turns)."""
+        """Model turns ``agent`` has completed so far: answers of a generation endpoint
+        (:func:`.accounting.answered`; refused requests are not turns)."""
         with self.lock:
-            return sum(
-                1
-                for r in self.records
-                if r["agent"] == agent
-                and r["api"]
-                and r["status"] == 200
-                and not r.get("client_closed")
-            )
+            return sum(1 for r in self.records if r["agent"] == agent and r["api"] and answered(r))
 
 
 class ProxyHandler(BaseHTTPRequestHandler):

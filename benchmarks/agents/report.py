@@ -9,6 +9,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from .accounting import answered
+
 
 def summarize(records: list[dict], run: dict) -> dict:
     """One agent's row: ``records`` are its proxy records in order, ``run`` what the harness
@@ -43,12 +45,13 @@ def summarize(records: list[dict], run: dict) -> dict:
                 "tool_calls": sorted((answer.get("tool_calls") or {}).values()),
                 "keepalives": answer.get("keepalives", 0),
                 "client_closed": record.get("client_closed", False),
+                "answered": answered(record),
                 "error": answer.get("error") or record.get("error"),
             }
         )
     statuses = Counter(str(r.get("status")) for r in records)
     failed = sum(1 for r in records if (r.get("status") or 0) >= 400)
-    ok = [t for t in per_turn if t["status"] == 200 and not t["client_closed"]]
+    ok = [t for t in per_turn if t["answered"]]
     later = [t for t in ok[1:] if t["cached_share"] is not None]
     return {
         **run,
@@ -127,3 +130,18 @@ def write(folder: Path, rows: list[dict], versions: dict[str, str], meta: dict) 
     path = folder / "report.md"
     path.write_text(head + "\n" + markdown(rows, versions))
     return path
+
+
+#: What the harness saw of each agent's run (the rest of a row comes from the records).
+RUN_KEYS = ("server", "agent", "exit_code", "stopped", "wall_seconds", "tests_pass", "changed")
+
+
+def rebuild(folder: Path) -> Path:
+    """A run folder's report again, from its ``requests.jsonl`` and the runs and settings its
+    ``report.json`` holds (after a change in how the records are read); the markdown's path."""
+    data = json.loads((folder / "report.json").read_text())
+    lines = (folder / "requests.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    runs = [{key: row[key] for key in RUN_KEYS if key in row} for row in data["rows"]]
+    meta = {key: value for key, value in data.items() if key not in ("versions", "rows")}
+    return write(folder, build(records, runs), data["versions"], meta)

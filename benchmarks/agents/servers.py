@@ -22,6 +22,10 @@ from .agents import MODEL_NAME
 MODEL = "gemma-3-270m"
 #: Seconds a server may take to answer GET /health with 200.
 START_TIMEOUT_S = 600.0
+#: ``promptlookup serve``'s bound on an answer whose request sets none: Codex sends no
+#: ``max_output_tokens`` and ends its turn on an answer cut at the server's default (512).
+#: llama-server's default is no bound (the context).
+DEFAULT_MAX_TOKENS = 4096
 
 
 def free_port() -> int:
@@ -46,9 +50,11 @@ def llama_server_binary() -> str | None:
 
 
 def promptlookup_argv(port: int, threads: int | None = None) -> list[str]:
-    """``promptlookup serve`` with MODEL, answering MODEL_NAME (the agents' setting) too."""
+    """``promptlookup serve`` with MODEL, answering MODEL_NAME (the agents' setting) too, and
+    answers of up to DEFAULT_MAX_TOKENS where a request sets no bound."""
     argv = [sys.executable, "-m", "promptlookup", "serve", "--model", MODEL]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--model-alias", MODEL_NAME]
+    argv += ["--default-max-tokens", str(DEFAULT_MAX_TOKENS)]
     return argv + ([] if threads is None else ["--threads", str(threads)])
 
 

@@ -35,8 +35,8 @@ def sse_error(error: APIError) -> str:
 
 def event_stream(events, state: ServerState, ping: str = KEEP_ALIVE) -> StreamingResponse:
     """Server-sent ``events`` as the response, with ``ping`` (an SSE comment by default;
-    Anthropic's ping event for its API) whenever no event has gone out for
-    ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
+    Anthropic's ping event for its API, an empty chat completions chunk for chat) whenever no
+    event has gone out for ``--stream-keepalive`` seconds (:func:`keep_alive`)."""
     seconds = state.settings.stream_keepalive
     if seconds:
         metrics = state.metrics
@@ -112,16 +112,22 @@ class APIEvents:
         self.plan, self.thinking = plan, thinking
         self.streams = [ToolStream(plan.template) if plan else None for _ in range(n)]
         self.splitters = [thinking.splitter() if thinking else None for _ in range(n)]
+        self.reasoned = [False] * n  # whether choice i's reasoning has begun in the stream
 
     def pieces(self, index: int, text: str | None) -> list[tuple[str, ...]]:
         """Choice ``index``'s text delta as the pieces a streaming API sends, in order: its
         reasoning first (``("reasoning", piece)``), then its text and calls
         (:func:`.reading.stream_pieces`). ``text`` None: the choice has ended, and the text
-        the reasoning splitter held back is given out as it stands."""
+        the reasoning splitter held back is given out as it stands. An answer that begins
+        with reasoning has a reasoning piece as soon as it does, an empty one where nothing
+        is between the markers yet, so that its reasoning's block or item is there even if
+        it stays empty, as in the whole answer (:func:`.reading.read_choice`)."""
         splitter, pieces = self.splitters[index], []
         if splitter is not None:
             thought, text = splitter.feed(text) if text is not None else splitter.finish()
-            pieces += [("reasoning", thought)] if thought else []
+            if thought or (splitter.reasoned and not self.reasoned[index]):
+                pieces.append(("reasoning", thought))
+                self.reasoned[index] = True
         return pieces + stream_pieces(self.streams[index], text or "")
 
     def delta(self, index: int, text: str | None, infos) -> str:

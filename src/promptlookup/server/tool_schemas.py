@@ -83,13 +83,47 @@ class NamedToolChoice(Forbid):
     function: NamedFunction
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+def allowed_names(tools: list[dict[str, Any]]) -> list[str]:
+    """The function tools an ``allowed_tools`` list names, in chat's shape (``{"type":
+    "function", "function": {"name"}}``) or the Responses API's (``{"type": "function",
+    "name"}``); entries of other types name tools this server does not run (left out)."""
+    entries = [tool for tool in tools if tool.get("type") == "function"]
+    return [(tool.get("function") or tool).get("name") for tool in entries]
+
+
+class AllowedTools(Forbid):
+    """OpenAI's ``allowed_tools``: the answer may call (``auto``) or must call (``required``)
+    only these of the request's tools; the prompt lists them all (so that it stays the same
+    from turn to turn), the grammar only these."""
+
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+    def names(self) -> list[str]:
+        return allowed_names(self.tools)
+
+
+class AllowedToolsChoice(Forbid):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice, AllowedToolsChoice]
 
 
 def check_tool_choice(value):
     """A before-validator: one clear line for any other shape."""
     if value is None or value in CHOICES:
         return value
+    if isinstance(value, dict) and value.get("type") == "allowed_tools":
+        allowed = value.get("allowed_tools")
+        tools = allowed.get("tools") if isinstance(allowed, dict) else None
+        if isinstance(tools, list) and all(_names_a_tool(tool) for tool in tools):
+            return value
+        raise ValueError(
+            "allowed_tools must be {'mode': 'auto' or 'required', 'tools': [{'type': "
+            "'function', 'function': {'name': ...}}, ...]}"
+        )
     function = value.get("function") if isinstance(value, dict) else None
     if (
         isinstance(value, dict)
@@ -99,8 +133,16 @@ def check_tool_choice(value):
     ):
         return value
     raise ValueError(
-        "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        "must be 'none', 'auto', 'required', {'type': 'function', 'function': {'name': ...}} "
+        "or {'type': 'allowed_tools', 'allowed_tools': {...}}"
     )
+
+
+def _names_a_tool(entry) -> bool:
+    """Whether an ``allowed_tools`` entry is a tool of some type (a function with its name)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+        return False
+    return entry["type"] != "function" or all(isinstance(n, str) for n in allowed_names([entry]))
 
 
 class JSONSchemaFormat(Forbid):
@@ -140,7 +182,18 @@ def tools_problem(
     names = [tool.function.name for tool in tools or ()]
     if choice not in (None, "none") and not names:
         return "tool_choice", "there are no tools to choose"
-    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
+    if isinstance(choice, AllowedToolsChoice):  # each function it names is a tool
+        wanted = choice.allowed_tools.names()
+        missing = [name for name in wanted if name not in names]
+        if missing:
+            listed = ", ".join(names)
+            return (
+                "tool_choice",
+                f"allowed_tools: no tool is named {missing[0]!r} (the tools: {listed})",
+            )
+        if not wanted and choice.allowed_tools.mode == "required":
+            return "tool_choice", "allowed_tools: mode 'required' lists no function tool to call"
+    elif choice is not None and not isinstance(choice, str) and choice.function.name not in names:
         listed = ", ".join(names)
         return "tool_choice", f"no tool is named {choice.function.name!r} (the tools: {listed})"
     if len(set(names)) < len(names):

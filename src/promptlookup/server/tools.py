@@ -82,6 +82,9 @@ class ToolPlan:
     #: Under ``"auto"``, the JSON schema an answer without calls matches (the request's
     #: ``response_format``); None: text.
     answer: dict | None = None
+    #: The names of the tools the answer may call (OpenAI's ``allowed_tools``); None: all.
+    #: The prompt lists every tool either way.
+    allowed: tuple[str, ...] | None = None
 
     def instructions(self) -> str:
         calls = dumps({"tool_calls": [{"name": "<tool name>", "arguments": {"<arg>": "..."}}]})
@@ -111,8 +114,9 @@ class ToolPlan:
         return calls, defs
 
     def callable(self) -> list[dict]:
-        """The tools the answer may call: all, or the one ``choice`` names."""
-        names = [self.choice] if self.choice not in ("auto", "required") else None
+        """The tools the answer may call: all (or those ``allowed``), or the one ``choice``
+        names."""
+        names = [self.choice] if self.choice not in ("auto", "required") else self.allowed
         return [tool for tool in self.tools if names is None or tool["name"] in names]
 
     def schema(self) -> dict:

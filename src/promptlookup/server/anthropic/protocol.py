@@ -97,6 +97,21 @@ def _text(content) -> str:
     return "".join(block.text for block in content if block.type == "text")
 
 
+#: How Claude Code's first system block begins: a billing line whose values (``cc_version``'s
+#: suffix, ``cch=``) change between requests. Left out of the prompt, as vLLM and SGLang do:
+#: at the prompt's start it would make every request's prompt new to the prefix cache.
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _system_text(system) -> str:
+    """The system prompt's text without Claude Code's billing line (a block that starts with
+    :data:`BILLING_HEADER`, or such a first line of a string)."""
+    if isinstance(system, str):
+        first, newline, rest = system.partition("\n")
+        return rest if first.startswith(BILLING_HEADER) else system
+    return _text([block for block in system if not block.text.startswith(BILLING_HEADER)])
+
+
 class Message(RequestModel):
     #: ``system``: Claude Code's mid-conversation system text (folded into the system prompt).
     role: Literal["user", "assistant", "system"]
@@ -216,9 +231,11 @@ class MessagesRequest(RequestModel):
 
     def as_chat(self) -> dict:
         """The same request as a chat completions body."""
-        system = [_text(self.system)] if self.system else []
-        # The system messages of ``messages``, in order, after the system prompt.
+        # The system prompt without Claude Code's billing line (_system_text), then the
+        # system messages of ``messages``, in order, after it.
+        system = [_system_text(self.system)] if self.system else []
         system += [_text(m.content) for m in self.messages if m.role == "system"]
+        system = [text for text in system if text]
         messages = [{"role": "system", "content": "\n\n".join(system)}] if system else []
         for message in self.messages:
             if message.role != "system":

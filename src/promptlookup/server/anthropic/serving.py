@@ -89,9 +89,9 @@ async def serve_messages(state, request: Request) -> Response:
 
 def _blocks(answer: Answer) -> list[ContentBlock]:
     """The answer's content: a thinking model's reasoning, its text (an empty one where it
-    has no calls either), its calls."""
+    has neither reasoning nor calls), its calls; a stream sends the same blocks."""
     blocks: list[ContentBlock] = [] if answer.reasoning is None else [_thinking(answer.reasoning)]
-    blocks += [_text(answer.content)] if answer.content or not answer.calls else []
+    blocks += [_text(answer.content)] if answer.content or not (blocks or answer.calls) else []
     for call in answer.calls:
         function = call["function"]
         arguments = json.loads(function["arguments"])
@@ -210,7 +210,9 @@ class EventWriter(APIEvents):
 
     def reasoning(self, piece: str) -> str:
         events = "" if self.open == "thinking" else self._start(_thinking(""))
-        return events + self._delta({"type": "thinking_delta", "thinking": piece})
+        return events + (
+            self._delta({"type": "thinking_delta", "thinking": piece}) if piece else ""
+        )
 
     def text(self, piece: str) -> str:
         events = "" if self.open == "text" else self._start(_text(""))
@@ -226,7 +228,7 @@ class EventWriter(APIEvents):
         return _event("message_start", {"message": self.message})
 
     def finish(self, index: int, answer: Answer) -> str:
-        # An empty answer still has its text block.
+        # An empty answer (no reasoning, text or calls) still has its text block.
         events = self._start(_text("")) if self.index < 0 else ""
         reason = STOP_REASONS.get(answer.finish_reason, "end_turn")
         delta = {"stop_reason": reason, "stop_sequence": None}

@@ -16,7 +16,7 @@ from .. import bodies as B
 from ..reading import Answer, read_choice
 from ..reasoning import Thinking
 from ..request_base import APIError
-from ..streams import APIEvents, sse, sse_error
+from ..streams import KEEP_ALIVE, APIEvents, sse, sse_error
 from ..tools import ToolPlan
 from ..worker import Choice, TokenInfo
 
@@ -128,6 +128,13 @@ class ChunkEvents(APIEvents):
             finish_reason=finish_reason,
         )
 
+    def keep_alive(self) -> str:
+        """What an idle stream sends (:func:`.streams.event_stream`): for chat, a chunk whose
+        delta is empty content, since agents' idle timers count chunks, not SSE comments
+        (Qwen Code's aborted a 240 s prefill that comments kept alive); an SSE comment for
+        completions."""
+        return self._chunk([self._choice(0, "")]) if self.chat else KEEP_ALIVE
+
     def start(self) -> str:
         first = B.ChatDelta(role="assistant", content="")
         roles = [self._chunk([self._choice(i, "", delta=first)]) for i in range(self.n)]
@@ -136,10 +143,10 @@ class ChunkEvents(APIEvents):
     def delta(self, index: int, text: str | None, infos: list[TokenInfo] | None) -> str:
         """The choice's reasoning, content, then its tool call deltas (one chunk each, the
         logprobs with the last; a delta of logprobs only is a chunk of its own)."""
-        thought, content, calls = "", "", []
+        thought, content, calls = None, "", []  # thought: None where no reasoning piece came
         for kind, *value in self.pieces(index, text):
             if kind == "reasoning":
-                thought += value[0]
+                thought = (thought or "") + value[0]
             elif kind == "text":
                 content += value[0]
             elif kind == "call":  # a new call: its id and name first
@@ -155,7 +162,7 @@ class ChunkEvents(APIEvents):
                 raise NotImplementedError(f"OpenAI's chunks do not say {kind!r} pieces")
         shown = infos if self.logprobs else None
         events = ""
-        if thought:  # the logprobs with it where nothing follows
+        if thought is not None:  # the logprobs with it where nothing follows
             delta = B.ChatDelta(reasoning_content=thought)
             last = not (content or calls)
             events += self._chunk([self._choice(index, "", shown if last else None, delta=delta)])

@@ -42,6 +42,7 @@ from ...grammar import Grammar
 from ...limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
 from ..request_base import APIError, Content, RequestModel, content_text
 from ..tool_schemas import (
+    AllowedToolsChoice,
     ChatTool,
     ResponseFormat,
     ToolCall,
@@ -252,6 +253,10 @@ class ChatCompletionRequest(_GenerationRequest):
         """How this request may call its tools (None: it may not), in the chat template's
         format where it has one (:func:`.tool_template.detect`), else the generic format."""
         choice, served = self.tool_choice or "auto", function_tools(self.tools)
+        allowed = None
+        if isinstance(choice, AllowedToolsChoice):  # its mode, and only its tools callable
+            choice, allowed = choice.allowed_tools.mode, tuple(choice.allowed_tools.names())
+            choice = choice if allowed else "none"  # none of them is a function (auto)
         if not served or choice == "none":
             return None
         named = choice if isinstance(choice, str) else choice.function.name
@@ -261,7 +266,7 @@ class ChatCompletionRequest(_GenerationRequest):
         form = self.response_format
         answer = form.schema() if form is not None and named == "auto" else None
         tools = [tool.plain() for tool in served]
-        return ToolPlan(tools, named, parallel, template, answer)
+        return ToolPlan(tools, named, parallel, template, answer, allowed)
 
     def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
         """The messages for the chat template: the history's tool calls and results in the

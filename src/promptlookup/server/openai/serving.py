@@ -53,7 +53,7 @@ async def serve_completions(state: ServerState, request: Request, chat: bool) ->
             prediction_tokens=prediction_tokens,
             thinking=thinking,
         )
-        return event_stream(chunks.events(job), state)
+        return event_stream(chunks.events(job), state, chunks.keep_alive())
     finished, choices = await unless_disconnected(job.outcome(), job, request)
     if not finished:  # the client is gone; nobody reads this
         return Response(status_code=499)

@@ -24,7 +24,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from ..ignored import LeftOut, note
 from ..openai.protocol import INT32_MAX
 from ..request_base import APIError, LeftOutTool, RequestModel, content_text
-from ..tool_schemas import FunctionDef
+from ..tool_schemas import FunctionDef, allowed_names
 
 
 class InputText(RequestModel):
@@ -200,6 +200,16 @@ class NamedFunction(RequestModel):
     name: str
 
 
+class AllowedTools(RequestModel):
+    """``{"type": "allowed_tools", "mode", "tools"}``: the answer may call (``auto``) or must
+    call (``required``) only the listed function tools; the prompt lists every tool (other
+    types listed: tools this server does not run, left out)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
 class TextFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
@@ -224,7 +234,7 @@ class ResponsesRequest(RequestModel):
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     stream: bool | None = False
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | AllowedTools | None = None
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
     previous_response_id: str | None = None
@@ -249,10 +259,10 @@ class ResponsesRequest(RequestModel):
     @classmethod
     def _choice_of_a_served_tool(cls, value):
         kind = value.get("type") if isinstance(value, dict) else None
-        if isinstance(kind, str) and kind != "function":
+        if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
             raise ValueError(
                 f"choosing a {kind!r} tool is not supported (this server runs function tools "
-                "only); choose 'auto', 'required', 'none' or a function"
+                "only); choose 'auto', 'required', 'none', a function or allowed_tools"
             )
         return value
 
@@ -347,7 +357,14 @@ class ResponsesRequest(RequestModel):
                 for tool, _ in functions
             ]  # fmt: skip
         choice = self.tool_choice
-        if choice is not None:
+        if isinstance(choice, AllowedTools):  # chat's shape, its function tools only
+            allowed = [{"type": "function", "function": {"name": name}} for name in
+                       allowed_names(choice.tools)]  # fmt: skip
+            body["tool_choice"] = {
+                "type": "allowed_tools",
+                "allowed_tools": {"mode": choice.mode, "tools": allowed},
+            }
+        elif choice is not None:
             named = isinstance(choice, NamedFunction)
             body["tool_choice"] = (
                 {"type": "function", "function": {"name": choice.name}} if named else choice

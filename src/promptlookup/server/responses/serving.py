@@ -51,12 +51,19 @@ async def serve_responses(state, request: Request) -> Response:
     if req.stream:
         return event_stream(ResponseEvents(shell, tools, spaces, thinking).events(job), state)
     answer = read_choice(choices[0], tools, thinking)
+    return JSONResponse(dump(_finished(shell, output_items(answer, spaces), answer)))
+
+
+def output_items(answer: Answer, spaces: dict[str, str]) -> list[R.OutputItem]:
+    """A whole answer's output: a thinking model's reasoning, its message (an empty one where
+    it has neither reasoning nor calls), its calls (in their ``namespace`` where ``spaces``
+    names one); a stream sends the same items."""
     output: list[R.OutputItem] = [] if answer.reasoning is None else [_reasoning(answer.reasoning)]
-    output += [_message(answer.content)] if answer.content or not answer.calls else []
+    output += [_message(answer.content)] if answer.content or not (output or answer.calls) else []
     for call in answer.calls:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
         output.append(_call(call["id"], name, arguments, namespace=spaces.get(name)))
-    return JSONResponse(dump(_finished(shell, output, answer)))
+    return output
 
 
 def _shell(model: str, asked: ResponsesRequest) -> R.ResponseObject:
@@ -206,7 +213,7 @@ class ResponseEvents(APIEvents):
         events = "" if opened else self._open(_reasoning("", status="in_progress"))
         self.items[-1].content[0].text += piece
         data = {**self._where(), "content_index": 0, "delta": piece}
-        return events + self._event("response.reasoning_text.delta", data)
+        return events + (self._event("response.reasoning_text.delta", data) if piece else "")
 
     def text(self, piece: str) -> str:
         last = self.items[-1] if self.items else None
@@ -230,7 +237,7 @@ class ResponseEvents(APIEvents):
         return created + self._event("response.in_progress", {"response": shell})
 
     def finish(self, index: int, answer: Answer) -> str:
-        # An empty answer still has its message.
+        # An empty answer (no reasoning, text or calls) still has its message.
         events = self._open(_message("", status="in_progress")) if not self.items else ""
         events += self._close()
         done = _finished(self.shell, self.items, answer)
