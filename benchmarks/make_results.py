@@ -45,7 +45,8 @@ README_RUNS = (
     "prefix-cache-shared-0.15.0",
     "structured-0.15.0",
     "race-llama-server-0.12.0",
-    "gemma3-270m-race-0.15.0-b",
+    "gemma3-270m-race-0.15.0-s3",
+    "long-context-0.15.0-attention",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -65,18 +66,19 @@ RACE_COMMAND = (
 )
 #: Gemma 3 270M (the second real model) against llama-server on the same file.
 GEMMA_RACE = (
-    "gemma3-270m-race-0.15.0-b",
-    "`LLAMA_ARGS= benchmarks/gemma_race.sh OUT 4` (the command in its header: `promptlookup "
-    "bench --model gemma-3-270m-q4_k_m.gguf --limit 4 -n 128 --threads 2 --data "
+    "gemma3-270m-race-0.15.0-s3",
+    "`LLAMA_ARGS= benchmarks/gemma_race.sh OUT 4 llama-server` (the command in its header: "
+    "`promptlookup bench --model gemma-3-270m-q4_k_m.gguf --limit 4 -n 128 --threads 2 --data "
     "code_edit.jsonl --data summarization.jsonl --data open_ended.jsonl --methods "
     "promptlookup-none --against llama-server=... --against promptlookup-serve=...`, the "
     "project's held-out code edits and summaries and the suite's open-ended prompts), version "
-    "0.15.0, on the AMD EPYC, 5 December 2026, 2 threads everywhere, other jobs paused. Gemma "
-    "3 270M is a base model without a chat template: both servers got the messages' contents "
-    "joined by blank lines (llama-server through `--chat-template`), `llama-server -t 2 -c "
-    "8192 --jinja` (built with `-DGGML_NATIVE=OFF`, AVX2/AVX-512 named), `promptlookup serve "
-    "--threads 2`. Start-up (`startup.txt`): llama-server ready after 0.85 s, promptlookup "
-    "serve after 4.75 s and, on its second start, 4.63 s.",
+    "0.15.0 (unreleased, 6 December 2026), on the AMD EPYC, 2 threads everywhere, the machine "
+    "otherwise idle. Gemma 3 270M is a base model without a chat template: both servers got "
+    "the messages' contents joined by blank lines (llama-server through `--chat-template`), "
+    "`llama-server -t 2 -c 8192 --jinja` at its defaults otherwise (built with "
+    "`-DGGML_NATIVE=OFF`, so its weights are repacked), `promptlookup serve --threads 2`. "
+    "Start-up (`startup.txt`): llama-server ready after 2.0 s, promptlookup serve after 9.9 s "
+    "and, on its second start, 9.7 s. How it ran: `gemma3-270m-race-0.15.0-s3/NOTES.md`.",
 )
 #: The structured task (schemas and tool calls) against llama-server.
 STRUCTURED_RACE = (
@@ -168,6 +170,13 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "long-context-0.15.0-attention/report.md",
+        "How it ran: `long-context-0.15.0-attention/NOTES.md` (`benchmarks/long_context_race.sh`, "
+        "version 0.15.0 unreleased, 6 December 2026, the default model, 2 threads each, each "
+        "server at its defaults, the machine otherwise idle; peak memory in the report).",
+        "Long-context sessions (4 x 4 turns over 4,800-6,200 tokens) against llama-server",
+    ),
     (
         "prefix-cache-sessions-0.15.0/sessions.md",
         "How it ran: `prefix-cache-sessions-0.15.0/NOTES.md` (`benchmarks/prefix_cache_sessions.sh`"
