@@ -1,5 +1,6 @@
 #!/bin/bash
-# The long-context session race of issue 53: `promptlookup serve` (defaults), `promptlookup
+# The long-context session race of issue 53: `promptlookup serve` (defaults, its disk tier in
+# a fresh folder), `promptlookup
 # serve --prefix-cache-mib 0` and llama-server (its defaults), 2 threads each, default model,
 # greedy, interleaved through the OpenAI API: SESSIONS editing sessions x TURNS turns x
 # MAX_TOKENS tokens, each session's file CHARS characters of the standard library's Python
@@ -20,11 +21,14 @@ LLAMA=${LLAMA_SERVER:-/work/llama-build/build/bin/llama-server}
 OUT=${OUT:-long-context-race}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
-$PY -m promptlookup serve --port 18301 --threads "$THREADS" >"$OUT/promptlookup.log" 2>&1 & P1=$!
+# serve's default disk tier (--prefix-cache-dir auto), in a folder of its own: the user's may
+# hold an earlier run's conversations. Removed at the end.
+BLOCKS=$(mktemp -d)
+$PY -m promptlookup serve --port 18301 --threads "$THREADS" --prefix-cache-dir "$BLOCKS/prefix-cache" >"$OUT/promptlookup.log" 2>&1 & P1=$!
 $PY -m promptlookup serve --port 18302 --threads "$THREADS" --prefix-cache-mib 0 >"$OUT/promptlookup-no-cache.log" 2>&1 & P2=$!
 # shellcheck disable=SC2086
 "$LLAMA" -m "$GGUF" -t "$THREADS" ${LLAMA_ARGS:-} --port 18303 >"$OUT/llama-server.log" 2>&1 & P3=$!
-trap 'kill $P1 $P2 $P3 2>/dev/null || true' EXIT
+trap 'kill $P1 $P2 $P3 2>/dev/null || true; rm -rf "$BLOCKS"' EXIT
 for port in 18301 18302 18303; do
   until curl -sf localhost:$port/health >/dev/null; do sleep 1; done
 done

@@ -24,6 +24,15 @@ def _cost_curves_in_a_temporary_folder(tmp_path_factory):
     cache_files.cost_file_for = real
 
 
+@pytest.fixture(autouse=True)
+def _prefix_cache_folder_per_test(tmp_path, monkeypatch):
+    """A server's default prefix cache folder (``--prefix-cache-dir auto``) is the test's own,
+    not the user's cache: one test's blocks are never another's cached prompt."""
+    from promptlookup import cache_files
+
+    monkeypatch.setattr(cache_files, "prefix_cache_folder", lambda: tmp_path / "prefix-cache")
+
+
 class TinyTokenizer:
     """A character-level tokenizer over a small vocabulary (ids 0..vocab-1), enough for the
     API's text handling: id 0 is EOS, id i >= 1 is chr(ord('a') + i - 1)."""

@@ -139,11 +139,11 @@ def test_any_order_of_requests_starts_each_from_exactly_its_prompt(requests, bud
             done.extend(tokens[done.get_seq_length() :])
             cache.store(target, done, tokens, who, ended=True)
             stored[who].append(tokens)
-        assert cache.used_bytes == counted_bytes(cache, block_bytes) <= cache.budget_bytes
+        assert cache.used_bytes == counted_bytes(cache, block_bytes) <= cache.limit_bytes
     for done, tokens, who, _ in running:
         done.extend(tokens[done.get_seq_length() :])
         cache.store(target, done, tokens, who, ended=True)
-        assert cache.used_bytes == counted_bytes(cache, block_bytes) <= cache.budget_bytes
+        assert cache.used_bytes == counted_bytes(cache, block_bytes) <= cache.limit_bytes
 
 
 def test_the_native_engines_caches_share_their_blocks():
@@ -216,6 +216,33 @@ def test_a_buffer_goes_with_its_last_block():
     assert sequences[0]() is None and sequences[2]() is not None  # the oldest one freed
 
 
+def test_a_sequence_larger_than_the_budget_is_held_alone_in_place():
+    """One conversation too long for the budget is still held once: in place, alone (the
+    rest evicted), and its next turn goes on in its buffers; a later sequence that fits
+    evicts it in turn."""
+    lm = tiny("float32")
+    target, rng = lm.target, random.Random(5)
+    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16)
+    short, long = ([rng.randrange(1, 32) for _ in range(n)] for n in (40, 600))
+    sequences = {}
+    for tokens in (short, long):
+        sequences[len(tokens)] = sequence = target.new_sequence()
+        target.forward_batch([sequence], [tokens], [0])
+        cache.store(target, sequence, tokens, ended=True)
+    big = sequences[600]
+    assert big.held_bytes > cache.budget_bytes
+    assert cache.used_bytes == cache.limit_bytes == big.held_bytes  # counted once, alone
+    assert cache.held([*short, 1]) == 0 and cache.held([*long, 1]) == 600
+    joined, found = cache.join(target, target.new_sequence(), [*long, 7])
+    assert joined is big and found == 600  # taken over: nothing copied
+    cache.store(target, joined, [*long, 7], ended=True)
+    again = target.new_sequence()
+    target.forward_batch([again], [short], [0])
+    cache.store(target, again, short, ended=True)
+    assert cache.used_bytes == again.held_bytes <= cache.budget_bytes  # the long one gone
+    assert cache.held([*long, 1]) == 0
+
+
 def first_bytes(lm) -> int:
     """The bytes of one short sequence's buffers (their first reservation)."""
     sequence = lm.target.new_sequence()
@@ -258,7 +285,7 @@ def test_conversations_held_once_answer_as_without_the_cache(kind, concurrent, r
     mib = 64 if room == 64 else room * first_bytes(lm) / 2**20
     cache = PrefixCache(mib=mib, block_tokens=16)
     assert conversations(lm, cache, 4, 4, concurrent) == without
-    assert cache.used_bytes <= cache.budget_bytes
+    assert cache.used_bytes <= cache.limit_bytes
 
 
 def test_a_conversation_from_disk_and_memory_answers_as_without_the_cache(tmp_path):
@@ -269,4 +296,4 @@ def test_a_conversation_from_disk_and_memory_answers_as_without_the_cache(tmp_pa
     cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16, directory=tmp_path)
     assert conversations(lm, cache, 3, 3, concurrent=False) == without
     cache.flush()
-    assert cache.used_bytes <= cache.budget_bytes and list(tmp_path.iterdir())
+    assert cache.used_bytes <= cache.limit_bytes and list(tmp_path.iterdir())

@@ -106,7 +106,7 @@ def test_the_cache_stays_within_its_budget_and_forgets_the_least_recently_used()
     prompts = [[rng.randrange(1, 32) for _ in range(64)] for _ in range(3)]  # 4+ blocks each
     for prompt in prompts:
         lm.generate(prompt, max_new_tokens=4, prefix_cache=cache)
-        assert cache.used_bytes <= cache.budget_bytes
+        assert cache.used_bytes <= cache.limit_bytes
     assert lm.generate(prompts[-1], max_new_tokens=4, prefix_cache=cache).stats.cached_tokens
     assert not lm.generate(prompts[0], max_new_tokens=4, prefix_cache=cache).stats.cached_tokens
 

@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import stat
+import threading
 import warnings
 
 import pytest
@@ -19,9 +20,12 @@ from conftest import TinyTokenizer, tiny_llama
 from test_prefix_cache import SAMPLING, tiny
 
 import promptlookup
+from promptlookup import cache_files
 from promptlookup.errors import InvalidParameterError
 from promptlookup.prefix_cache import PrefixCache
-from promptlookup.prefix_disk import NAME
+from promptlookup.prefix_disk import NAME, DiskTier
+from promptlookup.server.settings import ServerSettings
+from promptlookup.server.state import prefix_cache
 
 
 def turns(lm, cache, count: int, seed: int = 7, tenant=None, options=None) -> tuple[list, list]:
@@ -79,6 +83,46 @@ def test_blocks_read_back_from_disk_are_bit_for_bit_at_every_length(tmp_path):
             assert torch.equal(after.values, before.values[:, :, :found])
 
 
+def test_blocks_in_place_are_written_as_stored_though_the_next_turn_takes_them_over(
+    tmp_path, monkeypatch
+):
+    """A block held in place goes to disk uncopied (read when written). The writer is held
+    back here until someone waits for it, so that without that wait a next turn would take
+    the buffers over and rewrite them past its prefix first: the files must still hold the
+    stored tokens' keys and values, bit for bit those of a prefill."""
+    gate, write, flush = threading.Event(), DiskTier._write, DiskTier.flush
+
+    def held_write(self, *args):
+        assert gate.wait(timeout=120)
+        write(self, *args)
+
+    def opening_flush(self):
+        gate.set()
+        flush(self)
+
+    monkeypatch.setattr(DiskTier, "_write", held_write)
+    monkeypatch.setattr(DiskTier, "flush", opening_flush)
+    lm, rng = tiny("float32"), random.Random(3)
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    first = [rng.randrange(1, 32) for _ in range(90)]
+    answer = lm.generate(first, max_new_tokens=30, prefix_cache=cache).token_ids
+    stored = [*first, *answer[:-1]]  # the last token's keys and values were never made
+    # The next turn keeps a shorter answer (an edit): its buffers rewritten from token 96 on.
+    edited = [*first, *answer[:6], *(rng.randrange(1, 32) for _ in range(40))]
+    assert lm.generate(edited, max_new_tokens=4, prefix_cache=cache).stats.cached_tokens == 96
+    cache.flush()
+    target, restored = lm.target, lm.target.new_sequence()
+    fresh = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    found = fresh.restore(target, restored, [*stored, 0])
+    assert found == len(stored)
+    prompt = stored
+    prefilled = target.new_sequence()
+    target.forward_batch([prefilled], [prompt[:found]], [0])
+    for before, after in zip(prefilled.layers, restored.layers):
+        assert torch.equal(after.keys, before.keys)
+        assert torch.equal(after.values, before.values)
+
+
 def test_blocks_evicted_from_memory_are_read_back_from_disk(tmp_path):
     lm = tiny("float32")
     per_block = lm.target.kv_bytes_per_token * 16
@@ -89,7 +133,7 @@ def test_blocks_evicted_from_memory_are_read_back_from_disk(tmp_path):
     resumed = lm.generate(first, max_new_tokens=20, prefix_cache=cache)
     assert resumed.token_ids == lm.generate(first, max_new_tokens=20, prefix_cache=False).token_ids
     assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
-    assert cache.used_bytes <= cache.budget_bytes
+    assert cache.used_bytes <= cache.limit_bytes
 
 
 def test_truncated_corrupt_and_foreign_files_are_skipped_with_one_warning(tmp_path):
@@ -187,6 +231,29 @@ def test_a_disk_tier_needs_a_budget_and_a_folder(tmp_path):
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(InvalidParameterError, match="folder"):
         PrefixCache(mib=8, directory=tmp_path / "a-file" / "below")
+
+
+def test_the_server_keeps_blocks_on_disk_by_default_in_the_users_cache(tmp_path):
+    default = prefix_cache(ServerSettings())
+    assert default.disk.directory == cache_files.prefix_cache_folder()  # this test's, here
+    assert default.budget_bytes == 256 * 2**20
+    memory_only = prefix_cache(ServerSettings(prefix_cache_dir="none"))
+    assert memory_only.disk is None and memory_only.budget_bytes == 1024 * 2**20
+    chosen = prefix_cache(ServerSettings(prefix_cache_mib=64, prefix_cache_dir=str(tmp_path)))
+    assert chosen.disk.directory == tmp_path and chosen.budget_bytes == 64 * 2**20
+    assert prefix_cache(ServerSettings(prefix_cache_mib=0)) is None
+
+
+def test_a_default_folder_that_cannot_be_made_leaves_the_disk_out_with_a_warning(
+    tmp_path, monkeypatch, caplog
+):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setattr(cache_files, "prefix_cache_folder", lambda: tmp_path / "a-file" / "x")
+    cache = prefix_cache(ServerSettings())
+    assert cache.disk is None and cache.budget_bytes == 1024 * 2**20
+    assert "keeps its blocks in memory only" in caplog.text
+    with pytest.raises(InvalidParameterError, match="folder"):  # one named: an error
+        prefix_cache(ServerSettings(prefix_cache_dir=str(tmp_path / "a-file" / "x")))
 
 
 @pytest.mark.slow

@@ -48,6 +48,10 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=18000, help="each session's context")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefix-cache-mib", type=float, default=1024)
+    parser.add_argument("--prefix-cache-dir", default=None, help="a disk tier in this folder")
+    parser.add_argument(
+        "--interleave", action="store_true", help="turn 1 of every session, then turn 2, ..."
+    )
     parser.add_argument("--map-from", type=float, default=64, help="MiB (the worker's: 64)")
     parser.add_argument("--no-trim", action="store_true", help="keep freed memory between turns")
     parser.add_argument("--label", default="this tree")
@@ -57,32 +61,37 @@ def main() -> None:
     lm.warm_up()
     return_freed_memory(map_from=int(args.map_from * 2**20))  # as the server's worker does
     idle = status_mib("VmRSS")
-    cache = PrefixCache(mib=args.prefix_cache_mib)
+    cache = PrefixCache(mib=args.prefix_cache_mib, directory=args.prefix_cache_dir)
     chat = LocalChat(lm, prefix_cache=cache)
     print(f"{args.label}: {lm.name}, {args.sessions} sessions x {args.turns} turns, "
           f"{args.max_tokens} tokens per answer, {args.chars} characters of context, "
           f"{args.threads} threads; idle {idle:.0f} MiB\n")  # fmt: skip
     print("| session | turn | prompt | cached | VmRSS after | turn's peak (VmHWM) | "
-          "prefix cache | heap slack given back | peak - idle - cache |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "prefix cache | heap slack given back | peak - idle - cache | first token |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst = None
-    for conversation in build_conversations(args.sessions, args.chars):
-        answers: list[str] = []
-        for turn in range(1, args.turns + 1):
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: this turn's
-            answer = chat.chat(conversation.messages(answers), args.max_tokens)
-            answers.append(answer["text"])
-            peak, held, rss = status_mib("VmHWM"), cache.used_bytes / 2**20, status_mib("VmRSS")
-            slack = 0.0
-            if not args.no_trim:
-                return_freed_memory()
-                slack = rss - status_mib("VmRSS")
-            rest = peak - idle - held
-            print(f"| {conversation.name} | {turn} | {answer['prompt_tokens']} | "
+    conversations = build_conversations(args.sessions, args.chars)
+    answers: dict[str, list[str]] = {c.name: [] for c in conversations}
+    turns = [(c, t) for c in conversations for t in range(1, args.turns + 1)]
+    if args.interleave:  # every session's turn 1, then every turn 2, ...
+        turns.sort(key=lambda pair: pair[1])
+    for conversation, turn in turns:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: this turn's
+        said = answers[conversation.name]
+        answer = chat.chat(conversation.messages(said), args.max_tokens)
+        said.append(answer["text"])
+        peak, held, rss = status_mib("VmHWM"), cache.used_bytes / 2**20, status_mib("VmRSS")
+        slack = 0.0
+        if not args.no_trim:
+            return_freed_memory()
+            slack = rss - status_mib("VmRSS")
+        rest = peak - idle - held
+        print(f"| {conversation.name} | {turn} | {answer['prompt_tokens']} | "
                   f"{answer['cached_tokens']} | {rss:.0f} | {peak:.0f} | {held:.1f} | "
-                  f"{slack:.1f} | {rest:.0f} |", flush=True)  # fmt: skip
-            if worst is None or peak > worst[0]:
-                worst = (peak, held, rest)
+                  f"{slack:.1f} | {rest:.0f} | {answer['first_token_seconds']:.2f} s |",
+                  flush=True)  # fmt: skip
+        if worst is None or peak > worst[0]:
+            worst = (peak, held, rest)
     peak, held, rest = worst
     print(f"\nPeak {peak:.0f} MiB = idle {idle:.0f} + prefix cache {held:.0f} (at that turn's "
           f"end) + the rest {rest:.0f}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip

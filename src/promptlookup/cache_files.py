@@ -27,6 +27,12 @@ def cache_root() -> Path:
     return Path(base) / "promptlookup"
 
 
+def prefix_cache_folder() -> Path:
+    """Where ``promptlookup serve`` keeps its prefix cache's blocks by default
+    (``--prefix-cache-dir auto``): ``prefix-cache`` in :func:`cache_root`."""
+    return cache_root() / "prefix-cache"
+
+
 def save_cache_json(path: Path, data) -> None:
     """Write ``data`` as JSON to ``path`` in the cache, atomically (a temporary file moved into
     place); a read-only cache is not an error: it only means measuring again next time."""

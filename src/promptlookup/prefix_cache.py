@@ -30,8 +30,9 @@ prompt).
   ``kv_bytes_per_token`` each token: 22.5 KiB for SmolLM2-135M's float16 keys and values,
   45 KiB in float32), on top of the running requests' own caches. Buffers that blocks are
   held in count whole (spare room too), once, whether or not a running request uses them;
-  they are freed with their last block. Buffers larger than the budget are copied from, as
-  many blocks as fit.
+  they are freed with their last block. A sequence whose buffers alone are larger than the
+  budget is held alone in place (everything else evicted; see *Disk*) rather than copied,
+  so that one long conversation is still held once (:attr:`PrefixCache.limit_bytes`).
 - *Disk*: with a ``directory``, every block is also written there (in the background) within
   ``disk_mib`` MiB, and a request whose prefix goes on past what memory holds reads the rest
   from there: blocks evicted from memory, and a conversation's blocks after a restart
@@ -57,6 +58,9 @@ from .prefix_tree import BlockTree, common_prefix_length
 #: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 45,000
 #: tokens of SmolLM2-135M with float16 keys and values (22,000 in float32).
 DEFAULT_MIB = 1024
+#: ``promptlookup serve``'s memory budget with its disk tier (the default): what a few
+#: conversations need, the others read back from disk (about 0.12 s per 1,000 tokens).
+DEFAULT_MIB_WITH_DISK = 256
 #: Tokens per block of the cache.
 BLOCK_TOKENS = 32
 
@@ -137,6 +141,12 @@ class PrefixCache:
     @property
     def used_bytes(self) -> int:
         return 0 if self._tree is None else self._tree.used_bytes
+
+    @property
+    def limit_bytes(self) -> int:
+        """What the cache may hold now: its budget, or one sequence's buffers larger than the
+        budget while they are all it holds."""
+        return self.budget_bytes if self._tree is None else self._tree.limit_bytes
 
     def prepare(self, target) -> None:
         """Hash ``target``'s weights for the disk tier's keys (its :meth:`kv_identity
@@ -224,6 +234,8 @@ class PrefixCache:
                 best, cheapest = (storage, start, past), cost
         storage, start, past = best
         if storage is not None:
+            if self.disk is not None:  # blocks waiting to be written may read past ``start``
+                self.disk.flush()
             del self._finished[storage]
             self._tree.rehome(storage, lambda p: p.copy() if any(p is q for q in past) else p)
             storage.resume(start)
@@ -247,7 +259,7 @@ class PrefixCache:
         if not length:
             return
         namespace, size = None if self.shared else tenant, self.block_tokens
-        copied: dict[int, Any] = {}  # blocks read out of ``cache``, by index
+        copied: dict[int, Any] = {}  # blocks read out of ``cache`` or in place, by index
 
         def blocks(start: int, stop: int) -> list:
             found = cache.read_blocks(start * size, min(stop * size, length), size)
@@ -255,7 +267,9 @@ class PrefixCache:
             return found
 
         def in_place(start: int, stop: int) -> list:
-            return cache.share_blocks(start * size, min(stop * size, length), size)
+            found = cache.share_blocks(start * size, min(stop * size, length), size)
+            copied.update(zip(range(start, stop), found))
+            return found
 
         tokens = token_ids[:length]
         with self._lock:
@@ -270,8 +284,8 @@ class PrefixCache:
                     self._tree.rehome(cache, lambda payload: payload.copy())
             if not added:  # else copied (as many blocks as fit)
                 self._tree.insert(namespace, tokens, blocks)
-        if self.disk is not None:
-            self._to_disk(target, namespace, tokens, blocks, copied)
+        if self.disk is not None:  # in place where it shares: read when written, no copy now
+            self._to_disk(target, namespace, tokens, in_place if _shares(cache) else blocks, copied)
         if ended and _shares(cache):
             with self._lock:
                 self._finished[cache] = list(tokens)
@@ -283,7 +297,9 @@ class PrefixCache:
 
     def _to_disk(self, target, namespace, tokens: Sequence[int], blocks, copied: dict) -> None:
         """Give the disk tier the blocks of ``tokens`` it lacks (those the memory tier just
-        copied, the others read out of the sequence's cache now), its tail included."""
+        copied, the others from ``blocks``: copied out of the sequence's cache now, or in
+        place, read when written: never rewritten before, as :meth:`_take_over` waits for the
+        writes before a sequence resumes its buffers), its tail included."""
         size = self.block_tokens
         keys = self._keys(target, namespace, tokens)
         names = [name_of(key) for key in keys[1:]]

@@ -151,8 +151,9 @@ class DiskTier:
             return None
         return block, tokens
 
-    def save(self, name: str, block: torch.Tensor, tokens: Sequence[int]) -> None:
-        """Write ``block`` (of ``tokens``) as file ``name``, in the background."""
+    def save(self, name: str, block, tokens: Sequence[int]) -> None:
+        """Write ``block`` (of ``tokens``) as file ``name``, in the background: a tensor, or a
+        block in place whose ``copy()`` gives the tensor when it is written."""
         if not self.has(name):
             self._queue_job(("save", name, block, [int(token) for token in tokens]))
 
@@ -191,8 +192,12 @@ class DiskTier:
             with contextlib.suppress(FileNotFoundError):  # removed as unusable meanwhile
                 os.utime(self.directory / name)
 
-    def _write(self, name: str, block: torch.Tensor, tokens: list[int]) -> None:
+    def _write(self, name: str, block, tokens: list[int]) -> None:
         import safetensors.torch
+        import torch
+
+        if not isinstance(block, torch.Tensor):  # in place: read now
+            block = block.copy()
 
         meta = {
             "version": VERSION,

@@ -14,7 +14,8 @@ holding a payload (its keys and values) of ``block_bytes`` bytes.
   that many blocks share (a sequence's own buffers, :meth:`BlockTree.insert`'s ``storage``):
   such a storage counts its own bytes once, as long as any block lives in it, and its blocks
   nothing more (:meth:`BlockTree.rehome` moves blocks out of one).
-- *Eviction*: the tree holds at most ``budget_bytes`` of payloads and storages; the least
+- *Eviction*: the tree holds at most ``budget_bytes`` of payloads and storages (or one
+  storage alone, when it is larger: :attr:`BlockTree.limit_bytes`); the least
   recently used block goes first (a storage's bytes go with its last block). Every use
   touches a block and all its ancestors, the deepest first, so a block is never used more
   recently than its parent and the least recently used block is a leaf: evicting it never
@@ -113,8 +114,16 @@ class BlockTree:
                 self._leave(block)
                 block.payload, block.storage = payload, None
                 self._own += 1
-        while self.used_bytes > self.budget_bytes and self._recency:
+        while self.used_bytes > self.limit_bytes and self._recency:
             self._evict(*next(iter(self._recency.items())))
+
+    @property
+    def limit_bytes(self) -> int:
+        """What the tree may hold now: its budget, or one storage larger than the budget while
+        it is all the tree holds (a sequence too large for the budget is held alone)."""
+        if self._own == 0 and len(self._storages) == 1:
+            return max(self.budget_bytes, next(iter(self._storages.values()))[0])
+        return self.budget_bytes
 
     def match(self, namespace: Hashable, tokens: Sequence[int]) -> tuple[list[Any], int]:
         """The payloads of the blocks ``tokens`` starts with and how many of its tokens they
@@ -223,15 +232,15 @@ class BlockTree:
 
     def _make_room_in(self, storage: Hashable, nbytes: int, wanted: int, keep: set) -> bool:
         """Evict until ``storage``, at ``nbytes`` bytes now, fits (or only ``keep`` is left);
-        whether it does (then it is counted at ``nbytes`` from now on)."""
+        whether it does (then it is counted at ``nbytes`` from now on). A storage larger than
+        the budget fits alone: everything else is evicted."""
         if storage not in self._storages and not wanted:
             return True  # nothing to add, nothing to count
-        if nbytes > self.budget_bytes:
-            return False
+        limit = max(self.budget_bytes, nbytes)
 
         def over() -> bool:
             counted = self._storages.get(storage, (0,))[0]
-            return self.used_bytes - counted + nbytes > self.budget_bytes
+            return self.used_bytes - counted + nbytes > limit
 
         while over() and self._recency:
             block, namespace = next(iter(self._recency.items()))

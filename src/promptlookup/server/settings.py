@@ -173,13 +173,15 @@ class ServerSettings:
         "used forgotten.",
         click.IntRange(min=1),
     )
-    prefix_cache_mib: int = setting(
-        1024,
+    prefix_cache_mib: int | None = setting(
+        None,
         "--prefix-cache-mib",
-        "MiB of keys and values of recent prompts and answers kept for later requests that "
-        "start with the same tokens (a conversation's next turn prefills only its new "
-        "tokens); least recently used first out; 0 turns the cache off. Exact: only on "
-        "row-invariant targets (the default GGUF on the CPU).",
+        "MiB of keys and values of recent prompts and answers kept in memory for later "
+        "requests that start with the same tokens (a conversation's next turn prefills only "
+        "its new tokens); least recently used first out (to the disk tier, if any); one "
+        "conversation larger than this is held alone; 0 turns the cache off. Exact: only on "
+        "row-invariant targets (the default GGUF on the CPU). [default: 256 with a disk "
+        "tier, 1024 without]",
         click.IntRange(min=0),
     )
     prefix_cache_scope: str = setting(
@@ -190,15 +192,16 @@ class ServerSettings:
         "another client sent a prompt).",
         click.Choice(["per-tenant", "global"]),
     )
-    prefix_cache_dir: str | None = setting(
-        None,
+    prefix_cache_dir: str = setting(
+        "auto",
         "--prefix-cache-dir",
         "Folder (made, readable by this user only, if missing) where the prefix cache also "
         "keeps its blocks, within --prefix-cache-disk-mib: prefixes evicted from memory, and "
         "every conversation after a restart, are read back from there. Reused only for the "
-        "same model weights, engine, KV dtype, tenant and tokens; a damaged file is skipped.",
-        click.Path(file_okay=False),
-        metavar="DIR",
+        "same model weights, engine, KV dtype, tenant and tokens; a damaged file is skipped. "
+        "'auto': prefix-cache in $PROMPTLOOKUP_CACHE or ~/.cache/promptlookup (memory only, "
+        "with a warning, where it cannot be made); 'none': memory only.",
+        metavar="DIR|auto|none",
     )
     prefix_cache_disk_mib: int = setting(
         DEFAULT_DISK_MIB,

@@ -10,12 +10,13 @@ from typing import Union
 
 import uvicorn
 
+from .. import cache_files
 from ..backends.base import BatchTarget
 from ..batching import PREFILL_TOKENS, default_max_batch
 from ..drafters import TenantIndexes
-from ..errors import PromptLookupError
+from ..errors import InvalidParameterError, PromptLookupError
 from ..generation import LanguageModel
-from ..prefix_cache import PrefixCache
+from ..prefix_cache import DEFAULT_MIB, DEFAULT_MIB_WITH_DISK, PrefixCache
 from .batch_worker import BatchWorker
 from .bodies import ModelCard
 from .connection import http_protocol
@@ -108,15 +109,10 @@ class ServerState:
         else:  # a target that runs one sequence at a time (llama.cpp)
             max_batch = 1
         self.max_batch = max_batch
-        if self.settings.prefix_cache_mib and PrefixCache.applies(lm.target):
-            shared = self.settings.prefix_cache_scope == "global"
-            self.prefix_cache = PrefixCache(
-                self.settings.prefix_cache_mib,
-                shared=shared,
-                directory=self.settings.prefix_cache_dir,
-                disk_mib=self.settings.prefix_cache_disk_mib,
-            )
-            self.prefix_cache.prepare(lm.target)
+        if PrefixCache.applies(lm.target):
+            self.prefix_cache = prefix_cache(self.settings)
+            if self.prefix_cache is not None:
+                self.prefix_cache.prepare(lm.target)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         # One worker for every max_batch and target (see .batch_worker).
         self.worker = BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
@@ -216,3 +212,25 @@ class Server(uvicorn.Server):
         if state is not None:
             state.begin_shutdown()
         super().handle_exit(sig, frame)
+
+
+def prefix_cache(settings: ServerSettings) -> PrefixCache | None:
+    """The server's prefix cache from its settings (see ``--prefix-cache-dir``): None when
+    ``--prefix-cache-mib 0``; the default folder, where it cannot be made, left out with a
+    warning (memory only, at memory's budget without a disk tier)."""
+    mib, folder = settings.prefix_cache_mib, settings.prefix_cache_dir
+    if mib == 0:
+        return None
+    directory = {"auto": cache_files.prefix_cache_folder(), "none": None}.get(folder, folder)
+    shared = settings.prefix_cache_scope == "global"
+    if directory is not None:
+        memory = DEFAULT_MIB_WITH_DISK if mib is None else mib
+        try:
+            return PrefixCache(
+                memory, shared=shared, directory=directory, disk_mib=settings.prefix_cache_disk_mib
+            )
+        except InvalidParameterError as error:
+            if folder != "auto":
+                raise
+            log.warning("%s: the prefix cache keeps its blocks in memory only", error)
+    return PrefixCache(DEFAULT_MIB if mib is None else mib, shared=shared)
