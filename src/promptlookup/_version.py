@@ -1,3 +1,3 @@
 """The package's one version string (pyproject.toml reads it; measurement caches are keyed by it)."""
 
-__version__ = "0.14.0"
+__version__ = "0.15.0"
