@@ -225,6 +225,21 @@ def test_the_folder_stays_within_its_budget_and_forgets_the_least_recently_used(
     assert lm.generate(prompts[0], max_new_tokens=4, prefix_cache=after).stats.cached_tokens == 0
 
 
+def test_a_write_cut_short_by_its_process_end_is_cleared_at_start(tmp_path):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    name = "ab" * 32 + ".safetensors"
+    dead = tmp_path / f".{name}.{int(ended.stdout)}.tmp"
+    alive = tmp_path / f".{name}.{os.getpid()}.tmp"  # a live process's: still being written
+    for path in (dead, alive):
+        path.write_bytes(b"half a block")
+    DiskTier(tmp_path, 2**20)
+    assert not dead.exists() and alive.exists()
+
+
 def test_a_disk_tier_needs_a_budget_and_a_folder(tmp_path):
     with pytest.raises(InvalidParameterError, match="budget"):
         PrefixCache(mib=8, directory=tmp_path, disk_mib=0)

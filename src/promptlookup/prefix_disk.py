@@ -47,6 +47,8 @@ DEFAULT_DISK_MIB = 10 * 1024
 VERSION = "promptlookup-prefix-blocks-1"
 SUFFIX = ".safetensors"
 NAME = re.compile(r"^[0-9a-f]{64}" + re.escape(SUFFIX) + "$")
+#: A file being written (by process ``[1]``), renamed to its block's name when whole.
+TEMPORARY = re.compile(r"^\.[0-9a-f]{64}" + re.escape(SUFFIX) + r"\.(\d+)\.tmp$")
 
 
 def root_key(identity: str, namespace: Hashable, block_tokens: int) -> bytes:
@@ -99,7 +101,10 @@ class DiskTier:
         self.skipped = 0
         found = []
         for entry in os.scandir(self.directory):
-            if NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
+            if (left := TEMPORARY.match(entry.name)) and not _running(int(left[1])):
+                with contextlib.suppress(OSError):  # a write cut short by its process's end
+                    os.unlink(entry.path)
+            elif NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
                 stat = entry.stat(follow_symlinks=False)
                 found.append((stat.st_mtime_ns, entry.name, stat.st_size))
         for _, name, size in sorted(found):
@@ -251,6 +256,17 @@ class DiskTier:
                 return
             self._warned = True
         warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (it may still be writing its temporary files)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
 
 
 def _digest(block: torch.Tensor) -> str:

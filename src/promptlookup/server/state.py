@@ -131,6 +131,8 @@ class ServerState:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+        if self.prefix_cache is not None:  # the last answers' blocks, for the next process
+            self.prefix_cache.flush()
 
     def ready_model(self) -> LanguageModel:
         if self.shutting_down:
