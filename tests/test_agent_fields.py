@@ -203,3 +203,39 @@ def test_a_tool_choice_of_a_left_out_tool_is_a_400_in_each_api(server):
         assert response.status_code == 400, (path, response.text)
         message = response.json()["error"]["message"]
         assert message and "\n" not in message, message
+
+
+NO_END = {"$ref": "#"}  # no finite value matches it: a 400 when its grammar is built
+
+
+@pytest.mark.parametrize(
+    "path, change, param, says",
+    [
+        ("/v1/responses", {"input": "ab " * 3000}, "input", "maximum context length is"),
+        ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": NO_END}}},
+         "text.format", "text.format: invalid JSON schema: no finite value"),
+        ("/v1/responses", {"max_output_tokens": 1, "tool_choice": {"type": "function", "name": "g"}},
+         "tool_choice", "tool_choice: no tool is named 'g'"),
+        ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": NO_END}}},
+         None, "output_config.format: invalid JSON schema: no finite value"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "ab " * 3000}]},
+         None, "maximum context length is"),
+    ],
+    ids=["responses-overlong", "responses-format", "responses-choice", "messages-format",
+         "messages-overlong"],
+)  # fmt: skip
+def test_errors_of_the_chat_form_name_the_apis_own_fields(server, path, change, param, says):
+    """The Responses and Messages APIs are served as chat requests: an error found in that
+    form names the field the client sent (``input``, ``text.format``,
+    ``output_config.format``), never chat's ``messages`` or ``response_format``."""
+    if path == "/v1/responses":
+        response = post(server, path, codex_body(stream=False, **change))
+        error = response.json()["error"]
+        assert error["param"] == param
+    else:
+        response = post(server, path, claude_code_body(stream=False, **change), ANTHROPIC)
+        error = response.json()["error"]
+    assert response.status_code == 400
+    assert says in error["message"], error
+    assert "messages" not in error["message"] or path == "/v1/messages"
+    assert "response_format" not in error["message"], error

@@ -196,3 +196,39 @@ def test_one_tenants_hostile_requests_end_no_stream_of_another(running):
     together = [ending(path, replies[i].text) for i, (path, _) in enumerate(VICTIMS)]
     assert together == alone
     assert all(said for said, _ in alone)
+
+
+#: Per API: a body of ``n`` pieces (messages, items, blocks, tools or token ids), each one
+#: that validation would refuse (no role, no type, an unknown id): the count comes first.
+PIECES = {
+    "/v1/chat/completions": lambda n: {"model": "tiny", "messages": [{}] * n},
+    "/v1/completions": lambda n: {"model": "tiny", "prompt": [-1] * n},
+    "/v1/messages": lambda n: {"model": "tiny", "max_tokens": 1,
+                               "messages": [{"role": "user", "content": [{}] * (n - 1)}]},
+    "/v1/messages/count_tokens": lambda n: {"model": "tiny", "messages": [{}] * n},
+    "/v1/responses": lambda n: {"model": "tiny", "input": [{"role": "user"}] * (n // 2),
+                                "tools": [{}] * (n - n // 2)},
+    "/tokenize": lambda n: {"messages": [{"role": "user", "content": [{}]}] * ((n + 1) // 2)},
+    "/detokenize": lambda n: {"tokens": [-1] * n},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(PIECES))
+def test_a_body_of_more_pieces_than_the_context_is_a_400_before_it_is_validated(running, path):
+    """A 4 MiB body of 100,000 empty messages held the event loop (every other stream) for
+    seconds while it was validated; more pieces than the context has tokens are refused
+    first, counted in microseconds each."""
+    context = running.state.lm.target.max_context
+    over = send(running, path, PIECES[path](context + 1), ALICE)
+    check_refusal(path, over)
+    assert over.status_code == 400
+    error = over.json()["error"]
+    assert error["message"].startswith(f"This model's maximum context length is {context} tokens")
+    assert f"more than {context} messages, items, content parts" in error["message"]
+    if not path.startswith("/v1/messages"):
+        assert error["code"] == "context_length_exceeded"
+        # The field where the count passed the context's.
+        said = {"/v1/completions": "prompt", "/v1/responses": "tools", "/detokenize": "tokens"}
+        assert error["param"] == said.get(path, "messages")
+    at_most = send(running, path, PIECES[path](context), ALICE)  # validated: another 400
+    assert at_most.status_code == 400 and "more than" not in at_most.text, at_most.text
