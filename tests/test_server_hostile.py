@@ -8,6 +8,8 @@ begun); never a 5xx. The other tenant's streams end as they do alone, token for 
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
 import warnings
 
@@ -232,3 +234,35 @@ def test_a_body_of_more_pieces_than_the_context_is_a_400_before_it_is_validated(
         assert error["param"] == said.get(path, "messages")
     at_most = send(running, path, PIECES[path](context), ALICE)  # validated: another 400
     assert at_most.status_code == 400 and "more than" not in at_most.text, at_most.text
+
+
+#: A whole head, then a chunked body that is not one: uvicorn refuses it after the app began.
+BROKEN_BODY = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Type: application/json\r\n\r\nzz\r\n"
+)
+
+
+@pytest.mark.parametrize("key", [None, ALICE], ids=["no-key", "key"])
+def test_a_broken_body_after_a_whole_head_is_one_400_and_no_traceback(running, caplog, key):
+    """Without a key the app answers 401 at once, beside uvicorn's 400 for the body: that
+    second answer used to raise inside h11 (a traceback logged as an internal error)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="promptlookup.server")
+    head = BROKEN_BODY if key is None else BROKEN_BODY.replace(
+        b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer " + key.encode() + b"\r\n")  # fmt: skip
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock:
+            sock.sendall(head)
+            parts = []
+            while part := sock.recv(65536):  # the server answers, then closes
+                parts.append(part)
+        answer = send(running, *chat(max_tokens=2), ALICE)  # the server goes on
+        assert answer.status_code == 200, answer.text
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    status, _, body = b"".join(parts).partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400"), status
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
