@@ -239,3 +239,31 @@ def test_errors_of_the_chat_form_name_the_apis_own_fields(server, path, change, 
     assert says in error["message"], error
     assert "messages" not in error["message"] or path == "/v1/messages"
     assert "response_format" not in error["message"], error
+
+
+def test_earlier_calls_of_a_chat_custom_tool_are_left_out_with_their_results(server):
+    """OpenAI's chat shape of a custom tool's call (``type: "custom"``) in the history: the
+    tool is left out, so are its calls and their results (as the Responses API's
+    ``custom_tool_call`` items); a function's call beside it stays."""
+    custom = {"id": "call_9", "type": "custom", "custom": {"name": "apply_patch", "input": "*"}}
+    marked = chat_body(stream=False, max_tokens=2)
+    marked["messages"][2]["tool_calls"].append(custom)
+    marked["messages"] += [
+        {"role": "tool", "tool_call_id": "call_9", "content": "patched"},
+        {"role": "assistant", "content": None, "tool_calls": [{**custom, "id": "call_10"}]},
+        {"role": "tool", "tool_call_id": "call_10", "content": "patched again"},
+        {"role": "user", "content": "go on"},
+    ]
+    bare = chat_body(stream=False, max_tokens=2)
+    bare["messages"].append({"role": "user", "content": "go on"})
+    response = post(server, "/v1/chat/completions", marked)
+    assert response.status_code == 200, response.text
+    assert response.headers[FIELDS] == (
+        "messages.2.tool_calls.1 (custom), messages.5.tool_calls.0 (custom)"
+    )
+    assert tokenized(server, marked) == tokenized(server, bare)
+    custom_typo = {**custom, "type": "functon"}
+    marked["messages"][5]["tool_calls"] = [custom_typo]
+    response = post(server, "/v1/chat/completions", marked)
+    assert response.status_code == 400
+    assert "did you mean 'function'" in response.json()["error"]["message"]

@@ -199,7 +199,7 @@ def _encode(state: ServerState, req, chat: bool) -> list[int]:
                 template = state.tool_template
                 messages = req.prompt_messages(template)
                 if state.reasoning is not None:  # earlier answers' reasoning, as written
-                    sent = [m.as_dict() for m in req.messages]
+                    sent = req.sent_messages()
                     messages = state.reasoning.with_reasoning(sent, messages)
                 prompt_ids = encode(lm, messages, req.template_tools(template))
             else:

@@ -44,8 +44,8 @@ from ..request_base import APIError, Content, RequestModel, content_text
 from ..tool_schemas import (
     AllowedToolsChoice,
     ChatTool,
+    ChatToolCall,
     ResponseFormat,
-    ToolCall,
     ToolChoice,
     check_tool_choice,
     function_tools,
@@ -69,7 +69,7 @@ class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_calls: list[ChatToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # as OpenAI's answers carry it, when a client sends one back
     # An earlier answer's reasoning (llama-server's name; vLLM's newer ``reasoning``, also
@@ -94,8 +94,8 @@ class ChatMessage(RequestModel):
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
         role = "system" if self.role == "developer" else self.role
         message = {"role": role, "content": content_text(self.content)}
-        if self.tool_calls:
-            message["tool_calls"] = [call.plain() for call in self.tool_calls]
+        if calls := function_tools(self.tool_calls):  # another type's calls: left out
+            message["tool_calls"] = [call.plain() for call in calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.role == "assistant" and (self.reasoning_content or self.reasoning):
@@ -268,11 +268,27 @@ class ChatCompletionRequest(_GenerationRequest):
         tools = [tool.plain() for tool in served]
         return ToolPlan(tools, named, parallel, template, answer, allowed)
 
+    def sent_messages(self) -> list[dict]:
+        """The messages as dicts (:meth:`ChatMessage.as_dict`), without what the prompt leaves
+        out: the results of earlier calls of tools the server does not run, and an assistant
+        message that had nothing but such calls."""
+        left_out = {
+            call.id for m in self.messages for call in m.tool_calls or () if call.type != "function"
+        }
+        sent = []
+        for m in self.messages:
+            message = m.as_dict()
+            answered = m.role == "tool" and m.tool_call_id in left_out
+            emptied = m.tool_calls and not message.get("tool_calls") and not message["content"]
+            if not (answered or (emptied and not message.get("reasoning_content"))):
+                sent.append(message)
+        return sent
+
     def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
         """The messages for the chat template: the history's tool calls and results in the
         template's own shapes (:meth:`.tool_template.TemplateFormat.messages`), or with the
         tools in the generic format (:func:`.tools.prompt_messages`)."""
-        messages = [m.as_dict() for m in self.messages]
+        messages = self.sent_messages()
         if template is not None:
             return template.messages(messages)
         return prompt_messages(messages, self.tool_plan())
