@@ -267,3 +267,25 @@ def test_earlier_calls_of_a_chat_custom_tool_are_left_out_with_their_results(ser
     response = post(server, "/v1/chat/completions", marked)
     assert response.status_code == 400
     assert "did you mean 'function'" in response.json()["error"]["message"]
+
+
+def test_an_earlier_refusal_part_is_left_out_as_a_messages_refusal_is(server):
+    """OpenAI's assistant content may hold ``refusal`` parts beside text: accepted, left out
+    of the prompt and said; another part's type is still a 400 naming it."""
+    marked = chat_body(stream=False, max_tokens=2)
+    marked["messages"][2] = {"role": "assistant", "content": [
+        {"type": "text", "text": "no"}, {"type": "refusal", "refusal": "I cannot"}]}  # fmt: skip
+    bare = chat_body(stream=False, max_tokens=2)
+    bare["messages"][2] = {"role": "assistant", "content": "no"}
+    del marked["messages"][3], bare["messages"][3]  # the tool result of the call replaced
+    response = post(server, "/v1/chat/completions", marked)
+    assert response.status_code == 200, response.text
+    assert response.headers[FIELDS] == "messages.2.content.1 (refusal)"
+    assert tokenized(server, marked) == tokenized(server, bare)
+    marked["messages"][2]["content"][1] = {"type": "input_audio", "input_audio": {}}
+    response = post(server, "/v1/chat/completions", marked)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        "messages.2.content.1.type: only text content is supported (the model reads text), "
+        "not 'input_audio'"
+    )

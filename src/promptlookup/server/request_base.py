@@ -119,6 +119,8 @@ def first_error(exc: ValidationError) -> tuple[str, str | None]:
         kind = error["input"]
     if "content" in loc and isinstance(kind, str):
         message = f"only text content is supported (the model reads text), not {kind!r}"
+        if loc[-1] != "type":  # a tagged union's error stands at the part: its type is wrong
+            where = f"{where}.type"
     return (f"{where}: {message}" if where else message), param
 
 

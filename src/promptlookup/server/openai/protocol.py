@@ -33,14 +33,15 @@ Policies:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
 from ...errors import GrammarError
 from ...grammar import Grammar
 from ...limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
-from ..request_base import APIError, Content, RequestModel, content_text
+from ..ignored import LeftOut
+from ..request_base import APIError, Content, RequestModel, TextPart, content_text
 from ..tool_schemas import (
     AllowedToolsChoice,
     ChatTool,
@@ -65,9 +66,23 @@ INT64 = (-(2**63), 2**63 - 1)
 INT32_MAX = 2**31 - 1
 
 
+class RefusalPart(RequestModel, LeftOut):
+    """An earlier answer's refusal as a content part (OpenAI's assistant messages may carry
+    one): left out of the prompt, as a message's ``refusal`` is, and said."""
+
+    type: Literal["refusal"]
+    refusal: str
+    text: ClassVar[str] = ""  # nothing of it in the message's text (content_text)
+
+
+#: A chat message's content: text, or text and refusal parts (a plain union: its errors'
+#: paths name no member, see request_base.first_error).
+MessageContent = Union[str, list[Union[TextPart, RefusalPart]]]
+
+
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Content | None = None
+    content: MessageContent | None = None
     name: str | None = None
     tool_calls: list[ChatToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
