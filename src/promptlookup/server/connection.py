@@ -10,7 +10,9 @@ uvicorn's keep-alive timeout). A connection past its deadline is closed.
 
 Malformed framing (a bad request line or header, a broken chunked body, a head over h11's
 size limit) gets a 400 in the same JSON as every other error, where uvicorn wrote plain text;
-the connection is then closed.
+the connection is then closed, and a request already handed to the app (a broken body after
+a whole head) is told its client has gone, so that the app's own answer (a 401, say) is not
+sent after the 400.
 """
 
 from __future__ import annotations
@@ -65,6 +67,16 @@ class HeadDeadlineProtocol(H11Protocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
+        # The request's app, already started (its head was whole), may still answer: it is told
+        # the client has gone, so that its answer is not sent after this one (which h11
+        # refuses: a traceback in the log). One whose answer has begun: the connection closes.
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+                return
         body = json.dumps(
             APIError(400, f"{msg} (malformed HTTP)", code="invalid_http_request").body()
         ).encode()

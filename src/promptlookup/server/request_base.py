@@ -119,6 +119,8 @@ def first_error(exc: ValidationError) -> tuple[str, str | None]:
         kind = error["input"]
     if "content" in loc and isinstance(kind, str):
         message = f"only text content is supported (the model reads text), not {kind!r}"
+        if loc[-1] != "type":  # a tagged union's error stands at the part: its type is wrong
+            where = f"{where}.type"
     return (f"{where}: {message}" if where else message), param
 
 
@@ -157,10 +159,11 @@ def _encodes(text: str) -> bool:
     return True
 
 
-async def read_json(request, limit: int, timeout: float | None = None):
+async def read_json(request, limit: int, timeout: float | None = None, pieces: int = 0):
     """The request's JSON body; 413 beyond ``limit`` bytes (checked before and while reading),
     408 when the whole body has not arrived within ``timeout`` seconds (a stalled client), 400
-    for invalid JSON or a string that is not valid Unicode (a lone surrogate)."""
+    for invalid JSON, a string that is not valid Unicode (a lone surrogate), or more than
+    ``pieces`` (if not 0) pieces of a prompt (:func:`prompt_pieces`)."""
     try:
         async with asyncio.timeout(timeout):
             raw = await _read_body(request, limit)
@@ -183,7 +186,52 @@ async def read_json(request, limit: int, timeout: float | None = None):
     if _SURROGATE_ESCAPE.search(raw) and (where := lone_surrogate(body)) is not None:
         message = f"{where}: the text is not valid Unicode (a lone surrogate)"
         raise APIError(400, message, param=where.split(".")[0])
+    if pieces and (where := prompt_pieces(body, pieces)) is not None:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {pieces} tokens; the request has more "
+            f"than {pieces} messages, items, content parts, tool calls, tools and token ids in "
+            f"all (at most one per token of the context)",
+            param=where,
+            code="context_length_exceeded",
+        )
     return body
+
+
+#: The lists whose entries are each a piece of a prompt (in any API): messages and input
+#: items, their content parts and blocks and tool calls, system blocks, tools (namespaces'
+#: too), a completion's and ``/detokenize``'s token ids. Schemas are never walked.
+PIECES = ("messages", "input", "content", "system", "tools", "tool_calls", "output", "prompt",
+          "tokens")  # fmt: skip
+
+
+def prompt_pieces(body: Any, limit: int) -> str | None:
+    """The top-level field where a decoded JSON body passes ``limit`` pieces of a prompt
+    (:data:`PIECES`, counted together), or None. Validating hundreds of thousands of small
+    objects (a 4 MiB body of empty messages) holds the server's event loop, and with it every
+    other client's stream, for seconds; no prompt of more pieces than the context has tokens
+    is of use, so they are counted first, in microseconds per piece.
+
+    >>> prompt_pieces({"messages": [{"content": [{"type": "text"}] * 3}] * 2}, 7)
+    'messages'
+    >>> prompt_pieces({"messages": [{"content": [{"type": "text"}] * 3}] * 2}, 8) is None
+    True
+    """
+    if not isinstance(body, dict):
+        return None
+    count = 0
+    for top in PIECES:
+        stack = [body.get(top)]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                stack += [value[key] for key in PIECES if isinstance(value.get(key), list)]
+            elif isinstance(value, list):
+                count += len(value)
+                if count > limit:
+                    return top
+                stack += [item for item in value if isinstance(item, (dict, list))]
+    return None
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

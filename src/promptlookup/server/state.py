@@ -73,6 +73,8 @@ class ServerState:
         self.reasoning: ThinkFormat | None = None
         #: Characters beyond which a text cannot fit the context, however it tokenizes.
         self.max_text_chars = 0
+        #: Pieces of a prompt a request body may have (:func:`.request_base.prompt_pieces`).
+        self.max_pieces = 0
         self.shutting_down = False
         #: The Prometheus metrics of ``GET /metrics``, this server's own.
         self.metrics = Metrics(self)
@@ -103,6 +105,7 @@ class ServerState:
         self.tool_template = detect(lm.tokenizer, lm.eos_token_ids)
         self.reasoning = detect_reasoning(lm.tokenizer, self.settings.reasoning_format)
         self.max_text_chars = lm.target.max_context * longest_token_chars(lm.tokenizer)
+        self.max_pieces = lm.target.max_context
         max_batch = self.max_batch
         if isinstance(lm.target, BatchTarget):
             max_batch = max_batch or default_max_batch(lm.target)

@@ -83,7 +83,8 @@ async def tokenize(state: ServerState, request: Request) -> JSONResponse:
     """``POST /tokenize`` (see the module doc)."""
     settings = state.settings
     body = parse_request(
-        TokenizeRequest, await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        TokenizeRequest,
+        await read_json(request, settings.max_body_bytes, settings.body_timeout, state.max_pieces),
     )
     _check_model(state, body.model)
     if body.messages is not None:
@@ -107,10 +108,11 @@ async def tokenize(state: ServerState, request: Request) -> JSONResponse:
     return JSONResponse(answer)
 
 
-def _too_long(context: int, param: str, what: str) -> APIError:
+def _too_long(context: int, param: str, has: str) -> APIError:
+    """The 400 of a text or token list beyond the context: ``has`` says its own count."""
     return APIError(
         400,
-        f"This model's maximum context length is {context} tokens; the {param} has more {what}",
+        f"This model's maximum context length is {context} tokens; {param} has {has}",
         param=param,
         code="context_length_exceeded",
     )
@@ -120,18 +122,20 @@ def _text_ids(state: ServerState, text: str, special: bool) -> list[int]:
     """A text's token ids (on a thread), bounded as prompts are (:mod:`.texts`)."""
     lm, context, lock = state.lm, state.lm.target.max_context, state.tokenizer_lock
     if len(text) > state.max_text_chars:
-        raise _too_long(context, "content", "characters than it can hold")
+        raise _too_long(
+            context, "content", f"{len(text)} characters (at most {state.max_text_chars} fit)"
+        )
     # Long texts a chunk at a time, others' requests between chunks, only up to the context;
     # then the whole text at once (tokens across the cuts as they are in one piece).
     if len(text) > CHUNK and bounded_ids(lm.tokenizer, lock, [text], context) is None:
-        raise _too_long(context, "content", "tokens")
+        raise _too_long(context, "content", f"more than {context} tokens")
     with lock:
         try:
             ids = list(lm.tokenizer(text, add_special_tokens=special)["input_ids"])
         except (TypeError, ValueError) as exc:  # a lone surrogate, say (UnicodeEncodeError)
             raise APIError(400, f"content: cannot tokenize it: {exc}", param="content") from None
     if len(ids) > context:
-        raise _too_long(context, "content", "tokens")
+        raise _too_long(context, "content", f"{len(ids)} tokens")
     return ids
 
 
@@ -145,12 +149,13 @@ async def detokenize(state: ServerState, request: Request) -> JSONResponse:
     """``POST /detokenize`` (see the module doc)."""
     settings = state.settings
     body = parse_request(
-        DetokenizeRequest, await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        DetokenizeRequest,
+        await read_json(request, settings.max_body_bytes, settings.body_timeout, state.max_pieces),
     )
     _check_model(state, body.model)
     lm, context = state.lm, state.lm.target.max_context
     if len(body.tokens) > context:
-        raise _too_long(context, "tokens", "token ids")
+        raise _too_long(context, "tokens", f"{len(body.tokens)} token ids")
     vocab = getattr(getattr(lm.model, "config", None), "vocab_size", None)
     if vocab and any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"tokens: token ids must be in [0, {vocab})", param="tokens")

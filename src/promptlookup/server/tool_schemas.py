@@ -74,6 +74,23 @@ class ToolCall(Forbid):
         return {"id": self.id, "name": self.function.name, "arguments": self.function.arguments}
 
 
+class OtherToolCall(LeftOutTool):
+    """An earlier call of a tool of another type (OpenAI's ``custom`` tools, ``{"id",
+    "type": "custom", "custom": {"name", "input"}}``): left out of the prompt with its result,
+    as the tool is, and said in ``x-promptlookup-ignored-fields``."""
+
+    kind = "fields"
+    served = ("function",)
+    id: str | None = None
+
+
+#: An assistant message's ``tool_calls`` entry: a function's call, or another type's, left out.
+ChatToolCall = Annotated[
+    Union[Annotated[ToolCall, Tag("Function")], Annotated[OtherToolCall, Tag("Other")]],
+    Discriminator(_tool_type),
+]
+
+
 class NamedFunction(Forbid):
     name: str
 

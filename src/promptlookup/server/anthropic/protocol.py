@@ -14,7 +14,7 @@ Anthropic takes it, without effect (the prefix cache is automatic)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Discriminator, Field, Tag
 
@@ -202,6 +202,11 @@ class OutputConfig(RequestModel):
 class MessagesRequest(RequestModel):
     """The request (see the module doc)."""
 
+    #: The chat form's fields that have other names here (see ResponsesRequest's).
+    chat_names: ClassVar[dict[str, str]] = {
+        "response_format": "output_config.format",
+        "stop": "stop_sequences",
+    }
     model: str
     max_tokens: int = Field(ge=1, le=INT32_MAX)
     messages: list[Message] = Field(min_length=1)

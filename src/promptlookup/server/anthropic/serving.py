@@ -20,14 +20,14 @@ import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from .. import reasoning
 from ..bodies import dump
-from ..openai.protocol import ChatCompletionRequest
 from ..reading import Answer, read_choice
 from ..reasoning import Thinking
-from ..request_base import APIError, parse_request, read_json
-from ..serving import count_tokens, serve_as_chat
+from ..request_base import APIError, read_json
+from ..serving import count_tokens, in_own_terms, parse_as_chat, serve_as_chat
 from ..streams import APIEvents, event_stream
 from ..tools import ToolPlan
 from .bodies import (
@@ -148,12 +148,16 @@ async def count_message_tokens(state, request: Request) -> Response:
     generated; ``max_tokens`` is not needed."""
     try:
         settings = state.settings
-        body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        body = await read_json(
+            request, settings.max_body_bytes, settings.body_timeout, state.max_pieces
+        )
         if isinstance(body, dict):
             body = {"max_tokens": 1, **body, "stream": False}
-        anthropic_request = parse_request(MessagesRequest, body)
-        req = parse_request(ChatCompletionRequest, anthropic_request.as_chat())
-        count = MessageTokenCount(input_tokens=await count_tokens(state, req))
+        try:
+            _, req = await run_in_threadpool(parse_as_chat, MessagesRequest, body)
+            count = MessageTokenCount(input_tokens=await count_tokens(state, req))
+        except APIError as error:
+            raise in_own_terms(error, MessagesRequest) from None
         return JSONResponse(dump(count))
     except APIError as error:
         return JSONResponse(error_body(error), error.status, headers=error.headers)

@@ -33,19 +33,20 @@ Policies:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
 from ...errors import GrammarError
 from ...grammar import Grammar
 from ...limits import MIN_TEMPERATURE, REPETITION_PENALTY_RANGE
-from ..request_base import APIError, Content, RequestModel, content_text
+from ..ignored import LeftOut
+from ..request_base import APIError, Content, RequestModel, TextPart, content_text
 from ..tool_schemas import (
     AllowedToolsChoice,
     ChatTool,
+    ChatToolCall,
     ResponseFormat,
-    ToolCall,
     ToolChoice,
     check_tool_choice,
     function_tools,
@@ -65,11 +66,25 @@ INT64 = (-(2**63), 2**63 - 1)
 INT32_MAX = 2**31 - 1
 
 
+class RefusalPart(RequestModel, LeftOut):
+    """An earlier answer's refusal as a content part (OpenAI's assistant messages may carry
+    one): left out of the prompt, as a message's ``refusal`` is, and said."""
+
+    type: Literal["refusal"]
+    refusal: str
+    text: ClassVar[str] = ""  # nothing of it in the message's text (content_text)
+
+
+#: A chat message's content: text, or text and refusal parts (a plain union: its errors'
+#: paths name no member, see request_base.first_error).
+MessageContent = Union[str, list[Union[TextPart, RefusalPart]]]
+
+
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Content | None = None
+    content: MessageContent | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_calls: list[ChatToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     refusal: str | None = None  # as OpenAI's answers carry it, when a client sends one back
     # An earlier answer's reasoning (llama-server's name; vLLM's newer ``reasoning``, also
@@ -94,8 +109,8 @@ class ChatMessage(RequestModel):
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
         role = "system" if self.role == "developer" else self.role
         message = {"role": role, "content": content_text(self.content)}
-        if self.tool_calls:
-            message["tool_calls"] = [call.plain() for call in self.tool_calls]
+        if calls := function_tools(self.tool_calls):  # another type's calls: left out
+            message["tool_calls"] = [call.plain() for call in calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.role == "assistant" and (self.reasoning_content or self.reasoning):
@@ -268,11 +283,27 @@ class ChatCompletionRequest(_GenerationRequest):
         tools = [tool.plain() for tool in served]
         return ToolPlan(tools, named, parallel, template, answer, allowed)
 
+    def sent_messages(self) -> list[dict]:
+        """The messages as dicts (:meth:`ChatMessage.as_dict`), without what the prompt leaves
+        out: the results of earlier calls of tools the server does not run, and an assistant
+        message that had nothing but such calls."""
+        left_out = {
+            call.id for m in self.messages for call in m.tool_calls or () if call.type != "function"
+        }
+        sent = []
+        for m in self.messages:
+            message = m.as_dict()
+            answered = m.role == "tool" and m.tool_call_id in left_out
+            emptied = m.tool_calls and not message.get("tool_calls") and not message["content"]
+            if not (answered or (emptied and not message.get("reasoning_content"))):
+                sent.append(message)
+        return sent
+
     def prompt_messages(self, template: TemplateFormat | None = None) -> list[dict]:
         """The messages for the chat template: the history's tool calls and results in the
         template's own shapes (:meth:`.tool_template.TemplateFormat.messages`), or with the
         tools in the generic format (:func:`.tools.prompt_messages`)."""
-        messages = [m.as_dict() for m in self.messages]
+        messages = self.sent_messages()
         if template is not None:
             return template.messages(messages)
         return prompt_messages(messages, self.tool_plan())

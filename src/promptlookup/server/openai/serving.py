@@ -9,6 +9,7 @@ import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from .. import reasoning
 from ..request_base import parse_request, read_json
@@ -21,8 +22,12 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 
 async def serve_completions(state: ServerState, request: Request, chat: bool) -> Response:
     settings = state.settings
-    body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-    req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+    body = await read_json(
+        request, settings.max_body_bytes, settings.body_timeout, state.max_pieces
+    )
+    # Validated on a thread (as parse_as_chat): the event loop serves other streams meanwhile.
+    shape = ChatCompletionRequest if chat else CompletionRequest
+    req = await run_in_threadpool(parse_request, shape, body)
     job = await start_job(state, request, req, chat)
     meta = {
         "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",

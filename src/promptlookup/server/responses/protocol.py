@@ -17,7 +17,7 @@ Earlier items of hosted tools in ``input`` are left out too.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -226,6 +226,13 @@ class TextOptions(RequestModel):
 class ResponsesRequest(RequestModel):
     """The request (see the module doc)."""
 
+    #: The chat form's fields that have other names here (an error of the chat form names
+    #: this API's field, :func:`..serving.in_own_terms`).
+    chat_names: ClassVar[dict[str, str]] = {
+        "messages": "input",
+        "response_format": "text.format",
+        "max_tokens": "max_output_tokens",
+    }
     model: str
     input: str | list[InputItem]
     instructions: str | None = None
