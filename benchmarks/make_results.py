@@ -47,6 +47,7 @@ README_RUNS = (
     "race-llama-server-0.12.0",
     "gemma3-270m-race-0.15.0-s3",
     "long-context-0.15.0-attention",
+    "long-context-s4-disk-tier",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -170,6 +171,14 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "long-context-s4-disk-tier/report.md",
+        "How it ran: `long-context-s4-disk-tier/NOTES.md` (`benchmarks/long_context_race.sh`, "
+        "version 0.15.0 unreleased, 6 December 2026, the default model, 2 threads each, each "
+        "server at its defaults, serve's disk tier in a fresh folder; the machine under load "
+        "4-9, which inflates the speed ratio, not the memory figures).",
+        "Long-context sessions with the prefix cache's default disk tier",
+    ),
     (
         "long-context-0.15.0-attention/report.md",
         "How it ran: `long-context-0.15.0-attention/NOTES.md` (`benchmarks/long_context_race.sh`, "
