@@ -114,8 +114,10 @@ class ServerState:
         self.max_batch = max_batch
         if PrefixCache.applies(lm.target):
             self.prefix_cache = prefix_cache(self.settings)
-            if self.prefix_cache is not None:
-                self.prefix_cache.prepare(lm.target)
+            if (cache := self.prefix_cache) is not None:
+                cache.prepare(lm.target)
+                disk = "memory only" if cache.disk is None else f"and {cache.disk.directory}"
+                log.info("prefix cache: %d MiB in memory %s", cache.budget_bytes >> 20, disk)
         queue, prefill = self.settings.max_queue, self.settings.prefill_tokens or PREFILL_TOKENS
         # One worker for every max_batch and target (see .batch_worker).
         self.worker = BatchWorker(lm, queue, self.tokenizer_lock, max_batch, prefill)
