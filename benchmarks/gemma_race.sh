@@ -19,6 +19,9 @@ JOIN='{% for m in messages %}{{ m.content }}{% if not loop.last %}
 
 {% endif %}{% endfor %}'
 mkdir -p "$OUT"
+# serve's default disk tier (--prefix-cache-dir auto) in a fresh folder: the user's may hold an
+# earlier run's prompts. Removed at the end.
+BLOCKS=$(mktemp -d)
 # The open-ended prompts (the built-in suite's, bench/open_ended.py) as a data file.
 $PY -c 'import json; from promptlookup.bench.open_ended import OPEN_ENDED as P
 for i, p in enumerate(P): print(json.dumps({"id": f"open_ended-{i:02d}", "task": "open_ended", "messages": [{"role": "user", "content": p}]}))' >"$OUT/open_ended.jsonl"
@@ -31,12 +34,12 @@ ready() {  # seconds until $1/v1/models answers
 LLAMA_PID=$!
 echo "llama-server ready after $(ready http://127.0.0.1:8089) s" | tee "$OUT/startup.txt"
 for start in first second; do
-  $PY -m promptlookup serve --model gemma-3-270m --port 8090 --threads 2 >"$OUT/serve-$start.log" 2>&1 &
+  $PY -m promptlookup serve --model gemma-3-270m --port 8090 --threads 2 --prefix-cache-dir "$BLOCKS/prefix-cache" >"$OUT/serve-$start.log" 2>&1 &
   SERVE_PID=$!
   echo "promptlookup serve ($start start) ready after $(ready http://127.0.0.1:8090) s" | tee -a "$OUT/startup.txt"
   [ "$start" = first ] && kill "$SERVE_PID" && wait "$SERVE_PID" || true
 done
-trap 'kill $LLAMA_PID $SERVE_PID 2>/dev/null || true' EXIT
+trap 'kill $LLAMA_PID $SERVE_PID 2>/dev/null || true; rm -rf "$BLOCKS"' EXIT
 $PY -m promptlookup bench --model "$GGUF" --limit "$LIMIT" -n 128 --threads 2 \
   --data "$DATA/code_edit.jsonl" --data "$DATA/summarization.jsonl" \
   --data "$OUT/open_ended.jsonl" --methods promptlookup-none \
