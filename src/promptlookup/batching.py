@@ -33,8 +33,8 @@ decoding, a step carries at most ``prefill_tokens`` prompt tokens (oldest joiner
 a long prompt delays each running sequence's next step by about one pass over that many
 tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; more lifts
 throughput, since every step also carries the running sequences' drafts); with nobody
-decoding, prompts go in whole chunks of
-:data:`~promptlookup.backends.base.PREFILL_CHUNK` tokens. A prompt's last
+decoding, prompts go in whole chunks of the target's ``prefill_chunk`` tokens
+(:data:`~promptlookup.backends.base.PREFILL_CHUNK` by default). A prompt's last
 chunk and its last token make the pass that yields its first token (no draft beside them).
 
 Memory: each sequence holds its own KV cache, ``2 * layers * kv_heads * head_dim`` values per
@@ -297,7 +297,8 @@ class BatchDecoder:
 
     def _entries(self) -> list[_Entry]:
         """This step's tokens per running sequence (steps 1 and 2 of the module doc)."""
-        budget = PREFILL_CHUNK if all(s.prefilling for s in self.running) else self.prefill_tokens
+        chunk = getattr(self.target, "prefill_chunk", None) or PREFILL_CHUNK  # the target's own
+        budget = chunk if all(s.prefilling for s in self.running) else self.prefill_tokens
         entries = []
         for sequence in self.running:
             missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached

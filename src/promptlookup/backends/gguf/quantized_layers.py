@@ -27,6 +27,12 @@ from .native_build import compiled
 SOURCES = ["quantized_layers.c", "quantized_matmul.c", "row_attention.c"]
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
+#: Bytes of activations a pass's rows take at a time: a longer pass (a prompt chunk) goes
+#: through the layers in slices of at most as many rows (``quantized_layers.c``'s
+#: ``slice_rows``: 64 to 512; Gemma 3 270M: 160, the default model: 222). The same bits
+#: whatever the slices;
+#: measured no slower than 512-row slices (benchmarks/runs/gemma-memory-s4).
+SLICE_BYTES = 8 << 20
 
 
 class _Linear(ctypes.Structure):
@@ -86,7 +92,7 @@ def kernel() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.quantized_layers.restype = ctypes.c_int
     int_ = ctypes.c_int
-    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, int_, int_]
+    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, int_, int_, i64]
     return library
 
 
@@ -209,6 +215,7 @@ class QuantizedLayers:
             len(caches),
             ELEMENT_TYPES[dtypes.pop()],
             torch.get_num_threads(),
+            SLICE_BYTES,
         )
         if status == -2:
             raise MemoryError("quantized decoder layers: out of memory for a pass's activations")
