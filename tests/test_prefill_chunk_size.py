@@ -124,3 +124,27 @@ def test_the_c_layers_slices_of_a_long_pass_change_no_bit(gemma, monkeypatch):
     for cache, logits in others:
         assert torch.equal(logits, expected)
         assert _same_kv(cache, expected_cache)
+
+
+@needs_c
+def test_drafts_are_cut_to_the_targets_logits_bound_without_changing_a_token(gemma, monkeypatch):
+    """With a pass's logits bounded to 4 rows (a 3-token draft), prompt lookup's long drafts
+    are cut: no decoding pass verifies more, and every token is the unbounded run's."""
+    from promptlookup.backends.hf import target as hf_target
+
+    prompts = [_prompt(26, 120, 64), _prompt(27, 90, 64)]
+    options = dict(max_new_tokens=40, drafter="prompt-lookup", speculation="fixed")
+    expected = [gemma.generate(p, prefix_cache=False, **options).token_ids for p in prompts]
+    monkeypatch.setattr(hf_target, "LOGITS_BYTES", 4 * 4 * gemma.target.config.vocab_size)
+    assert gemma.target.max_draft == 3
+    rows = _passes(gemma)
+    try:
+        bounded = [gemma.generate(p, prefix_cache=False, **options) for p in prompts]
+        together = gemma.generate_batch(prompts, prefix_cache=False, **options)
+    finally:
+        del gemma.target.forward_batch
+    assert [result.token_ids for result in bounded] == expected
+    assert [result.token_ids for result in together] == expected
+    assert max(result.stats.accepted_tokens for result in bounded) > 0  # drafts were verified
+    decoding = [count for count in rows if count < 64]  # passes after the prompts' first
+    assert max(decoding) <= 2 * 4  # the batch: two sequences of 4 rows at most

@@ -64,6 +64,12 @@ CROPPABLE = (GrowingLayer, WindowLayer, WindowedLayer)
 #: Gemma 3 270M a 24,000-token prompt's peak is about 40 MiB lower in passes of 512 tokens
 #: than of :data:`~promptlookup.backends.base.PREFILL_CHUNK` (benchmarks/runs/gemma-memory-s4).
 WINDOWED_PREFILL_CHUNK = 512
+#: Bytes of float32 logits one sequence's verification pass returns at most: a longer draft
+#: is cut to fit (:attr:`TorchTarget.max_draft`). Gemma 3 270M's 262,144-token vocabulary
+#: takes 1 MiB a row, so a 63-token draft's pass held 64 MiB of logits at once (the Gemma
+#: race's peak, benchmarks/runs/gemma-memory-s4); the default model's (49,152 tokens, 192 KiB a
+#: row: 169 tokens) is beyond any draft the policy verifies (63).
+LOGITS_BYTES = 32 << 20
 
 
 class TorchTarget:
@@ -171,6 +177,13 @@ class TorchTarget:
         if tokens is not None and tokens < 1:
             raise ValueError(f"prefill_chunk must be at least 1 token, got {tokens}")
         self._prefill_chunk = tokens
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft one sequence's pass verifies: as many rows of logits as
+        :data:`LOGITS_BYTES` hold, less the bonus token's (Gemma 3 270M: 31 tokens; the batch
+        decoder cuts longer drafts). A draft's length never changes a token."""
+        return max(1, LOGITS_BYTES // (4 * self.config.vocab_size) - 1)
 
     @torch.inference_mode()
     def _run(
