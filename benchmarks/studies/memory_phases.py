@@ -100,7 +100,7 @@ def pass_label(caches, token_ids, logits_to_keep) -> str:
     rows = sum(len(tokens) for tokens in token_ids)
     context = max(cache.get_seq_length() for cache in caches)
     kind = "prompt chunk" if not any(logits_to_keep) else "pass with logits"
-    size = "1 row" if rows == 1 else f"{rows} rows" if rows < 64 else f"{rows // 512 * 512}+ rows"
+    size = "1 row" if rows == 1 else f"{rows} rows" if rows < 64 else f"{rows // 64 * 64}+ rows"
     if context == 0:
         return f"{kind}, {size}, first"
     return f"{kind}, {size}"

@@ -60,9 +60,9 @@ class WindowLayer(GrowingLayer):
 CROPPABLE = (GrowingLayer, WindowLayer, WindowedLayer)
 #: Prompt tokens per pass for a model whose sliding-window layers keep only their window
 #: (:class:`~promptlookup.backends.hf.window.WindowedCache`): a windowed layer's buffers hold
-#: its window and a whole pass's rows, and a pass's activations grow with its rows, so on
-#: Gemma 3 270M a 24,000-token prompt's peak is about 40 MiB lower in passes of 512 tokens
-#: than of :data:`~promptlookup.backends.base.PREFILL_CHUNK` (benchmarks/runs/gemma-memory-s4).
+#: its window and a whole pass's rows, and a pass's activations grow with its rows: Gemma 3
+#: 270M's 4,096-token prefill peaked 76 MiB over idle in 512-token passes, 120 in 2,048-token
+#: ones (:data:`~promptlookup.backends.base.PREFILL_CHUNK`; benchmarks/runs/gemma-memory-s4).
 WINDOWED_PREFILL_CHUNK = 512
 #: Bytes of float32 logits one sequence's verification pass returns at most: a longer draft
 #: is cut to fit (:attr:`TorchTarget.max_draft`). Gemma 3 270M's 262,144-token vocabulary
