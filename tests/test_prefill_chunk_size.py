@@ -13,6 +13,7 @@ from _fixtures import one_thread  # noqa: F401 (fixture)
 from conftest import TinyTokenizer, tiny_llama
 from test_gguf_families import family_model
 from test_prefill_chunks import _prompt, _same_kv
+from test_quantized import quantized_tiny
 
 import promptlookup
 from promptlookup.backends.base import PREFILL_CHUNK
@@ -107,16 +108,20 @@ def test_every_chunk_size_gives_the_tokens_of_one_pass_over_the_prompt(gemma, dr
 
 @needs_c
 def test_the_c_layers_slices_of_a_long_pass_change_no_bit(gemma, monkeypatch):
-    """A 300-row pass in slices of 64 rows (the least: 1 byte of budget), of 100 and of the
-    whole pass: the same keys, values and logits of every row."""
+    """A 300-row pass in slices of 64 rows (the least: 1 byte of budget), of 100 KiB and of
+    the whole pass (no budget): the same keys, values and logits of every row. A model with
+    sliding-window layers has the budget, others not."""
     from promptlookup.backends.gguf import quantized_layers
 
     target = gemma.target
-    assert target.decoder_pass.quantized_layers is not None
+    layers = target.decoder_pass.quantized_layers
+    assert layers.slice_bytes == quantized_layers.SLICE_BYTES > 0
+    llama = TorchTarget(quantized_tiny(seed=3)).decoder_pass.quantized_layers
+    assert llama is not None and llama.slice_bytes == 0
     prompt = _prompt(25, 300, 64)
     results = []
-    for budget in (1, 100 * 2**10, 1 << 40):
-        monkeypatch.setattr(quantized_layers, "SLICE_BYTES", budget)
+    for budget in (1, 100 * 2**10, 0):
+        monkeypatch.setattr(layers, "slice_bytes", budget)
         cache = target.new_sequence()
         logits = target.forward_batch([cache], [prompt], [len(prompt)])[0]
         results.append((cache, logits))

@@ -7,7 +7,7 @@ values); a prompt of ``--tokens`` tokens (standard-library sources, as
 ``window_memory.py`` takes them) is prefilled as the batch decoder prefills a prompt with
 nobody decoding: its cache reserved at once (``target.reserve``), then passes of ``chunk``
 tokens (``target.forward_batch``), the last one keeping its logits, the C layers taking the
-pass in slices of ``--variant CHUNK:SLICE_MIB``'s budget (``quantized_layers.SLICE_BYTES``; 0:
+pass in slices of ``--variant CHUNK:SLICE_MIB``'s budget (``QuantizedLayers.slice_bytes``; 0:
 512-row slices, as before it). Rounds go model by model, variant by variant, the order of the
 variants turned each round, so that load changes on a shared machine touch every one alike. Per cell: the median tokens/s over rounds, and the
 largest rise of resident memory (``VmHWM`` reset before each prefill, over the resident memory
@@ -31,11 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from window_memory import prompt_ids, vm_hwm_mib, vm_rss_mib  # noqa: E402
 
 import promptlookup  # noqa: E402
-from promptlookup.backends.gguf import quantized_layers  # noqa: E402
 from promptlookup.machine import return_freed_memory  # noqa: E402
-
-#: A slice budget of 0 MiB: slices of the kernel's most rows (512), as before the budget.
-WHOLE = 1 << 40
 
 
 def prefill(target, prompt: list[int], chunk: int) -> tuple[float, float, float]:
@@ -93,7 +89,8 @@ def main() -> None:
         turn = round_ % len(variants)
         for name, (target, prompt) in models.items():
             for chunk, slice_mib in variants[turn:] + variants[:turn]:
-                quantized_layers.SLICE_BYTES = int(slice_mib * 2**20) or WHOLE
+                layers = target.decoder_pass.quantized_layers
+                layers.slice_bytes = int(slice_mib * 2**20)  # 0: 512-row slices
                 cell = cells.setdefault((name, chunk, slice_mib), [])
                 cell.append(prefill(target, prompt, chunk))
                 seconds, rise, held = cell[-1]

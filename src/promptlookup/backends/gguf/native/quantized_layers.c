@@ -244,6 +244,7 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
 #define SLICE_MAX_ROWS 512
 
 static int64_t slice_rows(const struct model *m, int64_t slice_bytes) {
+    if (slice_bytes <= 0) return SLICE_MAX_ROWS;  /* no budget: the most rows */
     int64_t widest = m->hidden > m->intermediate ? m->hidden : m->intermediate;
     if ((int64_t)m->heads * m->head_dim > widest) widest = (int64_t)m->heads * m->head_dim;
     const int64_t rows = slice_bytes / ((int64_t)sizeof(float) * (scratch_floats(m) + widest));
@@ -254,7 +255,8 @@ static int64_t slice_rows(const struct model *m, int64_t slice_bytes) {
  * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
  * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
  * element type kv_type, bounds.h's ELEMENT_*; room up to the pass's last position). cos, sin:
- * (ropes x rows x rot_dim). slice_bytes: the activations' memory (see slice_rows). Returns 0,
+ * (ropes x rows x rot_dim). slice_bytes: the activations' memory (see slice_rows; 0: slices
+ * of SLICE_MAX_ROWS). Returns 0,
  * -1 for a shape the kernels do not take, -2 out of memory. */
 int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
                      const float *sin, const int64_t *row_sequence, const int64_t *row_position,
