@@ -10,7 +10,9 @@ the loop (numbered as in :mod:`promptlookup.loop` and ``docs/design.md``) for al
 1. *Draft*: every sequence whose prompt is in its cache drafts, as it would alone (not on
    its first step, whose pass ends its prompt: its first token comes sooner).
 2. *Decide*: the policy sets all draft lengths jointly, from the cost of the whole pass and
-   each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.decide`).
+   each sequence's own acceptance (:meth:`~promptlookup.policy.SpeculationPolicy.decide`),
+   each draft first cut to the target's ``max_draft`` where it has one (a bound on a pass's
+   logits: :attr:`~promptlookup.backends.hf.target.TorchTarget.max_draft`).
 3. *One forward pass* over every sequence's new tokens: the next chunk of a joining sequence's
    prompt, or a running sequence's last token and its draft.
 4. *Verify*: each sequence keeps its accepted tokens and its bonus token, chosen by its own
@@ -33,8 +35,8 @@ decoding, a step carries at most ``prefill_tokens`` prompt tokens (oldest joiner
 a long prompt delays each running sequence's next step by about one pass over that many
 tokens rather than by a whole prefill (``promptlookup serve --prefill-tokens``; more lifts
 throughput, since every step also carries the running sequences' drafts); with nobody
-decoding, prompts go in whole chunks of
-:data:`~promptlookup.backends.base.PREFILL_CHUNK` tokens. A prompt's last
+decoding, prompts go in whole chunks of the target's ``prefill_chunk`` tokens
+(:data:`~promptlookup.backends.base.PREFILL_CHUNK` by default). A prompt's last
 chunk and its last token make the pass that yields its first token (no draft beside them).
 
 Memory: each sequence holds its own KV cache, ``2 * layers * kv_heads * head_dim`` values per
@@ -297,7 +299,9 @@ class BatchDecoder:
 
     def _entries(self) -> list[_Entry]:
         """This step's tokens per running sequence (steps 1 and 2 of the module doc)."""
-        budget = PREFILL_CHUNK if all(s.prefilling for s in self.running) else self.prefill_tokens
+        chunk = getattr(self.target, "prefill_chunk", None) or PREFILL_CHUNK  # the target's own
+        budget = chunk if all(s.prefilling for s in self.running) else self.prefill_tokens
+        longest = getattr(self.target, "max_draft", None)  # its logits' bound, if any
         entries = []
         for sequence in self.running:
             missing = sequence.tokens[sequence.cache.get_seq_length() : -1]  # prompt not cached
@@ -310,6 +314,7 @@ class BatchDecoder:
             with _isolated(sequence):
                 draft = sequence.propose()
             if sequence.error is None:
+                draft = draft if longest is None else draft.cut(longest)
                 entries.append(_Entry(sequence, [*missing, sequence.tokens[-1]], draft, 1))
         # Each policy sizes its sequences' drafts jointly; every other row is fixed for it.
         groups: dict[int, list[_Entry]] = {}

@@ -10,7 +10,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 #: Prompt tokens a target takes in one forward pass at most (bounding activation memory): a
-#: longer prompt is fed in chunks of this many.
+#: longer prompt is fed in chunks of this many, unless the target has a ``prefill_chunk`` of
+#: its own (see :class:`Target`).
 PREFILL_CHUNK = 2048
 
 
@@ -18,7 +19,9 @@ PREFILL_CHUNK = 2048
 class Target(Protocol):
     """What the decoding loop needs from a model backend.
 
-    Positions are implicit: the i-th token fed after a ``reset`` sits at position i.
+    Positions are implicit: the i-th token fed after a ``reset`` sits at position i. A
+    target may say how many prompt tokens one of its passes takes at most,
+    ``prefill_chunk`` (optional, so not a protocol member; any size gives the same tokens).
     """
 
     #: Longest sequence (prompt + generated tokens) the model accepts.

@@ -27,6 +27,14 @@ from .native_build import compiled
 SOURCES = ["quantized_layers.c", "quantized_matmul.c", "row_attention.c"]
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
+#: Bytes of activations a pass's rows take at a time in a model with sliding-window layers
+#: (Gemma 3, whose windowed caches keep its prefill's memory small otherwise): a longer pass
+#: goes through the layers in slices of at most as many rows (``quantized_layers.c``'s
+#: ``slice_rows``: 64 to 512; Gemma 3 270M: 160). The same bits whatever the slices; other
+#: models keep 512-row slices (``QuantizedLayers.slice_bytes`` 0): on a busy 2-core host each
+#: slice's thread barriers cost, and the default model's prefill ran at 0.49x in slices of 8
+#: MiB (benchmarks/runs/gemma-memory-s4/prefill-speed.md), Gemma's at 0.45x.
+SLICE_BYTES = 8 << 20
 
 
 class _Linear(ctypes.Structure):
@@ -86,7 +94,7 @@ def kernel() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     library.quantized_layers.restype = ctypes.c_int
     int_ = ctypes.c_int
-    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, int_, int_]
+    library.quantized_layers.argtypes = [p, p, i64, p, p, p, p, p, p, p, i64, int_, int_, i64]
     return library
 
 
@@ -119,8 +127,11 @@ def _norm_weight(norm, eps: float, pinned: list) -> int | None:
 class QuantizedLayers:
     """Every decoder layer of one quantized model, run by ``quantized_layers.c``."""
 
-    def __init__(self, model: _Model, pinned: list) -> None:
+    def __init__(self, model: _Model, pinned: list, slice_bytes: int = 0) -> None:
         self._model, self._pinned = model, pinned  # the tensors the structs point into
+        #: Bytes of activations a pass's rows take at a time (0: slices of 512 rows; see
+        #: :data:`SLICE_BYTES`).
+        self.slice_bytes = slice_bytes
 
     @classmethod
     def build(cls, layers: list, config, ropes: int = 1) -> QuantizedLayers | None:
@@ -169,7 +180,8 @@ class QuantizedLayers:
             len(layers), config.hidden_size, heads, kv_heads, head_dim, intermediate, eps,
             layers[0].scaling, table, rot_dim, ropes, int(layers[0].gelu),
         )  # fmt: skip
-        return cls(model, pinned)
+        windowed = any(layer.window for layer in layers)
+        return cls(model, pinned, SLICE_BYTES if windowed else 0)
 
     def __call__(self, hidden, ropes: list, caches: list, lengths: list[int], pass_rows) -> None:
         """``hidden`` (1, total, hidden) through every layer, in place: sequence i's
@@ -209,6 +221,7 @@ class QuantizedLayers:
             len(caches),
             ELEMENT_TYPES[dtypes.pop()],
             torch.get_num_threads(),
+            self.slice_bytes,
         )
         if status == -2:
             raise MemoryError("quantized decoder layers: out of memory for a pass's activations")

@@ -58,6 +58,18 @@ class WindowLayer(GrowingLayer):
 #: Cache layers that :meth:`TorchTarget.crop` can crop (a windowed one back to where
 #: it still holds the window: every crop of a rejected draft).
 CROPPABLE = (GrowingLayer, WindowLayer, WindowedLayer)
+#: Prompt tokens per pass for a model whose sliding-window layers keep only their window
+#: (:class:`~promptlookup.backends.hf.window.WindowedCache`): a windowed layer's buffers hold
+#: its window and a whole pass's rows, and a pass's activations grow with its rows: Gemma 3
+#: 270M's 4,096-token prefill peaked 76 MiB over idle in 512-token passes, 120 in 2,048-token
+#: ones (:data:`~promptlookup.backends.base.PREFILL_CHUNK`; benchmarks/runs/gemma-memory-s4).
+WINDOWED_PREFILL_CHUNK = 512
+#: Bytes of float32 logits one sequence's verification pass returns at most: a longer draft
+#: is cut to fit (:attr:`TorchTarget.max_draft`). Gemma 3 270M's 262,144-token vocabulary
+#: takes 1 MiB a row, so a 63-token draft's pass held 64 MiB of logits at once (the Gemma
+#: race's peak, benchmarks/runs/gemma-memory-s4); the default model's (49,152 tokens, 192 KiB a
+#: row: 169 tokens) is beyond any draft the policy verifies (63).
+LOGITS_BYTES = 32 << 20
 
 
 class TorchTarget:
@@ -110,6 +122,8 @@ class TorchTarget:
         #: Whether the model has a forward of its own: our GGUF modules have none, so our pass
         #: runs all of theirs (and transformers' attention registry is never needed).
         self.model_forward = type(model).forward is not torch.nn.Module.forward
+        #: Prompt tokens per pass set for this target (None: :attr:`prefill_chunk` chooses).
+        self._prefill_chunk: int | None = None
         self.reset()
         # Recurrent layers (or others transformers adds) forget what a crop would restore.
         self.can_crop = all(type(layer) in CROPPABLE for layer in self.cache.layers)
@@ -145,6 +159,32 @@ class TorchTarget:
     def cache_length(self) -> int:
         return self.cache.get_seq_length() + len(self._pending)
 
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens one pass takes at most (a longer prompt goes in passes of this many,
+        here and in the batch decoder): :data:`WINDOWED_PREFILL_CHUNK` where sliding-window
+        layers keep only their window, else :data:`~promptlookup.backends.base.PREFILL_CHUNK`,
+        unless set. Any size gives the same keys, values, logits and tokens (row-invariant
+        passes; ``tests/test_prefill_chunks.py``); only memory and speed depend on it."""
+        if self._prefill_chunk is not None:
+            return self._prefill_chunk
+        if isinstance(self.cache, WindowedCache):
+            return min(WINDOWED_PREFILL_CHUNK, PREFILL_CHUNK)
+        return PREFILL_CHUNK
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, tokens: int | None) -> None:
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"prefill_chunk must be at least 1 token, got {tokens}")
+        self._prefill_chunk = tokens
+
+    @property
+    def max_draft(self) -> int:
+        """The longest draft one sequence's pass verifies: as many rows of logits as
+        :data:`LOGITS_BYTES` hold, less the bonus token's (Gemma 3 270M: 31 tokens; the batch
+        decoder cuts longer drafts). A draft's length never changes a token."""
+        return max(1, LOGITS_BYTES // (4 * self.config.vocab_size) - 1)
+
     @torch.inference_mode()
     def _run(
         self, token_ids: Sequence[int], logits_to_keep: int, cache: DynamicCache | None = None
@@ -169,13 +209,14 @@ class TorchTarget:
         return out.logits[0]
 
     def prefill(self, token_ids: Sequence[int]) -> None:
-        """Feed the prompt. Its last chunk (up to :data:`PREFILL_CHUNK` tokens; all of a
+        """Feed the prompt. Its last chunk (up to :attr:`prefill_chunk` tokens; all of a
         shorter prompt) waits and runs in the next forward pass, before that pass's own
         tokens: one pass instead of two, as ``model.generate``'s prefill also yields the first
         token. ``cache_length`` counts the waiting tokens; :meth:`crop` may drop them."""
         self._pending.extend(token_ids)
-        if len(self._pending) > PREFILL_CHUNK:
-            whole = (len(self._pending) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        chunk = self.prefill_chunk
+        if len(self._pending) > chunk:
+            whole = (len(self._pending) - 1) // chunk * chunk
             run, self._pending = self._pending[:whole], self._pending[whole:]
             self._extend(run)
 
@@ -187,9 +228,9 @@ class TorchTarget:
         return self._extend(fed)
 
     def _extend(self, token_ids: Sequence[int]) -> torch.Tensor | None:
-        logits = None
-        for start in range(0, len(token_ids), PREFILL_CHUNK):
-            logits = self._run(token_ids[start : start + PREFILL_CHUNK], logits_to_keep=1)[-1]
+        logits, chunk = None, self.prefill_chunk
+        for start in range(0, len(token_ids), chunk):
+            logits = self._run(token_ids[start : start + chunk], logits_to_keep=1)[-1]
         return logits
 
     def forward(self, token_ids: Sequence[int]) -> torch.Tensor:

@@ -141,6 +141,15 @@ static int linear_parts(const struct linear *parts, int count, const float *norm
     return 0;
 }
 
+/* Floats of activations a row of a pass takes in layers_of_rows' buffer: the normed input, the
+ * query/key/value products, the rotated queries and their attention, a product's output, the
+ * gate/up products and their activation. */
+static int64_t scratch_floats(const struct model *m) {
+    const int64_t h = m->hidden, q_width = (int64_t)m->heads * m->head_dim;
+    const int64_t kv_width = (int64_t)m->kv_heads * m->head_dim, inter = m->intermediate;
+    return h + (q_width + 2 * kv_width) + 2 * q_width + h + 3 * inter;
+}
+
 /* `hidden` (rows x hidden, float32) through every layer, in place; see quantized_layers. cos
  * and sin: this call's first row's entries of tables of `table_rows` rows. */
 static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, const float *cos,
@@ -151,8 +160,7 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
     const int64_t h = m->hidden, dim = m->head_dim, inter = m->intermediate;
     const int64_t q_width = (int64_t)m->heads * dim, kv_width = (int64_t)m->kv_heads * dim;
     const int64_t qkv_width = q_width + 2 * kv_width;
-    const int64_t scratch = h + qkv_width + 2 * q_width + h + 3 * inter;
-    float *buffer = malloc(sizeof(float) * (size_t)(rows * scratch));
+    float *buffer = malloc(sizeof(float) * (size_t)(rows * scratch_floats(m)));
     if (!buffer) return -2;
     float *normed = buffer, *qkv = normed + rows * h, *query = qkv + rows * qkv_width;
     float *attended = query + rows * q_width, *product = attended + rows * q_width;
@@ -225,24 +233,42 @@ static int layers_of_rows(const struct model *m, float *hidden, int64_t rows, co
 }
 
 /* Rows that go through the layers together: a longer pass (a long prompt's chunk) runs in
- * slices of this many rows, one after the other, each through every layer, so its activations
- * take SLICE_ROWS rows of memory (Gemma 3 270M: 43 KiB a row) instead of the whole pass's. The
- * bits are the same: a row depends on its own position and its sequence's cache alone, and a
+ * slices, one after the other, each through every layer, so its activations take a slice's
+ * rows of memory instead of the whole pass's: as many rows as `slice_bytes` hold (a row:
+ * scratch_floats(), and the copy of a product's input that quantized_matmul.c's many-row path
+ * makes; Gemma 3 270M: 51 KiB), within SLICE_MIN_ROWS..SLICE_MAX_ROWS, split evenly (a
+ * 512-row pass of Gemma 3 270M in slices of 8 MiB: 4 of 128 rows). The bits are the same
+ * whatever the slices: a row depends on its own position and its sequence's cache alone, and a
  * slice's keys and values are in the cache before the next slice attends to them. */
-#define SLICE_ROWS 512
+#define SLICE_MIN_ROWS 64
+#define SLICE_MAX_ROWS 512
+
+static int64_t slice_rows(const struct model *m, int64_t slice_bytes) {
+    if (slice_bytes <= 0) return SLICE_MAX_ROWS;  /* no budget: the most rows */
+    int64_t widest = m->hidden > m->intermediate ? m->hidden : m->intermediate;
+    if ((int64_t)m->heads * m->head_dim > widest) widest = (int64_t)m->heads * m->head_dim;
+    const int64_t rows = slice_bytes / ((int64_t)sizeof(float) * (scratch_floats(m) + widest));
+    return rows < SLICE_MIN_ROWS ? SLICE_MIN_ROWS : rows > SLICE_MAX_ROWS ? SLICE_MAX_ROWS : rows;
+}
 
 /* Entry point: `hidden` (rows x hidden, float32) through every layer, in place. Row r belongs
  * to sequence row_sequence[r] at position row_position[r]; layer l's cache of sequence s is
  * key_pointers / value_pointers / capacities [l * sequences + s] (row_attention.c's layouts,
  * element type kv_type, bounds.h's ELEMENT_*; room up to the pass's last position). cos, sin:
- * (ropes x rows x rot_dim). Returns 0, -1 for a shape the kernels do not take, -2 out of
- * memory. */
+ * (ropes x rows x rot_dim). slice_bytes: the activations' memory (see slice_rows; 0: slices
+ * of SLICE_MAX_ROWS). Returns 0,
+ * -1 for a shape the kernels do not take, -2 out of memory. */
 int quantized_layers(const struct model *m, float *hidden, int64_t rows, const float *cos,
                      const float *sin, const int64_t *row_sequence, const int64_t *row_position,
                      const int64_t *key_pointers, const int64_t *value_pointers,
-                     const int64_t *capacities, int64_t sequences, int kv_type, int threads) {
-    for (int64_t first = 0; first < rows; first += SLICE_ROWS) {
-        const int64_t count = rows - first < SLICE_ROWS ? rows - first : SLICE_ROWS;
+                     const int64_t *capacities, int64_t sequences, int kv_type, int threads,
+                     int64_t slice_bytes) {
+    if (rows <= 0) return 0;
+    /* Slices of equal size (the last a few rows shorter), none longer than slice_rows. */
+    const int64_t longest = slice_rows(m, slice_bytes), slices = (rows + longest - 1) / longest;
+    const int64_t slice = (rows + slices - 1) / slices;
+    for (int64_t first = 0; first < rows; first += slice) {
+        const int64_t count = rows - first < slice ? rows - first : slice;
         const int status = layers_of_rows(
             m, hidden + first * m->hidden, count, cos + first * m->rot_dim,
             sin + first * m->rot_dim, rows, row_sequence + first, row_position + first,
