@@ -110,12 +110,12 @@ def test_every_chunk_size_gives_the_tokens_of_one_pass_over_the_prompt(gemma, dr
 def test_the_c_layers_slices_of_a_long_pass_change_no_bit(gemma, monkeypatch):
     """A 300-row pass in slices of 64 rows (the least: 1 byte of budget), of 100 KiB and of
     the whole pass (no budget): the same keys, values and logits of every row. A model with
-    sliding-window layers has the budget, others not."""
+    sliding-window layers has the budget (:data:`SLICE_BYTES`, 0 by default), others none."""
     from promptlookup.backends.gguf import quantized_layers
 
     target = gemma.target
     layers = target.decoder_pass.quantized_layers
-    assert layers.slice_bytes == quantized_layers.SLICE_BYTES > 0
+    assert layers.slice_bytes == quantized_layers.SLICE_BYTES
     llama = TorchTarget(quantized_tiny(seed=3)).decoder_pass.quantized_layers
     assert llama is not None and llama.slice_bytes == 0
     prompt = _prompt(25, 300, 64)

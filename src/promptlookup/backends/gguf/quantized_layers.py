@@ -27,14 +27,14 @@ from .native_build import compiled
 SOURCES = ["quantized_layers.c", "quantized_matmul.c", "row_attention.c"]
 #: Set to 0 to run quantized models layer by layer in Python (the same kernels, slower).
 ENVIRONMENT = "PROMPTLOOKUP_QUANTIZED_LAYERS"
-#: Bytes of activations a pass's rows take at a time in a model with sliding-window layers
-#: (Gemma 3, whose windowed caches keep its prefill's memory small otherwise): a longer pass
-#: goes through the layers in slices of at most as many rows (``quantized_layers.c``'s
-#: ``slice_rows``: 64 to 512; Gemma 3 270M: 160). The same bits whatever the slices; other
-#: models keep 512-row slices (``QuantizedLayers.slice_bytes`` 0): on a busy 2-core host each
-#: slice's thread barriers cost, and the default model's prefill ran at 0.49x in slices of 8
-#: MiB (benchmarks/runs/gemma-memory-s4/prefill-speed.md), Gemma's at 0.45x.
-SLICE_BYTES = 8 << 20
+#: Bytes of activations a pass's rows may take at a time in a model with sliding-window layers
+#: (Gemma 3): a longer pass then goes through the layers in slices of at most as many rows
+#: (``quantized_layers.c``'s ``slice_rows``: 64 to 512), the same bits whatever the slices. 0
+#: (512-row slices, every model): 8 MiB slices saved Gemma 3 270M 18 MiB on a 2,048-token
+#: prompt but ran its prefill at 0.45x (the default model's at 0.49x) on the busy 2-core host
+#: (benchmarks/runs/gemma-memory-s4/prefill-speed.md), which does not pay; kept as the lever
+#: (``QuantizedLayers.slice_bytes``) until a quiet machine measures it again.
+SLICE_BYTES = 0
 
 
 class _Linear(ctypes.Structure):
