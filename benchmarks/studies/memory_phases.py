@@ -34,9 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from window_memory import prompt_ids, vm_hwm_mib, vm_rss_mib  # noqa: E402
 
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
+from promptlookup.bench.memory import reset_peak  # noqa: E402
 
 
 class Phases:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import promptlookup
+from promptlookup.bench.memory import reset_peak
 from promptlookup.bench.sessions.conversations import LocalChat, build_conversations
 from promptlookup.machine import return_freed_memory
 from promptlookup.prefix_cache import PrefixCache
@@ -76,7 +77,7 @@ def main() -> None:
     if args.interleave:  # every session's turn 1, then every turn 2, ...
         turns.sort(key=lambda pair: pair[1])
     for conversation, turn in turns:
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: this turn's
+        reset_peak()  # VmHWM from here: this turn's
         said = answers[conversation.name]
         answer = chat.chat(conversation.messages(said), args.max_tokens)
         said.append(answer["text"])
