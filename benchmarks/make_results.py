@@ -180,6 +180,19 @@ STUDIES = [
         "Long-context sessions with the prefix cache's default disk tier",
     ),
     (
+        "gemma3-270m-race-s4-disk-tier/report.md",
+        "How it ran: `gemma3-270m-race-s4-disk-tier/NOTES.md` (`benchmarks/gemma_race.sh`, "
+        "version 0.15.0 unreleased, 6 December 2026, each server at its defaults, serve's disk "
+        "tier in a fresh folder; the machine under load 3.5-8, which inflates the speed ratio, "
+        "not the memory figures).",
+        "Gemma 3 270M against llama-server with the prefix cache's default disk tier",
+    ),
+    (
+        "session-memory-interleaved-s4.md",
+        "How it ran: the command is in the file (`benchmarks/studies/session_memory.py "
+        "--interleave`, in one process, load 2-4).",
+    ),
+    (
         "long-context-0.15.0-attention/report.md",
         "How it ran: `long-context-0.15.0-attention/NOTES.md` (`benchmarks/long_context_race.sh`, "
         "version 0.15.0 unreleased, 6 December 2026, the default model, 2 threads each, each "
