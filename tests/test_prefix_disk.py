@@ -251,11 +251,11 @@ def test_a_disk_tier_needs_a_budget_and_a_folder(tmp_path):
 def test_the_server_keeps_blocks_on_disk_by_default_in_the_users_cache(tmp_path):
     default = prefix_cache(ServerSettings())
     assert default.disk.directory == cache_files.prefix_cache_folder()  # this test's, here
-    assert default.budget_bytes == 256 * 2**20
+    assert default.budget_bytes == 64 * 2**20
     memory_only = prefix_cache(ServerSettings(prefix_cache_dir="none"))
     assert memory_only.disk is None and memory_only.budget_bytes == 1024 * 2**20
-    chosen = prefix_cache(ServerSettings(prefix_cache_mib=64, prefix_cache_dir=str(tmp_path)))
-    assert chosen.disk.directory == tmp_path and chosen.budget_bytes == 64 * 2**20
+    chosen = prefix_cache(ServerSettings(prefix_cache_mib=96, prefix_cache_dir=str(tmp_path)))
+    assert chosen.disk.directory == tmp_path and chosen.budget_bytes == 96 * 2**20
     assert prefix_cache(ServerSettings(prefix_cache_mib=0)) is None
 
 

@@ -116,7 +116,7 @@ def test_each_tenant_reuses_only_its_own_prefixes(lm, keys_file):
         assert cached(streamed) >= 32
         assert text(first) == text(bob) == text(again) == text(streamed)
         # /health shows the budget, not what anyone's requests left in the cache.
-        assert httpx.get(running.url + "/health").json()["prefix_cache"] == {"budget_mib": 256}
+        assert httpx.get(running.url + "/health").json()["prefix_cache"] == {"budget_mib": 64}
         assert httpx.post(
             running.url + "/v1/chat/completions", json={}, headers={"Authorization": "Bearer x"}
         ).status_code == 401  # fmt: skip
@@ -143,10 +143,10 @@ def test_a_zero_budget_turns_the_cache_off(lm):
 
 
 def test_the_flags_are_documented():
-    assert ServerSettings().prefix_cache_mib is None  # 256 with the disk tier, 1024 without
+    assert ServerSettings().prefix_cache_mib is None  # 64 with the disk tier, 1024 without
     assert ServerSettings().prefix_cache_dir == "auto"
     help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
-    assert "[default: 256 with a disk tier, 1024 without]" in help_text
+    assert "[default: 64 with a disk tier, 1024 without]" in help_text
     assert "--prefix-cache-dir DIR|auto|none" in help_text
     assert "--prefix-cache-mib" in help_text and "--api-keys-file FILE" in help_text
     assert "--prefix-cache-scope [per-tenant|global]" in help_text
