@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from window_memory import prompt_ids, vm_hwm_mib, vm_rss_mib  # noqa: E402
+from window_memory import prompt_ids  # noqa: E402
 
-from promptlookup.bench.memory import reset_peak  # noqa: E402
+from promptlookup.bench.memory import peak_rss_mib, reset_peak, rss_mib  # noqa: E402
 
 
 class Phases:
@@ -42,13 +42,13 @@ class Phases:
 
     def __init__(self) -> None:
         self.rows: list[list] = []
-        self.peak = vm_hwm_mib()  # the process's own peak so far (kept across the resets)
+        self.peak = peak_rss_mib()  # the process's own peak so far (kept across the resets)
         self.open: list[list[float]] = []  # the peaks seen so far by the phases under way
 
     def measure(self, label: str, call, *args, **kwargs):
-        before = vm_rss_mib()
+        before = rss_mib()
         for seen in self.open:  # a reset forgets the outer phases' peak so far: keep it
-            seen[0] = max(seen[0], vm_hwm_mib())
+            seen[0] = max(seen[0], peak_rss_mib())
         reset_peak()
         self.open.append([0.0])
         start = time.perf_counter()
@@ -56,8 +56,8 @@ class Phases:
             result = call(*args, **kwargs)
         finally:
             seconds = time.perf_counter() - start
-            peak = max(vm_hwm_mib(), self.open.pop()[0])
-        after = vm_rss_mib()
+            peak = max(peak_rss_mib(), self.open.pop()[0])
+        after = rss_mib()
         for seen in self.open:
             seen[0] = max(seen[0], peak)
         self.peak = max(self.peak, peak)
@@ -161,13 +161,13 @@ def race(lm, args, phases: Phases) -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name, text in race_prompts(Path(args.data), args.limit):
         prompt = lm.encode(text)
-        before = vm_rss_mib()
+        before = rss_mib()
         phases.measure(
             f"request {name}", lm.generate, prompt, max_new_tokens=128, prefix_cache=cache
         )
         peak = phases.rows[-1][5]
         print(
-            f"| {name} | {len(prompt)} | {before:.0f} | {peak:.0f} | {vm_rss_mib():.0f} | "
+            f"| {name} | {len(prompt)} | {before:.0f} | {peak:.0f} | {rss_mib():.0f} | "
             f"{held_mib(cache):.0f} MiB |",
             flush=True,
         )
@@ -194,7 +194,7 @@ def main() -> None:
     from promptlookup.prefix_cache import PrefixCache
 
     phases = Phases()
-    imported = vm_rss_mib()
+    imported = rss_mib()
     phases.wrap(loading, "gguf_tokenizer", lambda *a, **k: "load: tokenizer")
     phases.wrap(loader, "load_quantized", lambda *a, **k: "load: weights")
     phases.wrap(loading, "from_transformers", lambda *a, **k: "load: target")

@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from window_memory import prompt_ids, vm_hwm_mib, vm_rss_mib  # noqa: E402
+from window_memory import prompt_ids  # noqa: E402
 
 import promptlookup  # noqa: E402
+from promptlookup.bench.memory import peak_rss_mib, reset_peak, rss_mib  # noqa: E402
 from promptlookup.machine import return_freed_memory  # noqa: E402
 
 
@@ -39,8 +40,8 @@ def prefill(target, prompt: list[int], chunk: int) -> tuple[float, float, float]
     resident memory during it (MiB over the resident memory before it) and the MiB its cache's
     buffers hold."""
     return_freed_memory()
-    before = vm_rss_mib()
-    Path("/proc/self/clear_refs").write_text("5")
+    before = rss_mib()
+    reset_peak()
     start = time.perf_counter()
     cache = target.new_sequence()
     target.reserve(cache, len(prompt), 16)
@@ -48,7 +49,7 @@ def prefill(target, prompt: list[int], chunk: int) -> tuple[float, float, float]
         keep = int(first + chunk >= len(prompt))
         target.forward_batch([cache], [prompt[first : first + chunk]], [keep])
     seconds = time.perf_counter() - start
-    rise = vm_hwm_mib() - before
+    rise = peak_rss_mib() - before
     held = sum(
         getattr(layer, name).nbytes
         for layer in cache.layers

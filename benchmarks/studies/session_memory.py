@@ -22,22 +22,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 import torch
 
 import promptlookup
-from promptlookup.bench.memory import reset_peak
+from promptlookup.bench.memory import peak_rss_mib, reset_peak, rss_mib
 from promptlookup.bench.sessions.conversations import LocalChat, build_conversations
 from promptlookup.machine import return_freed_memory
 from promptlookup.prefix_cache import PrefixCache
-
-
-def status_mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:
@@ -61,7 +53,7 @@ def main() -> None:
     lm = promptlookup.load_model(args.model)
     lm.warm_up()
     return_freed_memory(map_from=int(args.map_from * 2**20))  # as the server's worker does
-    idle = status_mib("VmRSS")
+    idle = rss_mib()
     cache = PrefixCache(mib=args.prefix_cache_mib, directory=args.prefix_cache_dir)
     chat = LocalChat(lm, prefix_cache=cache)
     print(f"{args.label}: {lm.name}, {args.sessions} sessions x {args.turns} turns, "
@@ -81,11 +73,11 @@ def main() -> None:
         said = answers[conversation.name]
         answer = chat.chat(conversation.messages(said), args.max_tokens)
         said.append(answer["text"])
-        peak, held, rss = status_mib("VmHWM"), cache.used_bytes / 2**20, status_mib("VmRSS")
+        peak, held, rss = peak_rss_mib(), cache.used_bytes / 2**20, rss_mib()
         slack = 0.0
         if not args.no_trim:
             return_freed_memory()
-            slack = rss - status_mib("VmRSS")
+            slack = rss - rss_mib()
         rest = peak - idle - held
         print(f"| {conversation.name} | {turn} | {answer['prompt_tokens']} | "
                   f"{answer['cached_tokens']} | {rss:.0f} | {peak:.0f} | {held:.1f} | "

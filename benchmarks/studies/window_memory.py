@@ -21,20 +21,8 @@ from pathlib import Path
 import torch
 
 import promptlookup
+from promptlookup.bench.memory import peak_rss_mib, reset_peak, rss_mib
 from promptlookup.prefix_cache import PrefixCache
-
-
-def vm_hwm_mib(field: str = "VmHWM") -> float:
-    """Peak resident memory of this process (since it started, or since its peak was reset
-    through ``/proc/self/clear_refs``), in MiB; ``field="VmRSS"``: now."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def vm_rss_mib() -> float:
-    return vm_hwm_mib("VmRSS")
 
 
 def prompt_ids(tokenizer, tokens: int) -> list[int]:
@@ -72,20 +60,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     lm = promptlookup.load_model(args.model)
-    loaded = vm_hwm_mib()
+    loaded = peak_rss_mib()
     prompt = prompt_ids(lm.tokenizer, args.tokens)
     caches = []  # the request's sequence cache, kept to count its buffers
     new_sequence = lm.target.new_sequence
     lm.target.new_sequence = lambda: caches.append(new_sequence()) or caches[-1]
     cache = PrefixCache(mib=args.prefix_cache_mib) if args.prefix_cache_mib else False
-    idle = vm_rss_mib()
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: the request's peak
+    idle = rss_mib()
+    reset_peak()  # VmHWM from here: the request's peak
     result = lm.generate(prompt, max_new_tokens=args.new, drafter="none", prefix_cache=cache)
     whole, windowed = held_bytes(caches[-1] if caches else lm.target.cache)
     kib = lambda n: f"{n / 1024 / args.tokens:.2f} KiB"  # noqa: E731
     print(
         f"| {args.label} | {args.model} | {args.tokens} | {args.prefix_cache_mib:g} | "
-        f"{loaded:.0f} MiB | {idle:.0f} MiB | {vm_hwm_mib():.0f} MiB | {kib(whole)} + "
+        f"{loaded:.0f} MiB | {idle:.0f} MiB | {peak_rss_mib():.0f} MiB | {kib(whole)} + "
         f"{kib(windowed)} "
         f"| {result.stats.new_tokens} |",
         flush=True,

@@ -66,6 +66,17 @@ class PeakMeter:
         return peak_rss_mib(self.pid)
 
 
+def rss_mib(pid: int | None = None) -> float | None:
+    """The resident memory (MiB) of ``pid`` (None: this process) now; None where the kernel
+    does not report it.
+
+    >>> rss_mib() is None or rss_mib() <= peak_rss_mib()
+    True
+    """
+    kib = _status_kib(pid, "VmRSS")
+    return None if kib is None else round(kib / 1024, 1)
+
+
 def pid_listening_on(host: str, port: int) -> int | None:
     """The id of the local process listening on ``port`` (``host`` a loopback address or this
     machine's name), through psutil when installed; None otherwise."""
