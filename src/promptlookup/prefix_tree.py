@@ -284,9 +284,9 @@ class BlockTree:
                 if block in keep:  # only the path being extended is left
                     break
                 self._evict(block, namespace)
-            if over():
-                return 0
-            held = self._storages.get(storage, (0, set()))[1]  # its blocks may have gone
+            if over() or (storage not in self._storages and not wanted and not moved):
+                return 0  # too large, or nothing to add and its blocks gone
+            held = self._storages.get(storage, (0, set()))[1]
         self._storages[storage] = (nbytes, held)
         views = payloads(moved[0], moved[-1] + 1) if moved else []
         for index in moved:
