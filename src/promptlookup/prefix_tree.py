@@ -26,7 +26,7 @@ holding a payload (its keys and values) of ``block_bytes`` bytes.
   the budget bounds everything else; a later request that starts like it shares its blocks
   without taking them out of it. It is kept until a later storage larger than the budget is
   stored (then its blocks not shared with that one, and the blocks below them, become the
-  least recently used: it goes first), or as long as its blocks leave it
+  least recently used: it goes first), or until its blocks leave it
   (:meth:`BlockTree.rehome`: those that leave go first, the others stay kept while they
   still hang from the root through it).
 
