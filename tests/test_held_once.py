@@ -216,14 +216,16 @@ def test_a_buffer_goes_with_its_last_block():
     assert sequences[0]() is None and sequences[2]() is not None  # the oldest one freed
 
 
-def test_a_sequence_larger_than_the_budget_is_kept_in_place_beside_it():
+@pytest.mark.parametrize("disk", [False, True], ids=["memory", "with-disk"])
+def test_a_sequence_larger_than_the_budget_is_kept_in_place_beside_it(disk, tmp_path):
     """One conversation too long for the budget is still held once, in place, beside the
     budget: short requests between its turns evict each other, never it, and its next turn
-    goes on in its buffers; a later conversation too long for the budget is kept instead,
-    and the first one goes."""
+    goes on in its buffers (not read back from disk); a later conversation too long for the
+    budget is kept instead, and the first one goes."""
     lm = tiny("float32")
     target, rng = lm.target, random.Random(5)
-    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16)
+    folder = tmp_path if disk else None
+    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16, directory=folder)
 
     def stored(tokens: list[int]):
         sequence = target.new_sequence()
