@@ -1,6 +1,7 @@
 """The prefix cache's index (promptlookup.prefix_tree) against a brute-force reference: the
-same longest prefixes, the same evictions (least recently used first, never the path being
-extended), always within its budget."""
+same longest prefixes, the same evictions (least recently used leaf first, never the path
+being extended nor the kept storage's blocks), always within its budget beside the kept
+storage; and an agent's long conversation kept while short requests come and go."""
 
 from __future__ import annotations
 
