@@ -77,7 +77,7 @@ def counted_bytes(cache: PrefixCache, block_bytes: int) -> int:
     """The cache's bytes counted again from its blocks: each buffer once, each copy alone."""
     tree = cache._tree
     storages, own = {}, 0
-    for block in tree._recency:
+    for block in [*tree._recency, *tree._kept_blocks]:
         if block.storage is None:
             own += 1
         else:
@@ -216,31 +216,48 @@ def test_a_buffer_goes_with_its_last_block():
     assert sequences[0]() is None and sequences[2]() is not None  # the oldest one freed
 
 
-def test_a_sequence_larger_than_the_budget_is_held_alone_in_place():
-    """One conversation too long for the budget is still held once: in place, alone (the
-    rest evicted), and its next turn goes on in its buffers; a later sequence that fits
-    evicts it in turn."""
+@pytest.mark.parametrize("disk", [False, True], ids=["memory", "with-disk"])
+def test_a_sequence_larger_than_the_budget_is_kept_in_place_beside_it(disk, tmp_path):
+    """One conversation too long for the budget is still held once, in place, beside the
+    budget: short requests between its turns evict each other, never it, and its next turn
+    goes on in its buffers (not read back from disk); a later conversation too long for the
+    budget is kept instead, and the first one goes."""
     lm = tiny("float32")
     target, rng = lm.target, random.Random(5)
-    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16)
-    short, long = ([rng.randrange(1, 32) for _ in range(n)] for n in (40, 600))
-    sequences = {}
-    for tokens in (short, long):
-        sequences[len(tokens)] = sequence = target.new_sequence()
+    folder = tmp_path if disk else None
+    cache = PrefixCache(mib=1.5 * first_bytes(lm) / 2**20, block_tokens=16, directory=folder)
+
+    def stored(tokens: list[int]):
+        sequence = target.new_sequence()
         target.forward_batch([sequence], [tokens], [0])
         cache.store(target, sequence, tokens, ended=True)
-    big = sequences[600]
+        return sequence
+
+    short, long, other = ([rng.randrange(1, 32) for _ in range(n)] for n in (40, 600, 500))
+    first, big = stored(short), stored(long)
     assert big.held_bytes > cache.budget_bytes
-    assert cache.used_bytes == cache.limit_bytes == big.held_bytes  # counted once, alone
-    assert cache.held([*short, 1]) == 0 and cache.held([*long, 1]) == 600
+    # Both held: the long one beside the budget, counted once.
+    assert cache.limit_bytes == cache.budget_bytes + big.held_bytes
+    assert cache.used_bytes == first.held_bytes + big.held_bytes
+    assert cache.held([*short, 1]) == 40 and cache.held([*long, 1]) == 600
+    # Short side requests: each evicts the one before, never the long conversation.
+    for _ in range(5):
+        side = stored([rng.randrange(1, 32) for _ in range(30)])
+        assert cache.used_bytes == side.held_bytes + big.held_bytes <= cache.limit_bytes
+        assert cache.held([*long, 1]) == 600
+    assert cache.held([*short, 1]) == 0
+    # Its next turn takes its buffers over (nothing copied) and is kept again when stored.
     joined, found = cache.join(target, target.new_sequence(), [*long, 7])
-    assert joined is big and found == 600  # taken over: nothing copied
+    assert joined is big and found == 600
+    target.forward_batch([joined], [[7]], [0])
     cache.store(target, joined, [*long, 7], ended=True)
-    again = target.new_sequence()
-    target.forward_batch([again], [short], [0])
-    cache.store(target, again, short, ended=True)
-    assert cache.used_bytes == again.held_bytes <= cache.budget_bytes  # the long one gone
-    assert cache.held([*long, 1]) == 0
+    side = stored([rng.randrange(1, 32) for _ in range(30)])
+    assert cache.held([*long, 7]) == 601
+    # Another long conversation is kept instead: the first one goes, the budget bounds the rest.
+    second = stored(other)
+    assert cache.limit_bytes == cache.budget_bytes + second.held_bytes
+    assert cache.held([*long, 1]) == 0 and cache.held([*other, 1]) == 500
+    assert cache.used_bytes == side.held_bytes + second.held_bytes
 
 
 def first_bytes(lm) -> int:

@@ -30,9 +30,12 @@ prompt).
   ``kv_bytes_per_token`` each token: 22.5 KiB for SmolLM2-135M's float16 keys and values,
   45 KiB in float32), on top of the running requests' own caches. Buffers that blocks are
   held in count whole (spare room too), once, whether or not a running request uses them;
-  they are freed with their last block. A sequence whose buffers alone are larger than the
-  budget is held alone in place (everything else evicted; see *Disk*) rather than copied,
-  so that one long conversation is still held once (:attr:`PrefixCache.limit_bytes`).
+  they are freed with their last block. The latest sequence whose buffers alone are larger
+  than the budget is kept in place beside it (:attr:`PrefixCache.limit_bytes`: the budget
+  plus those buffers), whatever else comes, until another such sequence is stored: an
+  agent's long conversation stays held once while the short requests between its turns
+  evict each other within the budget (as llama-server keeps a slot's context; the others
+  are read back from *Disk*).
 - *Disk*: with a ``directory``, every block is also written there (in the background) within
   ``disk_mib`` MiB, and a request whose prefix goes on past what memory holds reads the rest
   from there: blocks evicted from memory, and a conversation's blocks after a restart
@@ -147,8 +150,8 @@ class PrefixCache:
 
     @property
     def limit_bytes(self) -> int:
-        """What the cache may hold now: its budget, or one sequence's buffers larger than the
-        budget while they are all it holds."""
+        """What the cache may hold now: its budget, plus the buffers of the latest sequence
+        larger than the budget while it holds them (see the module doc's *Memory*)."""
         return self.budget_bytes if self._tree is None else self._tree.limit_bytes
 
     def prepare(self, target) -> None:

@@ -14,12 +14,21 @@ holding a payload (its keys and values) of ``block_bytes`` bytes.
   that many blocks share (a sequence's own buffers, :meth:`BlockTree.insert`'s ``storage``):
   such a storage counts its own bytes once, as long as any block lives in it, and its blocks
   nothing more (:meth:`BlockTree.rehome` moves blocks out of one).
-- *Eviction*: the tree holds at most ``budget_bytes`` of payloads and storages (or one
-  storage alone, when it is larger: :attr:`BlockTree.limit_bytes`); the least
-  recently used block goes first (a storage's bytes go with its last block). Every use
+- *Eviction*: the tree holds at most ``budget_bytes`` of payloads and storages (the kept
+  storage's besides: below); the least recently used block goes first (a storage's bytes go with its last block). Every use
   touches a block and all its ancestors, the deepest first, so a block is never used more
   recently than its parent and the least recently used block is a leaf: evicting it never
   orphans another. A namespace whose last block goes is dropped.
+- *The kept storage*: the latest storage stored at more than the budget (an agent's long
+  conversation) is kept whatever else comes, its bytes beside the budget
+  (:attr:`BlockTree.limit_bytes`): eviction skips its blocks (they are not in its order at
+  all, so skipping costs nothing), which hang from the root through each other only, and
+  the budget bounds everything else; a later request that starts like it shares its blocks
+  without taking them out of it. It is kept until a later storage larger than the budget is
+  stored (then its blocks not shared with that one, and the blocks below them, become the
+  least recently used: it goes first), or until its blocks leave it
+  (:meth:`BlockTree.rehome`: those that leave go first, the others stay kept while they
+  still hang from the root through it).
 
 It holds no tensors itself (payloads come from the caller), so that it can be tested against a
 brute-force reference (``tests/test_prefix_tree.py``). Not thread-safe: its owner locks.
@@ -48,7 +57,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class _Block:
-    __slots__ = ("tokens", "parent", "children", "payload", "storage")
+    __slots__ = ("tokens", "parent", "children", "payload", "storage", "used")
 
     def __init__(
         self,
@@ -60,6 +69,7 @@ class _Block:
         self.tokens, self.parent, self.payload = tokens, parent, payload
         self.storage = storage  # the storage its payload is a view into; None: its own
         self.children: dict[tuple[int, ...], _Block] = {}
+        self.used = 0  # when it was last used (a stamp of its tree's clock)
 
 
 class BlockTree:
@@ -72,29 +82,45 @@ class BlockTree:
             budget_bytes,
         )
         self._roots: dict[Hashable, _Block] = {}
-        #: Every block, least recently used first (never before its descendants).
+        #: The blocks eviction may take, least recently used first (never before their
+        #: descendants); and those of the kept storage (see :attr:`limit_bytes`), which it
+        #: may not: each with its namespace.
         self._recency: collections.OrderedDict[_Block, Hashable] = collections.OrderedDict()
+        self._kept_blocks: dict[_Block, Hashable] = {}
+        self._kept: Hashable | None = None
         #: Shared storages: their bytes and the blocks living in them; and the blocks that
         #: are their own storage.
         self._storages: dict[Hashable, tuple[int, set[_Block]]] = {}
         self._own = 0
+        #: The last use stamp given, and the first (blocks put before all others go below it).
+        self._clock = self._first = 0
 
     @property
     def blocks(self) -> int:
-        return len(self._recency)
+        return len(self._recency) + len(self._kept_blocks)
 
     @property
     def used_bytes(self) -> int:
         shared = sum(nbytes for nbytes, _ in self._storages.values())
         return self._own * self.block_bytes + shared
 
+    @property
+    def limit_bytes(self) -> int:
+        """What the tree may hold now: its budget, and beside it the kept storage's bytes (the
+        latest storage stored at more than the budget, while blocks live in it)."""
+        return self.budget_bytes + self._kept_bytes()
+
+    def _kept_bytes(self) -> int:
+        return self._storages[self._kept][0] if self._kept in self._storages else 0
+
     def bytes_by_namespace(self) -> dict[Hashable, int]:
         """The bytes each namespace's blocks take (a storage's: its blocks' namespace's)."""
         found: collections.Counter = collections.Counter()
-        for block, namespace in self._recency.items():
+        for block, namespace in (*self._recency.items(), *self._kept_blocks.items()):
             found[namespace] += self.block_bytes if block.storage is None else 0
-        for nbytes, blocks in self._storages.values():
-            found[self._recency[next(iter(blocks))]] += nbytes
+        for storage, (nbytes, blocks) in self._storages.items():
+            some = next(iter(blocks))
+            found[(self._kept_blocks if storage is self._kept else self._recency)[some]] += nbytes
         return dict(found)
 
     def counted(self, storage: Hashable) -> int | None:
@@ -107,23 +133,24 @@ class BlockTree:
 
     def rehome(self, storage: Hashable, moved: Callable[[Any], Any]) -> None:
         """Give each block living in ``storage`` the payload ``moved(payload)``: the same one
-        (it stays there), or one in its own storage; then evict to fit the budget again."""
+        (it stays there), or one in its own storage; then evict to fit the budget again. Blocks
+        that leave the kept storage are no longer kept (nor is the rest, unless each of its
+        blocks still hangs from the root through it): they go first."""
+        left, was_kept = [], storage is not None and storage is self._kept
         for block in list(self._storages.get(storage, (0, ()))[1]):
             payload = moved(block.payload)
             if payload is not block.payload:
                 self._leave(block)
                 block.payload, block.storage = payload, None
                 self._own += 1
+                left.append(block)
+        if was_kept:
+            rest = self._storages.get(storage, (0, set()))[1]
+            if not self._closed(storage, rest, set()):
+                left, self._kept = [*left, *rest], None
+            self._demote(left)
         while self.used_bytes > self.limit_bytes and self._recency:
             self._evict(*next(iter(self._recency.items())))
-
-    @property
-    def limit_bytes(self) -> int:
-        """What the tree may hold now: its budget, or one storage larger than the budget while
-        it is all the tree holds (a sequence too large for the budget is held alone)."""
-        if self._own == 0 and len(self._storages) == 1:
-            return max(self.budget_bytes, next(iter(self._storages.values()))[0])
-        return self.budget_bytes
 
     def match(self, namespace: Hashable, tokens: Sequence[int]) -> tuple[list[Any], int]:
         """The payloads of the blocks ``tokens`` starts with and how many of its tokens they
@@ -189,24 +216,16 @@ class BlockTree:
         if storage is None:
             room = self._make_room(wanted, set(path))
         else:  # the path's blocks move into the storage too (their old storages may go)
-            moved = [index for index, block in enumerate(path) if block.storage is not storage]
-            fits = self._make_room_in(storage, storage_bytes, wanted + len(moved), set(path))
-            room = wanted if fits else 0
-            if fits and moved:
-                views = payloads(moved[0], moved[-1] + 1)
-                for index in moved:
-                    self._leave(path[index])
-                    path[index].payload = views[index - moved[0]]
-                    path[index].storage = storage
-                    self._storages[storage][1].add(path[index])
+            room = self._make_room_in(storage, storage_bytes, wanted, path, payloads)
         if room and not path:  # a namespace's first block (its root may have just gone)
             node = self._roots.setdefault(namespace, _Block((), None))
         start = len(path)
+        kept = storage is not None and storage is self._kept
         for offset, payload in enumerate(payloads(start, start + room) if room else ()):
             key = tuple(tokens[(start + offset) * size : (start + offset + 1) * size])
             node.children[key] = node = _Block(key, node, payload, storage)
             path.append(node)
-            self._recency[node] = namespace
+            (self._kept_blocks if kept else self._recency)[node] = namespace
             if storage is None:
                 self._own += 1
             else:
@@ -221,36 +240,103 @@ class BlockTree:
             return False
         return any(child.tokens[: len(tail)] == tail for child in node.children.values())
 
+    def _others(self) -> int:
+        """The bytes held within the budget: all but the kept storage's."""
+        return self.used_bytes - self._kept_bytes()
+
     def _make_room(self, wanted: int, keep: set[_Block]) -> int:
         """Evict until ``wanted`` more blocks fit (or only ``keep`` is left); how many fit."""
-        while self.used_bytes + wanted * self.block_bytes > self.budget_bytes and self._recency:
+        while self._others() + wanted * self.block_bytes > self.budget_bytes and self._recency:
             block, namespace = next(iter(self._recency.items()))
             if block in keep:  # only the path being extended is left
                 break
             self._evict(block, namespace)
-        return max(0, min(wanted, (self.budget_bytes - self.used_bytes) // self.block_bytes))
+        return max(0, min(wanted, (self.budget_bytes - self._others()) // self.block_bytes))
 
-    def _make_room_in(self, storage: Hashable, nbytes: int, wanted: int, keep: set) -> bool:
-        """Evict until ``storage``, at ``nbytes`` bytes now, fits (or only ``keep`` is left);
-        whether it does (then it is counted at ``nbytes`` from now on). A storage larger than
-        the budget fits alone: everything else is evicted."""
-        if storage not in self._storages and not wanted:
-            return True  # nothing to add, nothing to count
-        limit = max(self.budget_bytes, nbytes)
+    def _make_room_in(
+        self, storage: Hashable, nbytes: int, wanted: int, path: list[_Block], payloads: Callable
+    ) -> int:
+        """Make room for ``wanted`` more blocks in ``storage``, at ``nbytes`` bytes now, and
+        move ``path``'s blocks into it: all or none; how many are added (``wanted`` or 0).
+        Stored at more than the budget (or kept already), it is kept: it always fits, beside
+        the budget, after ``path``'s blocks move into it (the storage kept before, if another,
+        goes first: :meth:`_demote`). Else it fits within the budget or not at all, and the
+        kept storage's blocks on ``path`` stay where they are."""
+        kept = storage is self._kept or nbytes > self.budget_bytes
+        moved = [
+            index
+            for index, block in enumerate(path)
+            if block.storage is not storage and (kept or block not in self._kept_blocks)
+        ]
+        if storage not in self._storages and not wanted and not moved:
+            return 0  # nothing to add, nothing to count
+        held, keep = self._storages.get(storage, (0, set()))[1], set(path)
+        if kept and not self._closed(storage, held, keep):
+            return 0  # a block of it would hang below one it cannot keep
+        if not kept:  # evict until it fits within the budget
 
-        def over() -> bool:
-            counted = self._storages.get(storage, (0,))[0]
-            return self.used_bytes - counted + nbytes > limit
+            def over() -> bool:
+                counted = self._storages.get(storage, (0,))[0]
+                return self._others() - counted + nbytes > self.budget_bytes
 
-        while over() and self._recency:
-            block, namespace = next(iter(self._recency.items()))
-            if block in keep:  # only the path being extended is left
-                break
-            self._evict(block, namespace)
-        if over():
-            return False
-        self._storages[storage] = (nbytes, self._storages.get(storage, (0, set()))[1])
-        return True
+            while over() and self._recency:
+                block, namespace = next(iter(self._recency.items()))
+                if block in keep:  # only the path being extended is left
+                    break
+                self._evict(block, namespace)
+            if over() or (storage not in self._storages and not wanted and not moved):
+                return 0  # too large, or nothing to add and its blocks gone
+            held = self._storages.get(storage, (0, set()))[1]
+        self._storages[storage] = (nbytes, held)
+        views = payloads(moved[0], moved[-1] + 1) if moved else []
+        for index in moved:
+            self._leave(path[index])
+            path[index].payload = views[index - moved[0]]
+            path[index].storage = storage
+            held.add(path[index])
+        if kept:  # then whatever else is evicted to fit the budget
+            self._keep(storage)
+            while self._others() > self.budget_bytes and self._recency:
+                self._evict(*next(iter(self._recency.items())))
+        return wanted
+
+    @staticmethod
+    def _closed(storage: Hashable, blocks: set[_Block], path: set[_Block]) -> bool:
+        """Whether each of ``blocks`` hangs from its root through blocks of ``storage`` or
+        ``path`` only (so that keeping them never keeps a block below one evicted)."""
+        return all(
+            block in path
+            or block.parent.parent is None
+            or block.parent.storage is storage
+            or block.parent in path
+            for block in blocks
+        )
+
+    def _keep(self, storage: Hashable) -> None:
+        """Keep ``storage``'s blocks from eviction (and no longer the kept storage's before)."""
+        old, self._kept = self._kept, storage
+        if old is not None and old is not storage:
+            self._demote(list(self._storages.get(old, (0, ()))[1]))
+        for block in self._storages[storage][1]:
+            if block in self._recency:
+                self._kept_blocks[block] = self._recency.pop(block)
+
+    def _demote(self, blocks: list[_Block]) -> None:
+        """Make ``blocks`` (no longer kept) and the blocks below them the least recently used,
+        in the order they were used (a block still after its descendants)."""
+        group: dict[_Block, Hashable] = {}
+        todo = list(blocks)
+        while todo:
+            block = todo.pop()
+            if block not in group:
+                kept = block in self._kept_blocks
+                group[block] = (self._kept_blocks if kept else self._recency).pop(block)
+                todo.extend(block.children.values())
+        for block in sorted(group, key=lambda block: block.used, reverse=True):
+            self._first -= 1  # each before all others, the most recently used first
+            block.used = self._first
+            self._recency[block] = group[block]
+            self._recency.move_to_end(block, last=False)
 
     def _leave(self, block: _Block) -> None:
         """Count ``block`` out of its storage (the storage's bytes go with its last block)."""
@@ -261,6 +347,8 @@ class BlockTree:
         blocks.discard(block)
         if not blocks:
             del self._storages[block.storage]
+            if block.storage is self._kept:
+                self._kept = None
 
     def _evict(self, block: _Block, namespace: Hashable) -> None:
         del self._recency[block]
@@ -273,4 +361,7 @@ class BlockTree:
     def _touch(self, path: list[_Block]) -> None:
         """Mark ``path`` (root to leaf) used now, its deepest block first."""
         for block in reversed(path):
-            self._recency.move_to_end(block)
+            self._clock += 1
+            block.used = self._clock
+            if block in self._recency:
+                self._recency.move_to_end(block)
