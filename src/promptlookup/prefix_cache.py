@@ -258,7 +258,7 @@ class PrefixCache:
         """Keep the keys and values of the blocks of ``token_ids`` (its last tokens as a tail)
         that ``cache`` (a sequence of ``target``) holds in its first positions and the cache
         lacks, for ``tenant``: in place where ``cache`` shares its blocks and its buffers fit
-        the budget, else copied (and write those the disk tier lacks there). ``ended``: the
+        the budget or are larger than it (then kept beside it), else copied (and write those the disk tier lacks there). ``ended``: the
         sequence is over, so that a later one may take its buffers over (:meth:`join`)."""
         self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
@@ -286,7 +286,7 @@ class PrefixCache:
             if _shares(cache):  # in place, all or nothing
                 held = cache.held_bytes
                 added = self._tree.insert(namespace, tokens, in_place, cache, held)
-                if self._tree.counted(cache) not in (None, held):  # grown past the budget
+                if self._tree.counted(cache) not in (None, held):  # grown, not kept, no room
                     self._tree.rehome(cache, lambda payload: payload.copy())
             if not added:  # else copied (as many blocks as fit)
                 self._tree.insert(namespace, tokens, blocks)

@@ -178,8 +178,8 @@ class ServerSettings:
         "--prefix-cache-mib",
         "MiB of keys and values of recent prompts and answers kept in memory for later "
         "requests that start with the same tokens (a conversation's next turn prefills only "
-        "its new tokens); least recently used first out (to the disk tier, if any); one "
-        "conversation larger than this is held alone; 0 turns the cache off. Exact: only on "
+        "its new tokens); least recently used first out (to the disk tier, if any); the "
+        "latest conversation larger than this is kept beside it; 0 turns the cache off. Exact: only on "
         "row-invariant targets (the default GGUF on the CPU). [default: 64 with a disk "
         "tier, 1024 without]",
         click.IntRange(min=0),
