@@ -25,7 +25,6 @@ With ``transposed_keys`` the keys are stored ``(batch, kv_heads, head_dim, capac
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -249,21 +248,33 @@ class GrowingCache(DynamicCache):
         ``blocks`` hold one after another (the last block possibly in part), as
         :meth:`read_blocks` or :meth:`share_blocks` gave them: an empty cache's first ones.
         ``blocks`` may be read as they come (a prefix cache's read-back from disk): the
-        buffers are sized once for ``length``, and each block is written and let go before
-        the next; where they end early, the cache ends there."""
+        buffers are sized once, for ``length`` and a quarter more of room for the tokens
+        that follow (those of a new turn: no regrowth copy right after), and each block is
+        written and let go before the next; where they end early, the cache ends there."""
         have, blocks = self.get_seq_length(), iter(blocks)
         first = next(blocks, None)
         if first is None:
             return
         rows = _rows(first, 0, 1)  # (kv_heads, block_tokens, head_dim)
         like = rows.new_empty((1, rows.shape[0], 0, rows.shape[2]))  # (1, kv_heads, 0, dim)
+        room = length + (length - have) // GROWTH  # the prefix, then the next tokens'
         for layer in self.layers:
-            layer.make_room(length - have, like)
-        blocks, first, rows = itertools.chain([first], blocks), None, None  # held by none
+            layer.make_room(room - have, like)
+        blocks, first, rows = prepended(first, blocks), None, None  # held by none
         layers = [(index, layer, have) for index, layer in enumerate(self.layers)]
         end = write_blocks(blocks, layers, have, length)
         for layer in self.layers:
+            for buffer in (layer.key_buffer, layer.value_buffer):
+                buffer[0, :, end:room].zero_()  # finite past the end: kernels read whole blocks
             layer.advance(end - have)
+
+
+def prepended(first, rest: Iterator) -> Iterator:
+    """``first``, then ``rest``; ``first`` let go once the next is asked for (an
+    ``itertools.chain`` holds it to its end)."""
+    yield first
+    del first
+    yield from rest
 
 
 def write_blocks(blocks: Iterator, layers: list, have: int, length: int) -> int:
@@ -280,9 +291,12 @@ def write_blocks(blocks: Iterator, layers: list, have: int, length: int) -> int:
             start, shift = max(begin, low), getattr(layer, "offset", 0)
             if start < stop and (isinstance(block, SharedBlock) or row < block.shape[0]):
                 for kind, buffer in enumerate((layer.key_buffer, layer.value_buffer)):
-                    part = _rows(block, row, kind)[:, start - begin : stop - begin]
-                    buffer[0, :, start - shift : stop - shift] = part
-        begin, block = stop, None  # let go before the next is read
+                    rows = _rows(block, row, kind)  # (kv_heads, block_tokens, head_dim)
+                    buffer[0, :, start - shift : stop - shift] = rows[
+                        :, start - begin : stop - begin
+                    ]
+        rows = block = None  # let go (a view holds its block) before the next is read
+        begin = stop
         if begin >= length:
             break
     if begin < length:  # ended early

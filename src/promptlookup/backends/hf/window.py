@@ -41,7 +41,7 @@ from collections.abc import Iterable
 import torch
 
 from ..gguf.row_invariant import KEY_BLOCK
-from .cache import GrowingCache, GrowingLayer, write_blocks
+from .cache import GrowingCache, GrowingLayer, prepended, write_blocks
 
 #: Positions a windowed layer keeps before a pass's window besides (at most its window):
 #: where a later request may resume before the end of this sequence's cached blocks.
@@ -274,7 +274,7 @@ class WindowedCache(GrowingCache):
             offset = _blocks_down(max(0, length - layer.window + 1))
             layer.start_at(offset, length, like)  # zeroed: rows missing before the window
             layers.append((row, layer, offset))
-        blocks, first = itertools.chain([first], blocks), None  # held by none
+        blocks, first = prepended(first, blocks), None  # held by none
         end = write_blocks(blocks, layers, 0, length)
         for index in whole:
             self.layers[index].advance(end)
