@@ -260,12 +260,13 @@ class GrowingCache(DynamicCache):
         room = length + (length - have) // GROWTH  # the prefix, then the next tokens'
         for layer in self.layers:
             layer.make_room(room - have, like)
+        step = rows.shape[1]
         blocks, first, rows = prepended(first, blocks), None, None  # held by none
         layers = [(index, layer, have) for index, layer in enumerate(self.layers)]
         end = write_blocks(blocks, layers, have, length)
         for layer in self.layers:
             for buffer in (layer.key_buffer, layer.value_buffer):
-                buffer[0, :, end:room].zero_()  # finite past the end: kernels read whole blocks
+                zero(buffer[0], end, room, step)  # finite past the end: kernels read whole blocks
             layer.advance(end - have)
 
 
@@ -303,8 +304,17 @@ def write_blocks(blocks: Iterator, layers: list, have: int, length: int) -> int:
         for _, layer, low in layers:
             shift = getattr(layer, "offset", 0)
             for buffer in (layer.key_buffer, layer.value_buffer):
-                buffer[0, :, max(begin, low) - shift : length - shift].zero_()
+                zero(buffer[0], max(begin, low) - shift, length - shift, KEY_BLOCK)
     return begin
+
+
+def zero(buffer: torch.Tensor, start: int, stop: int, step: int) -> None:
+    """Zero positions ``start`` to ``stop - 1`` of ``buffer`` (kv_heads, capacity, head_dim)
+    ``step`` positions at a time: each piece small enough for one thread (a parallel fill
+    waits for torch's other threads, about 10 ms on a busy machine: 0.7 s for a read-back's
+    room left after 5,000 tokens of the default model, where a block at a time takes 20 ms)."""
+    for first in range(start, stop, step):
+        buffer[:, first : min(first + step, stop)].zero_()
 
 
 def growing_cache(
