@@ -49,11 +49,14 @@ def file_of(target, tokens, index: int, folder) -> object:
 
 
 def spoil(path, how: str) -> None:
-    """A file truncated (its header says more than it holds) or with a byte of its keys and
-    values changed (found only by the checksum, as it is read)."""
+    """A file truncated (its header says more than it holds), cut to a stub (not even the
+    header's length) or with a byte of its keys and values changed (found only by the
+    checksum, as it is read)."""
     data = path.read_bytes()
     if how == "truncated":
         path.write_bytes(data[: len(data) - 40])
+    elif how == "stub":
+        path.write_bytes(data[:5])
     else:
         path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
 
@@ -85,11 +88,11 @@ def test_a_prefix_partly_in_memory_is_read_on_from_disk_bit_for_bit(tmp_path, ta
         assert_holds(restored, sequence, found)
 
 
-@pytest.mark.parametrize("how", ["truncated", "changed"])
+@pytest.mark.parametrize("how", ["truncated", "stub", "changed"])
 @pytest.mark.parametrize("take_over", [False, True])
 def test_a_file_that_fails_mid_way_stops_the_read_back_there_exactly(tmp_path, how, take_over):
-    """Block 7's file truncated (found unusable from its header, before anything is written)
-    or with a byte changed (found as it is read, after blocks 5 and 6 are written): the
+    """Block 7's file truncated or a stub (found unusable from its header, before anything is
+    written) or with a byte changed (found as it is read, after blocks 5 and 6 are written): the
     read-back stops before block 7 either way, removes the file, and holds exactly the first
     56 positions, in a new sequence or in buffers taken over (cropped back and written again)."""
     target, sequence, tokens = stored_on_disk(tmp_path)

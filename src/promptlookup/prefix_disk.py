@@ -160,10 +160,6 @@ class DiskTier:
                 if length > size - 8:
                     raise ValueError("truncated header")
                 header = json.loads(file.read(length))
-        except FileNotFoundError:  # evicted meanwhile
-            self._forget(name)
-            return None
-        try:
             meta, entry = header["__metadata__"], header["block"]
             if meta["name"] != name or meta["version"] != VERSION:
                 raise ValueError("written for another block")
@@ -171,6 +167,9 @@ class DiskTier:
                 raise ValueError("truncated")
             shape = tuple(int(extent) for extent in entry["shape"])
             tokens = [int(token) for token in meta["tokens"].split()]
+        except FileNotFoundError:  # evicted meanwhile
+            self._forget(name)
+            return None
         except Exception as error:  # truncated, corrupt or foreign: never used
             self._skip(name, error)
             return None
