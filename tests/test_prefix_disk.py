@@ -91,6 +91,7 @@ def test_blocks_in_place_are_written_as_stored_though_the_next_turn_takes_them_o
     the buffers over and rewrite them past its prefix first: the files must still hold the
     stored tokens' keys and values, bit for bit those of a prefill."""
     gate, write, flush = threading.Event(), DiskTier._write, DiskTier.flush
+    wait_for = DiskTier.wait_for
 
     def held_write(self, *args):
         assert gate.wait(timeout=120)
@@ -100,8 +101,13 @@ def test_blocks_in_place_are_written_as_stored_though_the_next_turn_takes_them_o
         gate.set()
         flush(self)
 
+    def opening_wait(self, storage):
+        gate.set()
+        wait_for(self, storage)
+
     monkeypatch.setattr(DiskTier, "_write", held_write)
     monkeypatch.setattr(DiskTier, "flush", opening_flush)
+    monkeypatch.setattr(DiskTier, "wait_for", opening_wait)
     lm, rng = tiny("float32"), random.Random(3)
     cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
     first = [rng.randrange(1, 32) for _ in range(90)]

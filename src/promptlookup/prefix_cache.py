@@ -199,24 +199,44 @@ class PrefixCache:
         (see the module doc), or ``cache`` (empty) with the prefix copied in (as
         :meth:`restore`). The sequence's :meth:`store` with ``ended`` gives them back."""
         self._check(target)
-        namespace = None if self.shared else tenant
-        payloads, matched = [], 0
+        namespace, size = None if self.shared else tenant, self.block_tokens
+        memory, failed = ([], 0), set()  # files found unusable while read back
         with self._lock:  # blocks held in place are read before anyone takes them over
             if self._tree is not None:
-                payloads, matched = self._tree.match(namespace, token_ids)
-            if self.disk is not None:
-                found = self._from_disk(target, namespace, token_ids, payloads, matched)
-                payloads, matched = found
-            if matched and hasattr(cache, "resume_point"):  # windowed layers need their window
-                matched = cache.resume_point(payloads, matched)
+                memory = self._tree.match(namespace, token_ids)
+            payloads, matched = self._planned(target, cache, namespace, token_ids, memory, failed)
             taken, start = (None, 0)
             if take_over and matched:
                 taken, start = self._take_over(payloads, token_ids[:matched])
             if taken is not None:
                 cache = taken
-            if matched > start:  # the rest copied in
-                cache.write_prefix(payloads[start // self.block_tokens :], matched)
+            while matched > start:  # the rest copied in, read from disk as it is written
+                blocks = payloads[start // size :]
+                if self.disk is not None:
+                    blocks = self.disk.blocks(blocks, failed)
+                known = len(failed)
+                cache.write_prefix(blocks, matched)
+                if cache.get_seq_length() >= matched or len(failed) == known:
+                    break
+                # A file failed as it was read (removed meanwhile, corrupt): planned again
+                # without it, from the start.
+                cache.crop(start)
+                planned = self._planned(target, cache, namespace, token_ids, memory, failed)
+                payloads, matched = planned[0], max(planned[1], start)
+            matched = min(matched, cache.get_seq_length())
         return cache, matched
+
+    def _planned(self, target, cache, namespace, token_ids, memory, failed) -> tuple[list, int]:
+        """``(payloads, matched)``: the longest prefix of ``token_ids`` that ``memory`` (the
+        tree's match) and the disk (its :class:`~promptlookup.prefix_disk.Stored` blocks, the
+        files in ``failed`` left out) hold, as far as ``cache`` can resume (a windowed cache's
+        windows)."""
+        payloads, matched = memory
+        if self.disk is not None:
+            payloads, matched = self._from_disk(target, namespace, token_ids, *memory, failed)
+        if matched and hasattr(cache, "resume_point"):  # windowed layers need their window
+            matched = cache.resume_point(payloads, matched)
+        return payloads, matched
 
     def _take_over(self, payloads: list, prefix: Sequence[int]) -> tuple[Any, int]:
         """``(buffers, start)``: the finished buffers among ``payloads``' that already hold the
@@ -240,8 +260,8 @@ class PrefixCache:
                 best, cheapest = (storage, start, past), cost
         storage, start, past = best
         if storage is not None:
-            if self.disk is not None:  # blocks waiting to be written may read past ``start``
-                self.disk.flush()
+            if self.disk is not None:  # its blocks waiting to be written may read past ``start``
+                self.disk.wait_for(storage)
             del self._finished[storage]
             self._tree.rehome(storage, lambda p: p.copy() if any(p is q for q in past) else p)
             storage.resume(start)
@@ -319,10 +339,12 @@ class PrefixCache:
             self.disk.save(names[index], copied[index], tokens[index * size : (index + 1) * size])
         self.disk.touch(names)  # once written: the root most recent
 
-    def _from_disk(self, target, namespace, tokens, payloads: list, matched: int):
+    def _from_disk(self, target, namespace, tokens, payloads: list, matched: int, failed=()):
         """``(payloads, matched)`` of the longest prefix of ``tokens`` held in memory
         (``payloads`` over ``matched`` tokens) or, past memory's whole blocks, on disk: its
-        next whole blocks, then the longest tail below them that the next tokens start like."""
+        next whole blocks, then the longest tail below them that the next tokens start like.
+        Planned from the files' headers (:class:`~promptlookup.prefix_disk.Stored` blocks,
+        those named in ``failed`` left out): read as they are written into the sequence."""
         size = self.block_tokens
         if matched == len(tokens):
             return payloads, matched
@@ -331,20 +353,21 @@ class PrefixCache:
         found = list(payloads[: matched // size])  # memory's whole blocks
         while len(found) < len(names):  # then the disk's, while it has them
             index = len(found)
-            loaded = self.disk.load(names[index])
-            if loaded is None or loaded[1] != list(tokens[index * size : (index + 1) * size]):
+            stored = None if names[index] in failed else self.disk.header(names[index])
+            if stored is None or stored.tokens != list(tokens[index * size : (index + 1) * size]):
                 break
-            found.append(loaded[0])
+            found.append(stored)
         self.disk.touch(names[: len(found)])
         length = len(found) * size
         rest = list(tokens[length : length + size])
         best, common = None, 0  # then the tail that the next tokens start most like
         tail = min(len(rest), size - 1)
         while tail > common:  # a tail no longer than the best so far cannot beat it
-            loaded = self.disk.load(tail_name(keys[len(found)], tail))
-            shared = 0 if loaded is None else common_prefix_length(loaded[1], rest)
+            name = tail_name(keys[len(found)], tail)
+            stored = None if name in failed else self.disk.header(name)
+            shared = 0 if stored is None else common_prefix_length(stored.tokens, rest)
             if shared > common:
-                best, common = loaded[0], shared
+                best, common = stored, shared
             tail -= 1
         if best is not None:
             found, length = [*found, best], length + common

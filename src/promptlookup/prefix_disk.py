@@ -16,6 +16,11 @@ files of a folder, found again by a later request or a later process, within a b
 - *Checked on reading*: a file that is truncated, corrupt, renamed or written by something
   else (its name, tokens or checksum do not match) is removed and never used; the first such
   file of a tier is said in one ``RuntimeWarning``, the rest only counted (:attr:`skipped`).
+- *Read back in a stream*: a request plans its read-back from the files' headers alone
+  (:meth:`DiskTier.header`: tokens and shape, a few hundred bytes each), so that its
+  sequence's buffers are sized once for the whole prefix; then :meth:`DiskTier.blocks` reads
+  and checks one block at a time as the sequence's cache writes them in, so that a read-back
+  holds one block besides the buffers however long the conversation.
 - *Eviction*: least recently used files go first when the folder would exceed its budget
   (recency: the files' modification times at start, then every use); a use touches a
   sequence's blocks deepest first, so a block's parent outlives it.
@@ -34,9 +39,9 @@ import struct
 import threading
 import warnings
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +87,15 @@ def tail_name(parent: bytes, length: int) -> str:
     return name_of(hashlib.sha256(parent + b"tail" + length.to_bytes(4, "little")).digest())
 
 
+class Stored(NamedTuple):
+    """A block planned from its file's header (:meth:`DiskTier.header`), read when its turn
+    comes (:meth:`DiskTier.blocks`): the file, the block's shape, its tokens."""
+
+    name: str
+    shape: tuple[int, ...]
+    tokens: list[int]
+
+
 class DiskTier:
     """Blocks in files of ``directory`` (made if missing), at most ``budget_bytes`` of them
     (see the module doc). Thread-safe; writes happen in a thread of their own
@@ -97,6 +111,10 @@ class DiskTier:
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._writer: threading.Thread | None = None
+        #: Writes queued of blocks held in place, by their storage's id (a queued job holds
+        #: its block, so the id is its storage's while counted), and their end said.
+        self._pending: collections.Counter[int] = collections.Counter()
+        self._written = threading.Condition(self._lock)
         #: Files found unusable and removed (the first one warned about).
         self.skipped = 0
         found = []
@@ -129,6 +147,49 @@ class DiskTier:
         if names:
             self._queue_job(("touch", list(names)))
 
+    def header(self, name: str) -> Stored | None:
+        """The block in file ``name`` as its header says (shape and tokens: the file's first
+        bytes, not its keys and values); None when missing or unusable (then removed). The
+        keys and values are checked when read (:meth:`load`)."""
+        if not self.has(name):
+            return None
+        try:
+            with open(self.directory / name, "rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                length = struct.unpack("<Q", file.read(8))[0]
+                if length > size - 8:
+                    raise ValueError("truncated header")
+                header = json.loads(file.read(length))
+            meta, entry = header["__metadata__"], header["block"]
+            if meta["name"] != name or meta["version"] != VERSION:
+                raise ValueError("written for another block")
+            if 8 + length + int(entry["data_offsets"][1]) != size:
+                raise ValueError("truncated")
+            shape = tuple(int(extent) for extent in entry["shape"])
+            tokens = [int(token) for token in meta["tokens"].split()]
+        except FileNotFoundError:  # evicted meanwhile
+            self._forget(name)
+            return None
+        except Exception as error:  # truncated, corrupt or foreign: never used
+            self._skip(name, error)
+            return None
+        return Stored(name, shape, tokens)
+
+    def blocks(self, payloads: Sequence, failed: set[str]) -> Iterator:
+        """``payloads`` one after another, each :class:`Stored` one read from its file when
+        its turn comes (one block held at a time); stops before the first that is missing,
+        unusable or not what its header said, its name added to ``failed``."""
+        for payload in payloads:
+            if not isinstance(payload, Stored):
+                yield payload
+                continue
+            loaded = self.load(payload.name)
+            if loaded is None or (tuple(loaded[0].shape), loaded[1]) != payload[1:]:
+                failed.add(payload.name)
+                return
+            yield loaded[0]
+            del loaded  # not held while the next one is read
+
     def load(self, name: str) -> tuple[torch.Tensor, list[int]] | None:
         """The block in file ``name`` and its tokens; None when missing or unusable (then
         removed)."""
@@ -139,8 +200,7 @@ class DiskTier:
         try:
             data = (self.directory / name).read_bytes()
         except FileNotFoundError:  # evicted meanwhile
-            with self._lock:
-                self._bytes -= self._files.pop(name, 0)
+            self._forget(name)
             return None
         try:
             header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
@@ -160,11 +220,21 @@ class DiskTier:
         """Write ``block`` (of ``tokens``) as file ``name``, in the background: a tensor, or a
         block in place whose ``copy()`` gives the tensor when it is written."""
         if not self.has(name):
+            if (storage := _storage(block)) is not None:  # read from its buffers when written
+                with self._lock:
+                    self._pending[id(storage)] += 1
             self._queue_job(("save", name, block, [int(token) for token in tokens]))
 
     def flush(self) -> None:
         """Wait until every write asked for so far is done."""
         self._queue.join()
+
+    def wait_for(self, storage) -> None:
+        """Wait until every write asked for so far of a block held in place in ``storage``
+        is done (not the others': another tenant's, another sequence's), so that ``storage``
+        may be rewritten."""
+        with self._written:
+            self._written.wait_for(lambda: not self._pending[id(storage)])
 
     def _queue_job(self, job: tuple) -> None:
         with self._lock:
@@ -186,6 +256,12 @@ class DiskTier:
             except Exception as error:  # a full disk, a file gone: the cache is only a cache
                 self._warn(f"prefix cache folder {self.directory}: {type(error).__name__}: {error}")
             finally:
+                if job[0] == "save" and (storage := _storage(job[2])) is not None:
+                    with self._written:
+                        self._pending[id(storage)] -= 1
+                        if not self._pending[id(storage)]:
+                            del self._pending[id(storage)]
+                        self._written.notify_all()
                 self._queue.task_done()
 
     def _touch(self, names: list[str]) -> None:
@@ -239,6 +315,11 @@ class DiskTier:
             self._bytes -= size
             (self.directory / old).unlink(missing_ok=True)
 
+    def _forget(self, name: str) -> None:
+        """A file gone (evicted meanwhile) forgotten."""
+        with self._lock:
+            self._bytes -= self._files.pop(name, 0)
+
     def _skip(self, name: str, error: Exception) -> None:
         with self._lock:
             self._bytes -= self._files.pop(name, 0)
@@ -267,6 +348,14 @@ def _running(pid: int) -> bool:
     except OSError:  # another user's: alive
         return True
     return True
+
+
+def _storage(block):
+    """The storage a block held in place is read from when written (its ``storage``); None
+    for a block in its own tensor."""
+    import torch
+
+    return None if isinstance(block, torch.Tensor) else getattr(block, "storage", None)
 
 
 def _digest(block: torch.Tensor) -> str:

@@ -36,11 +36,12 @@ resume a little before where its last turn was stored (a re-rendered end of turn
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import torch
 
 from ..gguf.row_invariant import KEY_BLOCK
-from .cache import GrowingCache, GrowingLayer
+from .cache import GrowingCache, GrowingLayer, prepended, write_blocks
 
 #: Positions a windowed layer keeps before a pass's window besides (at most its window):
 #: where a later request may resume before the end of this sequence's cached blocks.
@@ -251,33 +252,34 @@ class WindowedCache(GrowingCache):
                 return length
         return 0
 
-    def write_prefix(self, blocks: list[torch.Tensor], length: int) -> None:
+    @torch.inference_mode()  # the buffers a forward pass made are inference tensors
+    def write_prefix(self, blocks: Iterable[torch.Tensor], length: int) -> None:
         """Fill this empty cache with the first ``length`` positions of ``blocks``: every
         position of the whole layers, the windows before ``length`` of the windowed ones
-        (:meth:`resume_point` says where that can be)."""
+        (:meth:`resume_point` says where that can be), each block written and let go before
+        the next is read. Where the blocks end early the cache stays empty (the windows of
+        an earlier length may lie in blocks let go)."""
         whole, windowed = self._order
-        first = blocks[0]  # (rows, 2, kv_heads, n, head_dim)
-        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))
+        blocks = iter(blocks)
+        first = next(blocks, None)
+        if first is None:
+            return
+        like = first.new_empty((1, first.shape[2], 0, first.shape[4]))  # (1, kv_heads, 0, dim)
+        layers = []  # (row in a block, layer, first position written)
+        for row, index in enumerate(whole):
+            self.layers[index].make_room(length, like)
+            layers.append((row, self.layers[index], 0))
         for row, index in enumerate(windowed, start=len(whole)):
             layer = self.layers[index]
             offset = _blocks_down(max(0, length - layer.window + 1))
-            layer.start_at(offset, length, like)
-            buffers = (layer.key_buffer[0], layer.value_buffer[0])  # (kv_heads, room, dim)
-            begin = 0
-            for block in blocks:
-                end = begin + block.shape[3]
-                low, high = max(begin, offset), min(end, length)
-                if low < high and block.shape[0] > row:  # rows missing before the window: 0
-                    for kind, buffer in enumerate(buffers):
-                        part = block[row, kind, :, low - begin : high - begin]
-                        buffer[:, low - offset : high - offset] = part
-                begin = end
-        # The whole layers: every position, as a GrowingCache of them alone fills them.
-        layers, self.layers = self.layers, [self.layers[i] for i in whole]
-        try:
-            super().write_prefix([block[: len(whole)] for block in blocks], length)
-        finally:
-            self.layers = layers
+            layer.start_at(offset, length, like)  # zeroed: rows missing before the window
+            layers.append((row, layer, offset))
+        blocks, first = prepended(first, blocks), None  # held by none
+        end = write_blocks(blocks, layers, 0, length)
+        for index in whole:
+            self.layers[index].advance(end)
+        if end < length:
+            self.crop(0)
 
 
 def windowed_cache(cache: GrowingCache, windows: list[int], transposed_keys, kv_dtype):
