@@ -48,6 +48,8 @@ README_RUNS = (
     "gemma3-270m-race-0.15.0-s3",
     "long-context-0.15.0-attention",
     "long-context-s4-disk-tier",
+    "gemma3-270m-race-s5-256mib",
+    "gemma3-270m-race-s5-64mib",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -171,6 +173,28 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "gemma3-270m-race-s5-64mib/report.md",
+        "How it ran: `gemma3-270m-race-s5-64mib/NOTES.md` (`benchmarks/gemma_race.sh`, version "
+        "0.15.0 unreleased, 6 December 2026, each server at its defaults: serve's prefix cache "
+        "64 MiB in memory, its disk tier in a fresh folder; the machine under load 2.5-4.5, "
+        "which inflates the speed ratio, not the memory figures).",
+        "Gemma 3 270M against llama-server, the prefix cache's 64 MiB default",
+    ),
+    (
+        "gemma3-270m-race-s5-256mib/report.md",
+        "How it ran: `gemma3-270m-race-s5-256mib/NOTES.md` (`benchmarks/gemma_race.sh`, version "
+        "0.15.0 unreleased, 6 December 2026, each server at its defaults then: serve's prefix "
+        "cache 256 MiB in memory, its disk tier in a fresh folder; the machine quiet, load "
+        "0.5-2).",
+        "Gemma 3 270M against llama-server on a quiet machine (the prefix cache's 256 MiB then)",
+    ),
+    (
+        "session-memory-interleaved-s5.md",
+        "How it ran: the command is in the file (`benchmarks/studies/session_memory.py "
+        "--interleave`, in one process, this tree and main before the streamed read-back back "
+        "to back, load 4.6-5.9).",
+    ),
     (
         "long-context-s4-disk-tier/report.md",
         "How it ran: `long-context-s4-disk-tier/NOTES.md` (`benchmarks/long_context_race.sh`, "
