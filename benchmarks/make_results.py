@@ -50,6 +50,7 @@ README_RUNS = (
     "long-context-s4-disk-tier",
     "gemma3-270m-race-s5-256mib",
     "gemma3-270m-race-s5-64mib",
+    "long-context-s5-64mib",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -173,6 +174,15 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "long-context-s5-64mib/report.md",
+        "How it ran: `long-context-s5-64mib/NOTES.md` (`benchmarks/long_context_race.sh`, "
+        "version 0.15.0 unreleased, 6 December 2026, the default model, 2 threads each, each "
+        "server at its defaults: serve's prefix cache 64 MiB in memory, its disk tier in a fresh "
+        "folder; the machine under load 3-8, which inflates the speed ratio, not the memory "
+        "figures).",
+        "Long-context sessions with the prefix cache's 64 MiB default",
+    ),
     (
         "gemma3-270m-race-s5-64mib/report.md",
         "How it ran: `gemma3-270m-race-s5-64mib/NOTES.md` (`benchmarks/gemma_race.sh`, version "
