@@ -48,8 +48,7 @@ README_RUNS = (
     "gemma3-270m-race-0.15.0-s3",
     "long-context-0.15.0-attention",
     "long-context-s4-disk-tier",
-    "gemma3-270m-race-s5-256mib",
-    "gemma3-270m-race-s5-64mib",
+    "gemma3-270m-race-s5",
     "long-context-s5-64mib",
 )
 #: The race behind the table at the top: the default setup, through each
@@ -174,6 +173,14 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "gemma3-270m-race-s5/report.md",
+        "How it ran: `gemma3-270m-race-s5/NOTES.md` (`benchmarks/gemma_race.sh`, version 0.15.0 "
+        "unreleased, 6 December 2026, the session's final tree, each server at its defaults: "
+        "serve's prefix cache 64 MiB in memory, its disk tier in a fresh folder; the machine "
+        "quiet, load 0.1-1).",
+        "Gemma 3 270M against llama-server (the README's rows)",
+    ),
     (
         "long-context-s5-64mib/report.md",
         "How it ran: `long-context-s5-64mib/NOTES.md` (`benchmarks/long_context_race.sh`, "
