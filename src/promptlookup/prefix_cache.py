@@ -278,8 +278,9 @@ class PrefixCache:
         """Keep the keys and values of the blocks of ``token_ids`` (its last tokens as a tail)
         that ``cache`` (a sequence of ``target``) holds in its first positions and the cache
         lacks, for ``tenant``: in place where ``cache`` shares its blocks and its buffers fit
-        the budget or are larger than it (then kept beside it), else copied (and write those the disk tier lacks there). ``ended``: the
-        sequence is over, so that a later one may take its buffers over (:meth:`join`)."""
+        the budget or are larger than it (then kept beside it), else copied (and write those
+        the disk tier lacks there). ``ended``: the sequence is over, so that a later one may
+        take its buffers over (:meth:`join`)."""
         self._check(target)
         length = min(cache.get_seq_length(), len(token_ids))
         if not length:

@@ -160,9 +160,7 @@ class DiskTier:
                 if length > size - 8:
                     raise ValueError("truncated header")
                 header = json.loads(file.read(length))
-            meta, entry = header["__metadata__"], header["block"]
-            if meta["name"] != name or meta["version"] != VERSION:
-                raise ValueError("written for another block")
+            meta, entry = _metadata(header, name), header["block"]
             if 8 + length + int(entry["data_offsets"][1]) != size:
                 raise ValueError("truncated")
             shape = tuple(int(extent) for extent in entry["shape"])
@@ -204,10 +202,8 @@ class DiskTier:
             return None
         try:
             header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
-            meta = header["__metadata__"]
+            meta = _metadata(header, name)
             block = safetensors.torch.load(data)["block"]
-            if meta["name"] != name or meta["version"] != VERSION:
-                raise ValueError("written for another block")
             if meta["sha256"] != _digest(block):
                 raise ValueError("checksum mismatch")
             tokens = [int(token) for token in meta["tokens"].split()]
@@ -348,6 +344,15 @@ def _running(pid: int) -> bool:
     except OSError:  # another user's: alive
         return True
     return True
+
+
+def _metadata(header: dict, name: str) -> dict:
+    """A block file's metadata from its parsed ``header``, checked to be block ``name``'s in
+    this version of the format (else a ``ValueError``)."""
+    meta = header["__metadata__"]
+    if meta["name"] != name or meta["version"] != VERSION:
+        raise ValueError("written for another block")
+    return meta
 
 
 def _storage(block):
