@@ -129,6 +129,66 @@ def test_blocks_in_place_are_written_as_stored_though_the_next_turn_takes_them_o
         assert torch.equal(after.values, before.values)
 
 
+#: torch operations that compute nothing: views of a tensor's memory.
+VIEWS = {"view", "slice", "select", "alias", "as_strided", "_unsafe_view", "detach"}
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "quantized"])
+def test_the_disk_writer_runs_no_torch_operation_that_computes(tmp_path, monkeypatch, kind):
+    """The writer thread copies blocks with numpy: a torch operation there would start a
+    second OpenMP team beside decoding's, and with more OpenMP threads than cores libgomp
+    stops spinning in every team's waits (decoding beside the writer ran 1.4x slower). Every
+    aten operation it calls is recorded; the files are still read back bit for bit."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorded(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            called.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    called, write = set(), DiskTier._write
+
+    def recorded_write(self, *args):
+        with Recorded():
+            write(self, *args)
+
+    monkeypatch.setattr(DiskTier, "_write", recorded_write)
+    lm = tiny(kind)
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    _, prompt = turns(lm, cache, 2)
+    cache.flush()
+    assert files(tmp_path) and called and called <= VIEWS, called - VIEWS
+    resumed = lm.generate(prompt, max_new_tokens=20, prefix_cache=PrefixCache(
+        mib=64, block_tokens=16, directory=tmp_path))  # fmt: skip
+    assert resumed.stats.cached_tokens >= 0.9 * resumed.stats.prompt_tokens
+    assert resumed.token_ids == lm.generate(prompt, max_new_tokens=20).token_ids
+
+
+def test_a_block_queued_to_be_written_is_not_queued_again(tmp_path, monkeypatch):
+    """A store that comes while the last store's writes are still queued (the writer held
+    back here) queues only the blocks not queued yet: each file is written once."""
+    gate, write, flush = threading.Event(), DiskTier._write, DiskTier.flush
+    written = []
+
+    def held_write(self, name, *args):
+        assert gate.wait(timeout=120)
+        written.append(name)
+        write(self, name, *args)
+
+    def opening_flush(self):
+        gate.set()
+        flush(self)
+
+    monkeypatch.setattr(DiskTier, "_write", held_write)
+    monkeypatch.setattr(DiskTier, "flush", opening_flush)
+    monkeypatch.setattr(DiskTier, "wait_for", lambda self, storage: gate.set())
+    lm = tiny("float32")
+    cache = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    _, prompt = turns(lm, cache, 3)  # each turn stores its whole sequence again
+    cache.flush()
+    assert written and len(written) == len(set(written)) == len(files(tmp_path))
+
+
 def test_blocks_evicted_from_memory_are_read_back_from_disk(tmp_path):
     lm = tiny("float32")
     per_block = lm.target.kv_bytes_per_token * 16

@@ -332,7 +332,7 @@ class PrefixCache:
         names = [name_of(key) for key in keys[1:]]
         if len(tokens) % size:
             names.append(tail_name(keys[-1], len(tokens) % size))
-        missing = {index for index, name in enumerate(names) if not self.disk.has(name)}
+        missing = {index for index, name in enumerate(names) if self.disk.lacks(name)}
         for index in sorted(missing):
             if index not in copied:  # read with the run of missing blocks it starts
                 stop = next((i for i in range(index, len(names)) if i not in missing), len(names))

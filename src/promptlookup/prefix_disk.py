@@ -9,10 +9,11 @@ files of a folder, found again by a later request or a later process, within a b
   reveals no tenant and no prompt. A *tail* (a sequence's last tokens that do not fill a
   block) is named by its parent and its length (:func:`tail_name`), holds its tokens, and is
   reused for the tokens a request shares with them.
-- *Files*: safetensors, one tensor (the block, in the backend's dtype and layout) and a header
-  with the file's own name, its tokens and a SHA-256 of the tensor's bytes; written by a
-  background thread to a temporary file renamed into place (a crash leaves no half file
-  under a block's name). The folder is made ``0700``, the files ``0600``.
+- *Files*: safetensors, one tensor (the block in the backend's layout, its bits as integers
+  of its dtype's width) and a header with the file's own name, its tokens, its dtype and a
+  SHA-256 of the tensor's bytes; written by a background thread to a temporary file renamed
+  into place (a crash leaves no half file under a block's name). The thread copies with
+  numpy, never with torch (:func:`bits`). The folder is made ``0700``, the files ``0600``.
 - *Checked on reading*: a file that is truncated, corrupt, renamed or written by something
   else (its name, tokens or checksum do not match) is removed and never used; the first such
   file of a tier is said in one ``RuntimeWarning``, the rest only counted (:attr:`skipped`).
@@ -28,6 +29,7 @@ files of a folder, found again by a later request or a later process, within a b
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import hashlib
@@ -38,6 +40,7 @@ import re
 import struct
 import threading
 import warnings
+import weakref
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
 #: ``promptlookup serve``'s disk budget by default (``--prefix-cache-disk-mib``): 10 GiB.
 DEFAULT_DISK_MIB = 10 * 1024
 #: The format of the files and of their names; another version's files are never found.
-VERSION = "promptlookup-prefix-blocks-1"
+VERSION = "promptlookup-prefix-blocks-2"
 SUFFIX = ".safetensors"
 NAME = re.compile(r"^[0-9a-f]{64}" + re.escape(SUFFIX) + "$")
 #: A file being written (by process ``[1]``), renamed to its block's name when whole.
@@ -114,6 +117,8 @@ class DiskTier:
         #: Writes queued of blocks held in place, by their storage's id (a queued job holds
         #: its block, so the id is its storage's while counted), and their end said.
         self._pending: collections.Counter[int] = collections.Counter()
+        #: Names of the blocks queued to be written, not yet written.
+        self._queued: set[str] = set()
         self._written = threading.Condition(self._lock)
         #: Files found unusable and removed (the first one warned about).
         self.skipped = 0
@@ -137,8 +142,15 @@ class DiskTier:
         return self._bytes
 
     def has(self, name: str) -> bool:
+        """Whether file ``name`` is written (and may be read)."""
         with self._lock:
             return name in self._files
+
+    def lacks(self, name: str) -> bool:
+        """Whether file ``name`` is neither written nor queued to be (a store that comes while
+        the last one's writes are queued does not queue them again)."""
+        with self._lock:
+            return name not in self._files and name not in self._queued
 
     def touch(self, names: Sequence[str]) -> None:
         """Mark the files ``names`` (a sequence's blocks, root to leaf) used, the deepest
@@ -203,9 +215,10 @@ class DiskTier:
         try:
             header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
             meta = _metadata(header, name)
-            block = safetensors.torch.load(data)["block"]
-            if meta["sha256"] != _digest(block):
+            block = safetensors.torch.load(data)["block"]  # integers of the dtype's width
+            if meta["sha256"] != _digest(block.numpy()):
                 raise ValueError("checksum mismatch")
+            block = block.view(_dtype(meta["dtype"]))
             tokens = [int(token) for token in meta["tokens"].split()]
         except Exception as error:  # truncated, corrupt or foreign: never used
             self._skip(name, error)
@@ -214,12 +227,14 @@ class DiskTier:
 
     def save(self, name: str, block, tokens: Sequence[int]) -> None:
         """Write ``block`` (of ``tokens``) as file ``name``, in the background: a tensor, or a
-        block in place whose ``copy()`` gives the tensor when it is written."""
-        if not self.has(name):
+        block in place whose ``bits()`` gives its bits when it is written (see :func:`bits`)."""
+        with self._lock:
+            if name in self._files or name in self._queued:
+                return
+            self._queued.add(name)
             if (storage := _storage(block)) is not None:  # read from its buffers when written
-                with self._lock:
-                    self._pending[id(storage)] += 1
-            self._queue_job(("save", name, block, [int(token) for token in tokens]))
+                self._pending[id(storage)] += 1
+        self._queue_job(("save", name, block, [int(token) for token in tokens]))
 
     def flush(self) -> None:
         """Wait until every write asked for so far is done."""
@@ -239,6 +254,7 @@ class DiskTier:
                     target=self._write_jobs, name="prefix-cache-disk", daemon=True
                 )
                 self._writer.start()
+                atexit.register(_flush, weakref.ref(self))
         self._queue.put(job)
 
     def _write_jobs(self) -> None:
@@ -252,12 +268,14 @@ class DiskTier:
             except Exception as error:  # a full disk, a file gone: the cache is only a cache
                 self._warn(f"prefix cache folder {self.directory}: {type(error).__name__}: {error}")
             finally:
-                if job[0] == "save" and (storage := _storage(job[2])) is not None:
+                if job[0] == "save":
                     with self._written:
-                        self._pending[id(storage)] -= 1
-                        if not self._pending[id(storage)]:
-                            del self._pending[id(storage)]
-                        self._written.notify_all()
+                        self._queued.discard(job[1])
+                        if (storage := _storage(job[2])) is not None:
+                            self._pending[id(storage)] -= 1
+                            if not self._pending[id(storage)]:
+                                del self._pending[id(storage)]
+                            self._written.notify_all()
                 self._queue.task_done()
 
     def _touch(self, names: list[str]) -> None:
@@ -270,19 +288,19 @@ class DiskTier:
                 os.utime(self.directory / name)
 
     def _write(self, name: str, block, tokens: list[int]) -> None:
-        import safetensors.torch
-        import torch
+        import numpy as np
+        import safetensors.numpy
 
-        if not isinstance(block, torch.Tensor):  # in place: read now
-            block = block.copy()
-
+        # The block's bits, copied by numpy, not torch (see bits()); in place: read now.
+        array = np.ascontiguousarray(bits(block) if _storage(block) is None else block.bits())
         meta = {
             "version": VERSION,
             "name": name,
             "tokens": " ".join(map(str, tokens)),
-            "sha256": _digest(block),
+            "dtype": str(block.dtype),  # the bits' (numpy's integers of its width)
+            "sha256": _digest(array),
         }
-        data = safetensors.torch.save({"block": block.contiguous()}, metadata=meta)
+        data = safetensors.numpy.save({"block": array}, metadata=meta)
         with self._lock:
             if name in self._files or len(data) > self.budget_bytes:
                 return
@@ -335,6 +353,15 @@ class DiskTier:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
+def _flush(tier: weakref.ref) -> None:
+    """At the interpreter's exit, a live tier's writes done (:meth:`DiskTier.flush`): so
+    that a script's last blocks are kept, and that its writer thread, a daemon, is not in
+    the middle of a write (in torch's or numpy's code) when the interpreter ends: that
+    aborted the process ("terminate called without an active exception")."""
+    if (alive := tier()) is not None:
+        alive.flush()
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` is alive (it may still be writing its temporary files)."""
     try:
@@ -363,8 +390,27 @@ def _storage(block):
     return None if isinstance(block, torch.Tensor) else getattr(block, "storage", None)
 
 
-def _digest(block: torch.Tensor) -> str:
-    """SHA-256 of a tensor's bytes."""
+def bits(tensor: torch.Tensor):
+    """A view of ``tensor``'s bits as a numpy array of integers of its dtype's width (numpy
+    has no bfloat16), made by no torch operation that computes. The disk tier's writer reads
+    blocks this way because it runs in a thread of its own: a torch operation there starts a
+    second OpenMP team, and once libgomp manages more threads than the machine has cores it
+    stops spinning in every team's waits: decoding beside the writer ran 1.4x slower."""
     import torch
 
-    return hashlib.sha256(block.contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return tensor.view(width[tensor.element_size()]).numpy()
+
+
+def _dtype(name: str):
+    """The dtype a file's keys and values are in, by its name (``torch.bfloat16``)."""
+    import torch
+
+    return {str(dtype): dtype for dtype in (torch.float32, torch.float16, torch.bfloat16)}[name]
+
+
+def _digest(array) -> str:
+    """SHA-256 of a numpy array's bytes, in C order."""
+    import numpy as np
+
+    return hashlib.sha256(np.ascontiguousarray(array).reshape(-1).view(np.uint8)).hexdigest()

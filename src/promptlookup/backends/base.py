@@ -120,8 +120,9 @@ class SharingBlockCache(BlockCache, Protocol):
 
     def share_blocks(self, start: int, stop: int, block_tokens: int) -> list:
         """Positions ``start`` to ``stop - 1`` as blocks of ``block_tokens`` positions in place
-        (no copy), each with ``storage`` (this cache), ``start``, ``stop`` and ``copy()`` (the
-        block in its own storage, as :meth:`read_blocks` gives one); :meth:`write_prefix` takes
+        (no copy), each with ``storage`` (this cache), ``start``, ``stop``, ``copy()`` (the
+        block in its own storage, as :meth:`read_blocks` gives one), ``dtype`` and ``bits()`` (its
+        bits in a numpy array of the same layout, read without torch); :meth:`write_prefix` takes
         them too. The first ``stop`` positions are never rewritten from then on (a crop below
         them is an error) until :meth:`resume`."""
 

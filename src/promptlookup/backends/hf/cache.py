@@ -27,10 +27,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ...prefix_disk import bits
 from ..gguf.row_invariant import KEY_BLOCK
 
 #: Room for this many tokens is reserved at first (or for the first pass's tokens, if more).
@@ -165,6 +167,18 @@ class SharedBlock:
     def copy(self) -> torch.Tensor:
         """The block in its own storage, as :meth:`GrowingCache.read_blocks` gives one."""
         return self.storage.read_blocks(self.start, self.stop, self.stop - self.start)[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.storage.layers[0].key_buffer.dtype
+
+    def bits(self) -> np.ndarray:
+        """The block's bits, ``(layers, 2, kv_heads, stop - start, head_dim)`` integers of its
+        dtype's width, copied by numpy alone, for the disk tier's writer thread (see
+        :func:`promptlookup.prefix_disk.bits` for why not by torch)."""
+        layers = range(len(self.storage.layers))
+        return np.stack([np.stack([bits(self.rows(layer, kind)) for kind in (0, 1)])
+                         for layer in layers])  # fmt: skip
 
 
 def _rows(block, layer: int, kind: int) -> torch.Tensor:
