@@ -49,7 +49,7 @@ README_RUNS = (
     "long-context-0.15.0-attention",
     "long-context-s4-disk-tier",
     "gemma3-270m-race-s5",
-    "long-context-s5",
+    "long-context-s6",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -174,6 +174,14 @@ SESSIONS = (
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
     (
+        "long-context-s6/report.md",
+        "How it ran: `long-context-s6/NOTES.md` (`benchmarks/long_context_race.sh`, version "
+        "0.15.0 unreleased, 6 December 2026, after the disk writer's fix, the default model, 2 "
+        "threads each, each server at its defaults: serve's prefix cache 64 MiB in memory and "
+        "its disk tier in a fresh folder; the machine quiet).",
+        "Long-context sessions with the disk tier's writer fixed (the README's row)",
+    ),
+    (
         "disk-tier-decode-ab-s5.md",
         "How it ran: the commands are in the file (three servers raced in the bench's session "
         "mode, the final tree, the machine quiet).",
@@ -184,7 +192,7 @@ STUDIES = [
         "0.15.0 unreleased, 6 December 2026, the session's final tree, the default model, 2 "
         "threads each, each server at its defaults: serve's prefix cache 64 MiB in memory and "
         "its disk tier in a fresh folder; the machine quiet).",
-        "Long-context sessions on the final tree (the README's row)",
+        "Long-context sessions before the disk writer's fix",
     ),
     (
         "gemma3-270m-race-s5/report.md",
