@@ -283,6 +283,38 @@ def test_long_prompts_are_prefilled_in_chunks_while_others_decode(monkeypatch):
     assert len(passes) >= len(long) // 32
 
 
+def test_the_decoder_says_how_many_prompt_tokens_each_steps_pass_carried(monkeypatch):
+    """``prompt_tokens_fed``: a pass's rows less the logits it kept (a decoding row and its
+    draft's), so that the server gives a long prompt's freed transients back after it."""
+    target = TorchTarget(tiny_llama())
+    fed: list[int] = []
+    real = target.forward_batch
+
+    def spy(caches, token_ids, keep):
+        fed.append(sum(map(len, token_ids)) - sum(keep))
+        return real(caches, token_ids, keep)
+
+    monkeypatch.setattr(target, "forward_batch", spy)
+    decoder = BatchDecoder(target, SpeculationPolicy(), max_batch=2, prefill_tokens=32)
+    for prompt in ([5, 6, 7], repetitive_prompts(5, 1)[0] * 3):
+        decoder.add(
+            BatchSequence(
+                prompt,
+                20,
+                make_drafter("prompt-lookup"),
+                TokenChooser.from_params(SamplingParams()),
+            )
+        )
+    said = []
+    while decoder.waiting or decoder.running:
+        passes = len(fed)
+        decoder.step()
+        said.append((decoder.prompt_tokens_fed, fed[-1] if len(fed) > passes else 0))
+    assert all(told == carried for told, carried in said)
+    assert sum(told for told, _ in said) == 2 + len(repetitive_prompts(5, 1)[0]) * 3 - 1
+    assert said[-1][0] == 0 and max(told for told, _ in said) > 0
+
+
 def test_joint_decisions_spend_the_pass_on_the_most_trusted_drafts():
     policy = SpeculationPolicy()
     for n in (1, 2, 4, 8, 16, 32, 64):  # a flat cost curve: every draft token is nearly free

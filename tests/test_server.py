@@ -921,3 +921,11 @@ def test_a_client_that_half_closes_after_its_request_has_gone():
             target.gate.set()
             wait_until(lambda: running.worker.cancelled == 1, what="the generation to end")
             assert sock.recv(1024) == b""  # no answer: the connection is closed
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_the_longest_token_is_read_in_chunks_as_the_whole_vocabulary_says(default_lm, chunk):
+    from promptlookup.server.state import longest_token_chars
+
+    tokenizer = default_lm.tokenizer
+    assert longest_token_chars(tokenizer, chunk) == max(map(len, tokenizer.get_vocab()))

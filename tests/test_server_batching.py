@@ -222,3 +222,24 @@ def test_a_target_of_one_sequence_at_a_time_is_served_by_the_same_worker():
         assert [c["message"]["content"] for c in got_answer["choices"]] == [
             c["message"]["content"] for c in want_answer["choices"]
         ]
+
+
+def test_freed_memory_goes_back_after_a_pass_with_a_long_prompts_chunk(monkeypatch):
+    """A long prompt's chunks free tens of MiB each, which the heap would keep and grow: the
+    worker gives freed memory back after a pass that carried at least
+    ``RETURN_AFTER_PROMPT_TOKENS`` prompt tokens (without collecting Python's garbage), and
+    not after decoding steps."""
+    from promptlookup.server import batch_worker
+
+    given_back = []
+    monkeypatch.setattr(batch_worker, "RETURN_AFTER_PROMPT_TOKENS", 12)
+    monkeypatch.setattr(
+        batch_worker, "return_freed_memory", lambda **options: given_back.append(options)
+    )
+    with RunningServer(create_app(tiny_lm(), ServerSettings(max_batch=2))) as running:
+        short = httpx.post(running.url + "/v1/chat/completions", json=body("ab"), timeout=60)
+        assert short.status_code == 200
+        assert {"collect": False} not in given_back
+        long = httpx.post(running.url + "/v1/chat/completions", json=body(PROMPTS[2] * 3))
+        assert long.status_code == 200
+    assert given_back.count({"collect": False}) == 1  # its one chunk, no decoding step

@@ -190,6 +190,8 @@ class BatchDecoder:
         self.max_batch, self.prefill_tokens = max_batch, prefill_tokens
         self.waiting: collections.deque[BatchSequence] = collections.deque()
         self.running: list[BatchSequence] = []
+        #: Prompt tokens the last step's forward pass carried (0: none, or no pass).
+        self.prompt_tokens_fed = 0
 
     def add(self, sequence: BatchSequence) -> BatchSequence:
         """Queue a sequence; it joins at the next step with room."""
@@ -223,7 +225,7 @@ class BatchDecoder:
         grammar or logits processors) ends that sequence alone: :meth:`BatchSequence.fail`,
         ``finish_reason`` ``"error"``; the others go on, their tokens unchanged (each is
         computed as alone). Only a failing forward pass, shared by all, raises here."""
-        events = []
+        events, self.prompt_tokens_fed = [], 0
         # Admit waiting sequences (their policy's costs timed first, when it has none), each
         #    from its prompt's cached prefix if any.
         while self.waiting and len(self.running) < self.max_batch:
@@ -260,6 +262,7 @@ class BatchDecoder:
         # 3. One forward pass over every sequence's new tokens.
         decoding = [entry for entry in entries if entry.logits_to_keep]
         total = sum(len(entry.token_ids) for entry in entries)
+        self.prompt_tokens_fed = total - sum(entry.logits_to_keep for entry in decoding)
         self.target.prepare([total])
         forward_start = time.perf_counter()
         target_logits = self.target.forward_batch(  # (logits_to_keep_i, vocab) each

@@ -26,16 +26,18 @@ def memory_bytes() -> int:
 M_MMAP_THRESHOLD = -3
 
 
-def return_freed_memory(map_from: int | None = None) -> None:
+def return_freed_memory(map_from: int | None = None, collect: bool = True) -> None:
     """Give memory this process freed back to the system (glibc keeps freed heap memory
     unless asked); with ``map_from``, serve blocks of that many bytes or more from their own
     maps from now on, so that freeing them returns them too (glibc's default threshold grows
     up to 32 MiB as such blocks are freed, and the heap then keeps the largest request's
-    memory). A no-op where the C library is not glibc."""
+    memory). ``collect``: Python's garbage collected first (cycles hold memory too; tens of
+    milliseconds with a large heap of objects). A no-op where the C library is not glibc."""
     import ctypes
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
