@@ -18,6 +18,7 @@ from test_gguf_families import VOCAB
 from test_prefix_cache import tiny
 from test_window import decoded, gemmas  # noqa: F401 (fixture)
 
+from promptlookup import prefix_disk
 from promptlookup.backends.hf.cache import GrowingLayer
 from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.prefix_cache import PrefixCache
@@ -225,3 +226,36 @@ def test_a_take_over_does_not_wait_for_another_sequences_writes(tmp_path, monkey
     assert not timed_out
     plain = lm.generate(prompt, max_new_tokens=8, prefix_cache=False)
     assert resumed.token_ids == plain.token_ids
+
+
+def test_a_sequence_copied_to_disk_holds_only_a_bounded_run_of_copies_at_once(
+    gemmas,  # noqa: F811 (fixture)
+    tmp_path,
+    monkeypatch,
+):
+    """A windowed model's sequence does not share its buffers, so its blocks are copied for
+    the disk: they are read out a run at a time and a save waits while the copies queued
+    before it hold ``QUEUED_COPIES_BYTES``, so that a long prompt's copies are never all
+    alive at once. Recorded at every write: the bytes of the copies queued or being written;
+    every block is still written and read back exact."""
+    target, rng = TorchTarget(gemmas[8]), random.Random(2)
+    first = [rng.randrange(1, VOCAB) for _ in range(300)]
+    sequence = decoded(target, first, rng)
+    block_bytes = sequence.read_blocks(0, 16, 16)[0].nbytes
+    monkeypatch.setattr(prefix_disk, "QUEUED_COPIES_BYTES", 3 * block_bytes)
+    alive, write = [], DiskTier._write
+
+    def recorded_write(self, name, block, tokens):
+        queued = [job[2] for job in list(self._queue.queue) if job[0] == "save"]
+        alive.append(sum(b.nbytes for b in [block, *queued] if isinstance(b, torch.Tensor)))
+        write(self, name, block, tokens)
+
+    monkeypatch.setattr(DiskTier, "_write", recorded_write)
+    disk = PrefixCache(mib=1, block_tokens=16, directory=tmp_path)
+    disk.store(target, sequence, first)
+    disk.flush()
+    assert len(alive) == 300 // 16 + 1  # every whole block and the tail
+    assert max(alive) <= 3 * block_bytes
+    restored = target.new_sequence()
+    fresh = PrefixCache(mib=64, block_tokens=16, directory=tmp_path)
+    assert fresh.restore(target, restored, [*first, 0]) == 300

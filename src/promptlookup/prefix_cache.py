@@ -69,6 +69,9 @@ DEFAULT_MIB = 1024
 DEFAULT_MIB_WITH_DISK = 64
 #: Tokens per block of the cache.
 BLOCK_TOKENS = 32
+#: Blocks the disk tier's copies are read out of a sequence at a time (then queued, within
+#: the tier's bound on queued copies: :data:`~promptlookup.prefix_disk.QUEUED_COPIES_BYTES`).
+DISK_RUN = 16
 
 
 class PrefixCache:
@@ -334,10 +337,11 @@ class PrefixCache:
             names.append(tail_name(keys[-1], len(tokens) % size))
         missing = {index for index, name in enumerate(names) if self.disk.lacks(name)}
         for index in sorted(missing):
-            if index not in copied:  # read with the run of missing blocks it starts
-                stop = next((i for i in range(index, len(names)) if i not in missing), len(names))
-                blocks(index, stop)
-            self.disk.save(names[index], copied[index], tokens[index * size : (index + 1) * size])
+            if index not in copied:  # read with the run of missing blocks it starts, bounded
+                end = min(index + DISK_RUN, len(names))
+                blocks(index, next((i for i in range(index, end) if i not in missing), end))
+            block = copied.pop(index)  # held by the disk tier's queue alone (or the tree's)
+            self.disk.save(names[index], block, tokens[index * size : (index + 1) * size])
         self.disk.touch(names)  # once written: the root most recent
 
     def _from_disk(self, target, namespace, tokens, payloads: list, matched: int, failed=()):
