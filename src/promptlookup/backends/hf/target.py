@@ -62,8 +62,10 @@ CROPPABLE = (GrowingLayer, WindowLayer, WindowedLayer)
 #: (:class:`~promptlookup.backends.hf.window.WindowedCache`): a windowed layer's buffers hold
 #: its window and a whole pass's rows, and a pass's activations grow with its rows: Gemma 3
 #: 270M's 4,096-token prefill peaked 76 MiB over idle in 512-token passes, 120 in 2,048-token
-#: ones (:data:`~promptlookup.backends.base.PREFILL_CHUNK`; benchmarks/runs/gemma-memory-s4).
-WINDOWED_PREFILL_CHUNK = 512
+#: ones (:data:`~promptlookup.backends.base.PREFILL_CHUNK`; benchmarks/runs/gemma-memory-s4);
+#: served, its 24,000-token prompt peaked at 802 MiB in 256-token passes against 815-822 in
+#: 512-token ones, in the same time (136-137 s, one run each, the machine loaded alike).
+WINDOWED_PREFILL_CHUNK = 256
 #: Bytes of float32 logits one sequence's verification pass returns at most: a longer draft
 #: is cut to fit (:attr:`TorchTarget.max_draft`). Gemma 3 270M's 262,144-token vocabulary
 #: takes 1 MiB a row, so a 63-token draft's pass held 64 MiB of logits at once (the Gemma
