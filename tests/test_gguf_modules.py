@@ -187,4 +187,4 @@ def test_serving_a_gguf_imports_no_modelling_code(default_lm, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "GgufForCausalLM []"
-    assert any((tmp_path / "cache" / "tokenizers-v2").iterdir())  # the child's reading, kept
+    assert any((tmp_path / "cache" / "tokenizers-v3").iterdir())  # the child's reading, kept

@@ -248,9 +248,10 @@ def _read(path: str, config_cache: str) -> None:
 
 
 def _tokenizer_folder(source) -> Path:
-    """Where :func:`gguf_tokenizer` keeps a GGUF's tokenizer (``tokenizers-v2``: checked for
-    its lean form; ``tokenizers``, before it, held each model's own class)."""
-    return cache_files.cache_root() / "tokenizers-v2" / _converted_folder(source).name
+    """Where :func:`gguf_tokenizer` keeps a GGUF's tokenizer (``tokenizers-v3``: a BPE model's
+    vocabulary and merges apart; ``tokenizers-v2`` held them in ``tokenizer.json``,
+    ``tokenizers`` each model's own class)."""
+    return cache_files.cache_root() / "tokenizers-v3" / _converted_folder(source).name
 
 
 def gguf_tokenizer(path: str | os.PathLike):
