@@ -33,6 +33,7 @@ LAYERS = [
         # The prefix cache knows no backend: the target says whether it reuses prefixes, the
         # sequence's cache reads and writes the blocks.
         "prefix_tree",
+        "prefix_keys",
         "prefix_disk",
         "prefix_cache",
     ],
@@ -150,7 +151,11 @@ def test_no_import_circle():
 
 
 def test_the_prefix_cache_imports_no_backend_and_no_drafter():
-    edges, seen, todo = graph(), set(), ["prefix_cache", "prefix_tree", "prefix_disk"]
+    edges, seen, todo = (
+        graph(),
+        set(),
+        ["prefix_cache", "prefix_tree", "prefix_disk"],
+    )  # and prefix_keys
     while todo:  # everything they import, directly or not
         name = todo.pop()
         if name not in seen:

@@ -23,7 +23,8 @@ import promptlookup
 from promptlookup import cache_files
 from promptlookup.errors import InvalidParameterError
 from promptlookup.prefix_cache import PrefixCache
-from promptlookup.prefix_disk import NAME, DiskTier
+from promptlookup.prefix_disk import DiskTier
+from promptlookup.prefix_keys import NAME
 from promptlookup.server.settings import ServerSettings
 from promptlookup.server.state import prefix_cache
 

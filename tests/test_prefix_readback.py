@@ -22,7 +22,8 @@ from promptlookup import prefix_disk
 from promptlookup.backends.hf.cache import GrowingLayer
 from promptlookup.backends.hf.target import TorchTarget
 from promptlookup.prefix_cache import PrefixCache
-from promptlookup.prefix_disk import DiskTier, name_of, tail_name
+from promptlookup.prefix_disk import DiskTier
+from promptlookup.prefix_keys import name_of, tail_name
 
 SIZE = 8  # tokens per block
 

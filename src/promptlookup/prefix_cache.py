@@ -55,7 +55,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from .errors import InvalidParameterError
-from .prefix_disk import DEFAULT_DISK_MIB, DiskTier, chain, name_of, root_key, tail_name
+from .prefix_disk import DEFAULT_DISK_MIB, DiskTier
+from .prefix_keys import chain, name_of, root_key, tail_name
 from .prefix_tree import BlockTree, common_prefix_length
 
 #: ``promptlookup serve``'s cache by default (``--prefix-cache-mib``): 1 GiB, about 45,000

@@ -1,14 +1,7 @@
 """The prefix cache's disk tier (:mod:`promptlookup.prefix_cache`): blocks of keys and values in
 files of a folder, found again by a later request or a later process, within a byte budget.
 
-- *Content keys*: a block's file is named by a hash chain, as vLLM's block hashes are: the
-  root hashes the model's :meth:`~promptlookup.backends.base.PrefixTarget.kv_identity`
-  (weights, engine, KV layout and dtype), the tenant and the block size; each whole block
-  hashes its parent's key and its own tokens (:func:`chain`). A block is therefore found only
-  for the same model, engine, KV dtype, tenant and every token before it, and a file name
-  reveals no tenant and no prompt. A *tail* (a sequence's last tokens that do not fill a
-  block) is named by its parent and its length (:func:`tail_name`), holds its tokens, and is
-  reused for the tokens a request shares with them.
+- *Content keys*: a block's file is named by a hash chain (:mod:`promptlookup.prefix_keys`).
 - *Files*: safetensors, one tensor (the block in the backend's layout, its bits as integers
   of its dtype's width) and a header with the file's own name, its tokens, its dtype and a
   SHA-256 of the tensor's bytes; written by a background thread to a temporary file renamed
@@ -36,15 +29,15 @@ import hashlib
 import json
 import os
 import queue
-import re
 import struct
 import threading
 import warnings
 import weakref
-from array import array
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
+
+from .prefix_keys import NAME, TEMPORARY, VERSION
 
 if TYPE_CHECKING:
     import torch
@@ -56,43 +49,6 @@ DEFAULT_DISK_MIB = 10 * 1024
 #: model's) is copied block by block as its blocks are written, so that storing a
 #: 24,000-token prompt of Gemma 3 270M holds a few MiB of copies, not all 72 of them at once.
 QUEUED_COPIES_BYTES = 8 << 20
-#: The format of the files and of their names; another version's files are never found.
-VERSION = "promptlookup-prefix-blocks-2"
-SUFFIX = ".safetensors"
-NAME = re.compile(r"^[0-9a-f]{64}" + re.escape(SUFFIX) + "$")
-#: A file being written (by process ``[1]``), renamed to its block's name when whole.
-TEMPORARY = re.compile(r"^\.[0-9a-f]{64}" + re.escape(SUFFIX) + r"\.(\d+)\.tmp$")
-
-
-def root_key(identity: str, namespace: Hashable, block_tokens: int) -> bytes:
-    """The key above a tenant's first block: the model's identity, the tenant, the block size."""
-    tenant = (
-        json.dumps(namespace)
-        if namespace is None or isinstance(namespace, str)
-        else repr(namespace)
-    )
-    text = f"{VERSION}\0{identity}\0{tenant}\0{block_tokens}"
-    return hashlib.sha256(text.encode()).digest()
-
-
-def chain(root: bytes, tokens: Sequence[int], block_tokens: int) -> list[bytes]:
-    """The keys of the whole blocks of ``tokens``: each block's key hashes its parent's key
-    (``root`` for the first) and its tokens."""
-    keys, parent = [], root
-    for start in range(0, len(tokens) // block_tokens * block_tokens, block_tokens):
-        block = array("q", tokens[start : start + block_tokens]).tobytes()
-        parent = hashlib.sha256(parent + block).digest()
-        keys.append(parent)
-    return keys
-
-
-def name_of(key: bytes) -> str:
-    return key.hex() + SUFFIX
-
-
-def tail_name(parent: bytes, length: int) -> str:
-    """The file of a tail of ``length`` tokens below the block (or root) keyed ``parent``."""
-    return name_of(hashlib.sha256(parent + b"tail" + length.to_bytes(4, "little")).digest())
 
 
 class Stored(NamedTuple):
