@@ -18,6 +18,7 @@ MODEL=${MODEL:-gemma-3-270m}
 TOKENS=${TOKENS:-24000}
 MAX_TOKENS=${MAX_TOKENS:-16}
 THREADS=${THREADS:-2}
+PORT=${PORT:-18311}  # llama-server's; serve's the next one
 LLAMA=${LLAMA_SERVER:-/work/llama-build/build/bin/llama-server}
 OUT=${OUT:-long-prompt-memory}
 mkdir -p "$OUT"
@@ -42,9 +43,16 @@ memory() {  # "VmRSS VmHWM" of process $1, in KiB
 run() {  # NAME PORT COMMAND...: start, wait for /health, read idle memory, ask, read memory
   local name=$1 port=$2
   shift 2
+  if curl -s "localhost:$port" >/dev/null; then
+    echo "port $port is taken: set PORT" >&2
+    exit 1
+  fi
   "$@" >"$OUT/$name.log" 2>&1 &
   local pid=$!
-  until curl -sf "localhost:$port/health" >/dev/null; do sleep 1; done
+  until curl -sf "localhost:$port/health" >/dev/null; do
+    kill -0 $pid 2>/dev/null || { echo "$name ended: see $OUT/$name.log" >&2; exit 1; }
+    sleep 1
+  done
   local idle start end
   idle=$(memory $pid)
   # The request, to the model id the server says it has.
@@ -64,8 +72,8 @@ BLOCKS=$(mktemp -d)
 trap 'rm -rf "$BLOCKS"' EXIT
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # shellcheck disable=SC2086
-LLAMA_ROW=$(run llama-server 18311 "$LLAMA" -m "$GGUF" -t "$THREADS" ${LLAMA_ARGS:-} --port 18311)
-SERVE_ROW=$(run promptlookup 18312 $PY -m promptlookup serve --model "$MODEL" --port 18312 \
+LLAMA_ROW=$(run llama-server $PORT "$LLAMA" -m "$GGUF" -t "$THREADS" ${LLAMA_ARGS:-} --port $PORT)
+SERVE_ROW=$(run promptlookup $((PORT + 1)) $PY -m promptlookup serve --model "$MODEL" --port $((PORT + 1)) \
   --threads "$THREADS" --prefix-cache-dir "$BLOCKS/prefix-cache")
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 $PY - "$OUT" "$TOKENS" "$LOAD_BEFORE" "$LOAD_AFTER" "$LLAMA_ROW" "$SERVE_ROW" <<'EOF'

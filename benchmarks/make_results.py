@@ -50,6 +50,7 @@ README_RUNS = (
     "long-context-s4-disk-tier",
     "gemma3-270m-race-s5",
     "long-context-s6",
+    "gemma-long-prompt-s6",
 )
 #: The race behind the table at the top: the default setup, through each
 #: server's OpenAI API, on the built-in suite; what a reader runs, with the servers started.
@@ -173,6 +174,13 @@ SESSIONS = (
 # Studies: (file under benchmarks/runs, provenance[, title for a file without one]). Their scripts are in benchmarks/studies/
 # (the commands recorded in them say benchmarks/NAME.py, where the scripts were then).
 STUDIES = [
+    (
+        "gemma-long-prompt-s6/report.md",
+        "How it ran: `gemma-long-prompt-s6/NOTES.md` (`benchmarks/long_prompt_memory.sh`, "
+        "version 0.15.0 unreleased, 6 December 2026, Gemma 3 270M, 2 threads each, each server "
+        "at its defaults, one after the other; the machine quiet).",
+        "Gemma 3 270M, one 24,000-token prompt (the README's row)",
+    ),
     (
         "long-context-s6/report.md",
         "How it ran: `long-context-s6/NOTES.md` (`benchmarks/long_context_race.sh`, version "
