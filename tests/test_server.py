@@ -929,3 +929,24 @@ def test_the_longest_token_is_read_in_chunks_as_the_whole_vocabulary_says(defaul
 
     tokenizer = default_lm.tokenizer
     assert longest_token_chars(tokenizer, chunk) == max(map(len, tokenizer.get_vocab()))
+
+
+def test_serve_answers_to_the_model_name_it_was_given_as_well_as_the_files(monkeypatch):
+    """``promptlookup serve --model NAME``: requests for NAME are served, not only for the
+    model file's own name (the served id)."""
+    import promptlookup.server.app as app_module
+    from promptlookup.models import default_gguf_path
+
+    seen = {}
+
+    def create_app(load, settings, **options):
+        seen["settings"] = settings
+        raise SystemExit(0)  # no server started
+
+    monkeypatch.setattr(app_module, "create_app", create_app)
+    path = str(default_gguf_path())
+    assert CliRunner().invoke(cli_main, ["serve", "--model", path]).exit_code == 0
+    settings = seen["settings"]
+    assert settings.model_id == "SmolLM2-135M-Instruct.Q4_1" and path in settings.model_alias
+    assert CliRunner().invoke(cli_main, ["serve"]).exit_code == 0
+    assert seen["settings"].model_alias == ()

@@ -119,8 +119,11 @@ def serve(model, dtype, device, backend, kv_dtype, drafter, speculation, drafter
         if server is not None:
             server.should_exit = True
 
-    if settings.model_id is None:
-        settings = settings.replace(model_id=source.name)
+    if settings.model_id is None:  # the file's name, and the name it was given by, if other
+        given = () if model is None or str(model) == source.name else (str(model),)
+        settings = settings.replace(
+            model_id=source.name, model_alias=(*settings.model_alias, *given)
+        )
     app = create_app(load, settings, on_load_error=stop_on_load_error)
     logger.info("loading %s in the background (GET /health is 503 until it is ready)", source.name)
     server = Server.for_app(app)
