@@ -950,3 +950,16 @@ def test_serve_answers_to_the_model_name_it_was_given_as_well_as_the_files(monke
     assert settings.model_id == "SmolLM2-135M-Instruct.Q4_1" and path in settings.model_alias
     assert CliRunner().invoke(cli_main, ["serve"]).exit_code == 0
     assert seen["settings"].model_alias == ()
+
+
+def test_a_chunk_of_ids_without_tokens_leaves_the_longest_token_as_it_was():
+    from promptlookup.server.state import longest_token_chars
+
+    class Gaps:  # ids 1 and 2 stand for nothing
+        def __len__(self):
+            return 4
+
+        def convert_ids_to_tokens(self, ids):
+            return [None if i in (1, 2) else "ab" * (i + 1) for i in ids]
+
+    assert [longest_token_chars(Gaps(), chunk) for chunk in (1, 2, 4)] == [8, 8, 8]

@@ -182,7 +182,7 @@ def longest_token_chars(tokenizer, chunk: int = 4096) -> int:
         longest = 0
         for start in range(0, size, chunk):
             tokens = tokenizer.convert_ids_to_tokens(list(range(start, min(start + chunk, size))))
-            longest = max(longest, *(len(token) for token in tokens if token is not None))
+            longest = max(longest, *(len(token) for token in tokens if token is not None), 0)
     except (AttributeError, NotImplementedError, TypeError):
         return MAX_TOKEN_CHARS
     return longest or MAX_TOKEN_CHARS
